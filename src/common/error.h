@@ -1,0 +1,23 @@
+// Errors that reach the user: one line naming the file, tensor, field or rank@host at fault.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace colibri {
+
+// Thrown for bad input (model files, configs, layouts, requests). Programming errors are
+// assertions, not Errors.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace colibri

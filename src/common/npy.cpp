@@ -1,0 +1,76 @@
+#include "common/npy.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <fstream>
+#include <regex>
+
+#include "common/error.h"
+
+namespace colibri {
+
+void write_npy_f32(const std::filesystem::path& path, std::span<const float> data,
+                   std::span<const int64_t> shape) {
+  std::string dims;
+  for (int64_t d : shape) dims += fmt::format("{}, ", d);
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  std::string header =
+      fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}", dims);
+  // Magic (6) + version (2) + header length (2) + header + '\n', padded to 64 bytes.
+  const size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ');
+  header.push_back('\n');
+
+  const std::filesystem::path partial = path.string() + ".partial";
+  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+  if (!out) fail("{}: cannot open for writing", partial.string());
+  const uint16_t header_len = uint16_t(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&header_len), 2);
+  out.write(header.data(), std::streamsize(header.size()));
+  out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size_bytes()));
+  out.close();
+  if (!out) fail("{}: write failed", partial.string());
+  std::filesystem::rename(partial, path);
+}
+
+NpyArray read_npy_f32(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path.string());
+  char prefix[10];
+  if (!in.read(prefix, 10) || std::memcmp(prefix, "\x93NUMPY", 6) != 0)
+    fail("{}: not a .npy file", path.string());
+  size_t header_len;
+  if (prefix[6] == 1) {
+    header_len = uint8_t(prefix[8]) | (size_t(uint8_t(prefix[9])) << 8);
+  } else {
+    char more[2];
+    if (!in.read(more, 2)) fail("{}: truncated header", path.string());
+    header_len = uint8_t(prefix[8]) | (size_t(uint8_t(prefix[9])) << 8) |
+                 (size_t(uint8_t(more[0])) << 16) | (size_t(uint8_t(more[1])) << 24);
+  }
+  std::string header(header_len, '\0');
+  if (!in.read(header.data(), std::streamsize(header_len)))
+    fail("{}: truncated header", path.string());
+  if (header.find("'descr': '<f4'") == std::string::npos ||
+      header.find("'fortran_order': False") == std::string::npos)
+    fail("{}: only little-endian float32 C-order arrays are supported", path.string());
+  std::smatch match;
+  if (!std::regex_search(header, match, std::regex(R"('shape': \(([0-9, ]*)\))")))
+    fail("{}: header has no shape", path.string());
+  NpyArray array;
+  int64_t numel = 1;
+  const std::string dims = match[1];
+  const std::regex number("[0-9]+");
+  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it) {
+    array.shape.push_back(std::stoll(it->str()));
+    numel *= array.shape.back();
+  }
+  array.data.resize(size_t(numel));
+  if (!in.read(reinterpret_cast<char*>(array.data.data()), std::streamsize(numel * 4)))
+    fail("{}: truncated data", path.string());
+  return array;
+}
+
+}  // namespace colibri

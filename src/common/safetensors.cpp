@@ -1,0 +1,142 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace colibri {
+
+int64_t TensorView::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(path)) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) fail("{}: cannot open: {}", path_.string(), std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail("{}: cannot stat: {}", path_.string(), std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path_.string());
+  file_bytes_ = uint64_t(st.st_size);
+  if (file_bytes_ < 8)
+    fail("{}: truncated: {} bytes, shorter than the 8-byte header length", path_.string(),
+         file_bytes_);
+  mapping_ = ::mmap(nullptr, file_bytes_, PROT_READ, MAP_PRIVATE, fd_, 0);
+  if (mapping_ == MAP_FAILED) {
+    mapping_ = nullptr;
+    fail("{}: mmap failed: {}", path_.string(), std::strerror(errno));
+  }
+  const auto* bytes = static_cast<const std::byte*>(mapping_);
+  uint64_t header_bytes;
+  std::memcpy(&header_bytes, bytes, 8);
+  if (header_bytes > kMaxHeaderBytes)
+    fail("{}: header length {} exceeds the {} byte limit", path_.string(), header_bytes,
+         kMaxHeaderBytes);
+  if (header_bytes > file_bytes_ - 8)
+    fail("{}: header length {} runs past the end of the {} byte file (truncated?)",
+         path_.string(), header_bytes, file_bytes_);
+  const std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
+  parse_header(header, bytes + 8 + header_bytes, file_bytes_ - 8 - header_bytes);
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (mapping_) ::munmap(mapping_, file_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+void SafetensorsFile::parse_header(std::string_view header, const std::byte* buffer,
+                                   uint64_t buffer_bytes) {
+  const std::string file = path_.string();
+  if (header.empty() || header.front() != '{')
+    fail("{}: header does not start with '{{'", file);
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: header is not valid JSON: {}", file, e.what());
+  }
+  if (!root.is_object()) fail("{}: header is not a JSON object", file);
+
+  struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;
+  for (auto& [name, entry] : root.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) fail("{}: __metadata__ is not an object", file);
+      for (auto& [key, value] : entry.items())
+        if (value.is_string()) metadata_[key] = value.get<std::string>();
+      continue;
+    }
+    if (!entry.is_object()) fail("{}: tensor '{}': entry is not an object", file, name);
+    const auto dtype_it = entry.find("dtype");
+    const auto shape_it = entry.find("shape");
+    const auto offsets_it = entry.find("data_offsets");
+    if (dtype_it == entry.end() || !dtype_it->is_string())
+      fail("{}: tensor '{}': missing or non-string 'dtype'", file, name);
+    if (shape_it == entry.end() || !shape_it->is_array())
+      fail("{}: tensor '{}': missing or non-array 'shape'", file, name);
+    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2)
+      fail("{}: tensor '{}': 'data_offsets' must be [begin, end]", file, name);
+
+    TensorView view;
+    view.name = name;
+    view.file = &path_;
+    const std::string dtype_string = dtype_it->get<std::string>();
+    const auto dtype = parse_dtype(dtype_string);
+    if (!dtype) fail("{}: tensor '{}': unknown dtype '{}'", file, name, dtype_string);
+    view.dtype = *dtype;
+
+    uint64_t numel = 1;
+    for (const auto& dim : *shape_it) {
+      if (!dim.is_number_unsigned())
+        fail("{}: tensor '{}': shape entries must be non-negative integers", file, name);
+      const uint64_t d = dim.get<uint64_t>();
+      if (d > (1ull << 40) || (d != 0 && numel > (1ull << 48) / d))
+        fail("{}: tensor '{}': shape is implausibly large", file, name);
+      numel *= d;
+      view.shape.push_back(int64_t(d));
+    }
+    for (const auto& offset : *offsets_it)
+      if (!offset.is_number_unsigned())
+        fail("{}: tensor '{}': data_offsets must be non-negative integers", file, name);
+    const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
+    const uint64_t end = (*offsets_it)[1].get<uint64_t>();
+    if (begin > end) fail("{}: tensor '{}': data_offsets begin {} > end {}", file, name, begin, end);
+    if (end > buffer_bytes)
+      fail("{}: tensor '{}': data_offsets end {} beyond the {} byte data section (truncated?)",
+           file, name, end, buffer_bytes);
+    const uint64_t expected = numel * dtype_size(view.dtype);
+    if (end - begin != expected)
+      fail("{}: tensor '{}': {} bytes in data_offsets but dtype {} and shape need {}", file, name,
+           end - begin, dtype_string, expected);
+    view.data = buffer + begin;
+    view.nbytes = end - begin;
+    auto [it, inserted] = tensors_.emplace(name, std::move(view));
+    ranges.push_back({begin, end, &it->first});
+  }
+
+  std::sort(ranges.begin(), ranges.end(),
+            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      fail("{}: tensors '{}' and '{}' overlap in the data section", file, *ranges[i - 1].name,
+           *ranges[i].name);
+}
+
+}  // namespace colibri

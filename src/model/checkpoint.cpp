@@ -1,0 +1,139 @@
+#include "model/checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/error.h"
+
+namespace colibri {
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+namespace {
+
+std::vector<std::filesystem::path> shards_from_index(const std::filesystem::path& index_path,
+                                                     std::unordered_map<std::string, std::string>& weight_map) {
+  std::ifstream in(index_path);
+  if (!in) fail("{}: cannot open", index_path.string());
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not valid JSON: {}", index_path.string(), e.what());
+  }
+  if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object())
+    fail("{}: missing object 'weight_map'", index_path.string());
+  std::set<std::string> files;
+  for (auto& [tensor, file] : root["weight_map"].items()) {
+    if (!file.is_string()) fail("{}: weight_map['{}'] is not a file name", index_path.string(), tensor);
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "..")
+      fail("{}: weight_map['{}'] = '{}' is not a file in the model directory", index_path.string(),
+           tensor, name);
+    weight_map[tensor] = name;
+    files.insert(name);
+  }
+  std::vector<std::filesystem::path> paths;
+  for (const auto& f : files) paths.push_back(index_path.parent_path() / f);
+  return paths;
+}
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
+                       std::optional<std::array<int, 2>> fp8_block)
+    : dir_(model_dir), fp8_block_(fp8_block) {
+  if (!std::filesystem::is_directory(dir_)) fail("{}: not a model directory", dir_.string());
+  std::vector<std::filesystem::path> paths;
+  std::unordered_map<std::string, std::string> weight_map;
+  const auto index_path = dir_ / "model.safetensors.index.json";
+  if (std::filesystem::exists(index_path)) {
+    paths = shards_from_index(index_path, weight_map);
+  } else if (std::filesystem::exists(dir_ / "model.safetensors")) {
+    paths.push_back(dir_ / "model.safetensors");
+  } else {
+    for (const auto& entry : std::filesystem::directory_iterator(dir_))
+      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+    std::sort(paths.begin(), paths.end());
+  }
+  if (paths.empty()) fail("{}: no safetensors files", dir_.string());
+
+  for (const auto& path : paths) {
+    if (!std::filesystem::exists(path)) fail("{}: shard is missing", path.string());
+    shards_.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const auto& [name, view] : shards_.back()->tensors()) {
+      auto [it, inserted] = tensors_.emplace(name, &view);
+      if (!inserted)
+        fail("{}: tensor '{}' also appears in {}", path.string(), name, it->second->file->string());
+    }
+  }
+  for (const auto& [tensor, file] : weight_map) {
+    const TensorView* view = find(tensor);
+    if (!view) fail("{}: tensor '{}' listed in the index is missing", (dir_ / file).string(), tensor);
+    if (view->file->filename() != file)
+      fail("{}: tensor '{}' is in {} but the index says {}", index_path.string(), tensor,
+           view->file->string(), file);
+  }
+}
+
+const TensorView* Checkpoint::find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> Checkpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, view] : tensors_) out.push_back(name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<float> Checkpoint::load_f32(const std::string& name,
+                                        const std::vector<int64_t>& shape) const {
+  const TensorView* view = find(name);
+  if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
+  const std::string file = view->file->string();
+  if (view->shape != shape)
+    fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_string(view->shape),
+         shape_string(shape));
+  if (!is_float_dtype(view->dtype))
+    fail("{}: tensor '{}' has dtype {}, expected a float type", file, name, dtype_name(view->dtype));
+  std::vector<float> out(size_t(view->numel()));
+  convert_to_f32(view->dtype, view->data, out.size(), out.data());
+  bytes_loaded_ += view->nbytes;
+  if (view->dtype != Dtype::F8_E4M3) return out;
+
+  // DeepSeek-style block scales: W[i, j] *= scale_inv[i / block_rows, j / block_cols].
+  const std::string scale_name = name + "_scale_inv";
+  const TensorView* scale = find(scale_name);
+  if (!scale) fail("{}: F8_E4M3 tensor '{}' has no '{}'", file, name, scale_name);
+  if (shape.size() != 2) fail("{}: F8_E4M3 tensor '{}' must be 2-D", file, name);
+  const auto [block_rows, block_cols] = fp8_block_.value_or(std::array<int, 2>{128, 128});
+  const int64_t rows = shape[0], cols = shape[1];
+  const std::vector<int64_t> scale_shape = {(rows + block_rows - 1) / block_rows,
+                                            (cols + block_cols - 1) / block_cols};
+  if (scale->shape != scale_shape)
+    fail("{}: tensor '{}' has shape {}, expected {} for {}x{} blocks of '{}'",
+         scale->file->string(), scale_name, shape_string(scale->shape), shape_string(scale_shape),
+         block_rows, block_cols, name);
+  std::vector<float> scales(size_t(scale->numel()));
+  if (!is_float_dtype(scale->dtype))
+    fail("{}: tensor '{}' has dtype {}, expected a float type", scale->file->string(), scale_name,
+         dtype_name(scale->dtype));
+  convert_to_f32(scale->dtype, scale->data, scales.size(), scales.data());
+  bytes_loaded_ += scale->nbytes;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* scale_row = &scales[size_t((i / block_rows) * scale_shape[1])];
+    float* row = &out[size_t(i * cols)];
+    for (int64_t j = 0; j < cols; ++j) row[j] *= scale_row[j / block_cols];
+  }
+  return out;
+}
+
+}  // namespace colibri

@@ -1,0 +1,47 @@
+// All safetensors shards of a model directory, memory-mapped, with fp32 loading of single
+// tensors (BF16/F16/F32 converted, F8_E4M3 dequantized with its 128x128 weight_scale_inv).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/safetensors.h"
+
+namespace colibri {
+
+class Checkpoint {
+ public:
+  // Opens model.safetensors, or the shards listed in model.safetensors.index.json, or else
+  // every *.safetensors file of the directory. Every shard is validated at open.
+  explicit Checkpoint(const std::filesystem::path& model_dir,
+                      std::optional<std::array<int, 2>> fp8_block = std::nullopt);
+
+  const TensorView* find(const std::string& name) const;
+  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  std::vector<std::string> names() const;
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Returns the tensor as float32, checking its shape. F8_E4M3 tensors are multiplied by
+  // `<name>_scale_inv` blocks. Errors name the tensor and its file.
+  std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  // Bytes of tensor data converted so far (scales included): what this process read.
+  uint64_t bytes_loaded() const { return bytes_loaded_.load(); }
+
+ private:
+  std::filesystem::path dir_;
+  std::optional<std::array<int, 2>> fp8_block_;
+  std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  std::unordered_map<std::string, const TensorView*> tensors_;
+  mutable std::atomic<uint64_t> bytes_loaded_{0};
+};
+
+std::string shape_string(const std::vector<int64_t>& shape);
+
+}  // namespace colibri

@@ -1,0 +1,343 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/error.h"
+
+namespace colibri {
+namespace {
+
+using nlohmann::json;
+
+// Typed field access that names the file and field in every error.
+class Fields {
+ public:
+  Fields(const json& root, std::string source) : root_(root), source_(std::move(source)) {}
+
+  bool has(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
+  const json& at(const char* key) const { return root_[key]; }
+  const std::string& source() const { return source_; }
+
+  int integer(const char* key, int min, int max) const {
+    if (!has(key)) fail("{}: missing field '{}'", source_, key);
+    return checked_int(root_[key], key, min, max);
+  }
+  int integer_or(const char* key, int fallback, int min, int max) const {
+    return has(key) ? checked_int(root_[key], key, min, max) : fallback;
+  }
+  double number_or(const char* key, double fallback, double min, double max) const {
+    if (!has(key)) return fallback;
+    return checked_number(root_[key], key, min, max);
+  }
+  double number(const char* key, double min, double max) const {
+    if (!has(key)) fail("{}: missing field '{}'", source_, key);
+    return checked_number(root_[key], key, min, max);
+  }
+  bool boolean_or(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!root_[key].is_boolean()) fail("{}: field '{}' must be true or false", source_, key);
+    return root_[key].get<bool>();
+  }
+  std::string string_or(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!root_[key].is_string()) fail("{}: field '{}' must be a string", source_, key);
+    return root_[key].get<std::string>();
+  }
+  std::vector<std::string> string_list(const char* key) const {
+    const json& value = root_[key];
+    if (!value.is_array()) fail("{}: field '{}' must be a list of strings", source_, key);
+    std::vector<std::string> out;
+    for (const auto& item : value) {
+      if (!item.is_string()) fail("{}: field '{}' must be a list of strings", source_, key);
+      out.push_back(item.get<std::string>());
+    }
+    return out;
+  }
+  std::vector<int> int_or_list(const char* key) const {
+    std::vector<int> out;
+    if (!has(key)) return out;
+    const json& value = root_[key];
+    if (value.is_array()) {
+      for (const auto& item : value) out.push_back(checked_int(item, key, 0, 1 << 30));
+    } else {
+      out.push_back(checked_int(value, key, 0, 1 << 30));
+    }
+    return out;
+  }
+
+ private:
+  int checked_int(const json& value, const char* key, int min, int max) const {
+    if (!value.is_number_integer())
+      fail("{}: field '{}' must be an integer, got {}", source_, key, value.dump());
+    const int64_t v = value.get<int64_t>();
+    if (v < min || v > max)
+      fail("{}: field '{}' = {} is out of range [{}, {}]", source_, key, v, min, max);
+    return int(v);
+  }
+  double checked_number(const json& value, const char* key, double min, double max) const {
+    if (!value.is_number()) fail("{}: field '{}' must be a number, got {}", source_, key, value.dump());
+    const double v = value.get<double>();
+    if (!std::isfinite(v) || v < min || v > max)
+      fail("{}: field '{}' = {} is out of range [{}, {}]", source_, key, v, min, max);
+    return v;
+  }
+
+  const json& root_;
+  std::string source_;
+};
+
+constexpr int kMaxDim = 1 << 20;
+
+RopeConfig parse_rope(const Fields& config) {
+  RopeConfig rope;
+  // transformers v5 writes rope_parameters (theta inside); v4-era files have rope_theta + rope_scaling.
+  json params = json::object();
+  if (config.has("rope_parameters")) {
+    params = config.at("rope_parameters");
+  } else if (config.has("rope_scaling")) {
+    params = config.at("rope_scaling");
+  }
+  if (!params.is_object()) fail("{}: field 'rope_parameters' must be an object", config.source());
+  if (config.has("rope_theta") && !params.contains("rope_theta")) params["rope_theta"] = config.at("rope_theta");
+  const Fields p(params, config.source() + " rope_parameters");
+  rope.theta = p.number_or("rope_theta", 10000.0, 1.0, 1e12);
+  std::string type = p.string_or("rope_type", p.string_or("type", "default"));
+  if (type == "default") return rope;
+  if (type != "yarn") fail("{}: rope type '{}' is not supported (default, yarn)", config.source(), type);
+  rope.yarn = true;
+  rope.factor = p.number("factor", 1.0, 1e6);
+  rope.original_max_position_embeddings = p.number("original_max_position_embeddings", 1, 1e9);
+  // `or` in transformers: 0 / null fall back to the defaults too.
+  rope.beta_fast = p.number_or("beta_fast", 0, 0, 1e6);
+  if (rope.beta_fast == 0) rope.beta_fast = 32;
+  rope.beta_slow = p.number_or("beta_slow", 0, 0, 1e6);
+  if (rope.beta_slow == 0) rope.beta_slow = 1;
+  rope.mscale = p.number_or("mscale", 0, 0, 1e6);
+  rope.mscale_all_dim = p.number_or("mscale_all_dim", 0, 0, 1e6);
+  if (p.has("attention_factor")) rope.attention_factor = p.number("attention_factor", 0, 1e6);
+  rope.truncate = p.boolean_or("truncate", true);
+  return rope;
+}
+
+std::vector<bool> parse_layer_kinds(const Fields& config, const char* key, int num_layers,
+                                    const std::string& yes, const std::string& no) {
+  const auto kinds = config.string_list(key);
+  if (int(kinds.size()) != num_layers)
+    fail("{}: field '{}' has {} entries, num_hidden_layers is {}", config.source(), key,
+         kinds.size(), num_layers);
+  std::vector<bool> out;
+  for (const auto& kind : kinds) {
+    if (kind != yes && kind != no)
+      fail("{}: field '{}' has unknown entry '{}' (expected '{}' or '{}')", config.source(), key,
+           kind, yes, no);
+    out.push_back(kind == yes);
+  }
+  return out;
+}
+
+}  // namespace
+
+int ModelConfig::num_moe_layers() const {
+  int n = 0;
+  for (bool moe : layer_is_moe) n += moe;
+  return n;
+}
+
+float ModelConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(double(qk_head_dim()));
+  if (rope.yarn && rope.mscale_all_dim != 0 && rope.factor > 1) {
+    const double m = 0.1 * rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  return float(scale);
+}
+
+ModelConfig parse_model_config(const std::string& config_json, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(config_json);
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", source, e.what());
+  }
+  if (!root.is_object()) fail("{}: not a JSON object", source);
+  const Fields config(root, source);
+
+  ModelConfig c;
+  if (!config.has("architectures")) fail("{}: missing field 'architectures'", source);
+  const auto architectures = config.string_list("architectures");
+  if (architectures.size() != 1) fail("{}: field 'architectures' must name one architecture", source);
+  c.architecture_name = architectures[0];
+  if (c.architecture_name == "DeepseekV3ForCausalLM") {
+    c.arch = Architecture::kDeepseekV3;
+  } else if (c.architecture_name == "GlmMoeDsaForCausalLM") {
+    c.arch = Architecture::kGlmMoeDsa;
+  } else {
+    fail("{}: architecture '{}' is not supported (DeepseekV3ForCausalLM, GlmMoeDsaForCausalLM)",
+         source, c.architecture_name);
+  }
+  const bool glm = c.arch == Architecture::kGlmMoeDsa;
+
+  c.vocab_size = config.integer("vocab_size", 1, 1 << 24);
+  c.hidden_size = config.integer("hidden_size", 1, kMaxDim);
+  c.num_layers = config.integer("num_hidden_layers", 1, 4096);
+  c.intermediate_size = config.integer("intermediate_size", 1, kMaxDim);
+  c.rms_norm_eps = float(config.number("rms_norm_eps", 0, 1));
+  c.tie_word_embeddings = config.boolean_or("tie_word_embeddings", false);
+  c.max_position_embeddings = config.integer_or("max_position_embeddings", 1 << 30, 1, 1 << 30);
+
+  const std::string act = config.string_or("hidden_act", "silu");
+  if (act != "silu") fail("{}: hidden_act '{}' is not supported (silu)", source, act);
+  if (config.boolean_or("attention_bias", false))
+    fail("{}: attention_bias = true is not supported for MLA models", source);
+
+  c.num_heads = config.integer("num_attention_heads", 1, 4096);
+  const int kv_heads = config.integer_or("num_key_value_heads", c.num_heads, 1, 4096);
+  if (kv_heads != c.num_heads)
+    fail("{}: num_key_value_heads = {} must equal num_attention_heads = {} for MLA", source,
+         kv_heads, c.num_heads);
+  c.q_lora_rank = config.integer_or("q_lora_rank", 0, 1, kMaxDim);
+  if (glm && c.q_lora_rank == 0) fail("{}: missing field 'q_lora_rank' (required by GLM-5 DSA)", source);
+  c.kv_lora_rank = config.integer("kv_lora_rank", 1, kMaxDim);
+  c.qk_nope_head_dim = config.integer("qk_nope_head_dim", 1, 65536);
+  c.qk_rope_head_dim = config.integer("qk_rope_head_dim", 2, 65536);
+  if (c.qk_rope_head_dim % 2) fail("{}: qk_rope_head_dim = {} must be even", source, c.qk_rope_head_dim);
+  c.v_head_dim = config.integer("v_head_dim", 1, 65536);
+  c.rope = parse_rope(config);
+  // transformers hard-codes interleaved RoPE for GLM-5 (MLA and indexer) and reads the flag
+  // only for DeepSeek-V3.
+  c.rope.interleave = glm || config.boolean_or("rope_interleave", true);
+
+  // MoE
+  c.n_routed_experts = config.integer_or("n_routed_experts", 0, 0, 1 << 16);
+  const std::string scoring = config.string_or("scoring_func", "sigmoid");
+  if (scoring != "sigmoid") fail("{}: scoring_func '{}' is not supported (sigmoid)", source, scoring);
+  const std::string topk_method = config.string_or("topk_method", "noaux_tc");
+  if (topk_method != "noaux_tc")
+    fail("{}: topk_method '{}' is not supported (noaux_tc)", source, topk_method);
+  if (glm && config.has("mlp_layer_types")) {
+    c.layer_is_moe = parse_layer_kinds(config, "mlp_layer_types", c.num_layers, "sparse", "dense");
+  } else {
+    const int first_dense = config.integer_or("first_k_dense_replace", glm ? 3 : 0, 0, 1 << 16);
+    const int freq = config.integer_or("moe_layer_freq", 1, 1, 1 << 16);
+    for (int l = 0; l < c.num_layers; ++l)
+      c.layer_is_moe.push_back(c.n_routed_experts > 0 && l >= first_dense && l % freq == 0);
+  }
+  if (c.num_moe_layers() > 0) {
+    if (c.n_routed_experts == 0) fail("{}: MoE layers need 'n_routed_experts' > 0", source);
+    c.num_experts_per_tok = config.integer("num_experts_per_tok", 1, c.n_routed_experts);
+    c.n_shared_experts = config.integer_or("n_shared_experts", 0, 0, 64);
+    c.moe_intermediate_size = config.integer("moe_intermediate_size", 1, kMaxDim);
+    c.n_group = config.integer_or("n_group", 1, 1, c.n_routed_experts);
+    c.topk_group = config.integer_or("topk_group", 1, 1, c.n_group);
+    if (c.n_routed_experts % c.n_group)
+      fail("{}: n_routed_experts = {} is not divisible by n_group = {}", source,
+           c.n_routed_experts, c.n_group);
+    const int per_group = c.n_routed_experts / c.n_group;
+    if (c.n_group > 1 && per_group < 2)
+      fail("{}: n_group = {} leaves fewer than 2 experts per group", source, c.n_group);
+    if (c.num_experts_per_tok > c.topk_group * per_group)
+      fail("{}: num_experts_per_tok = {} exceeds the {} experts in topk_group = {} groups", source,
+           c.num_experts_per_tok, c.topk_group * per_group, c.topk_group);
+    c.norm_topk_prob = config.boolean_or("norm_topk_prob", true);
+    c.routed_scaling_factor = float(config.number_or("routed_scaling_factor", 1.0, 0, 1e6));
+  }
+
+  // DSA indexer
+  if (glm) {
+    c.index_topk = config.integer("index_topk", 1, 1 << 30);
+    c.index_n_heads = config.integer("index_n_heads", 1, 4096);
+    c.index_head_dim = config.integer("index_head_dim", 1, 65536);
+    if (c.index_head_dim < c.qk_rope_head_dim)
+      fail("{}: index_head_dim = {} is smaller than qk_rope_head_dim = {}", source,
+           c.index_head_dim, c.qk_rope_head_dim);
+    if (config.has("indexer_types")) {
+      c.indexer_is_full = parse_layer_kinds(config, "indexer_types", c.num_layers, "full", "shared");
+    } else if (config.has("index_topk_pattern")) {
+      const std::string pattern = config.string_or("index_topk_pattern", "");
+      if (int(pattern.size()) != c.num_layers || pattern.find_first_not_of("FS") != std::string::npos)
+        fail("{}: field 'index_topk_pattern' must be {} characters of F/S", source, c.num_layers);
+      for (char ch : pattern) c.indexer_is_full.push_back(ch == 'F');
+    } else {
+      const int freq = config.integer_or("index_topk_freq", 1, 1, 1 << 16);
+      const int offset = config.integer_or("index_skip_topk_offset", 2, 0, 1 << 16);
+      for (int l = 0; l < c.num_layers; ++l)
+        c.indexer_is_full.push_back(std::max(l - offset + 1, 0) % freq == 0);
+    }
+    if (!c.indexer_is_full[0])
+      fail("{}: indexer layer 0 is 'shared' but no earlier full layer exists", source);
+  }
+
+  c.num_nextn_predict_layers = config.integer_or("num_nextn_predict_layers", 0, 0, 16);
+
+  if (config.has("quantization_config")) {
+    const json& q = config.at("quantization_config");
+    if (!q.is_object()) fail("{}: field 'quantization_config' must be an object", source);
+    const Fields qf(q, source + " quantization_config");
+    const std::string method = qf.string_or("quant_method", "");
+    if (method != "fp8")
+      fail("{}: quantization_config.quant_method '{}' is not supported (fp8)", source, method);
+    const std::string fmt_name = qf.string_or("fmt", "e4m3");
+    if (fmt_name != "e4m3") fail("{}: quantization_config.fmt '{}' is not supported (e4m3)", source, fmt_name);
+    std::array<int, 2> block{128, 128};
+    if (qf.has("weight_block_size")) {
+      const json& b = q["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+          b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1 || b[0].get<int64_t>() > kMaxDim ||
+          b[1].get<int64_t>() > kMaxDim)
+        fail("{}: quantization_config.weight_block_size must be two positive integers", source);
+      block = {b[0].get<int>(), b[1].get<int>()};
+    }
+    c.fp8_block = block;
+  }
+
+  c.generation.eos_token_ids = config.int_or_list("eos_token_id");
+  if (config.has("bos_token_id")) c.generation.bos_token_id = config.integer("bos_token_id", 0, 1 << 30);
+  return c;
+}
+
+namespace {
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void apply_generation_config(const std::filesystem::path& path, GenerationDefaults& gen) {
+  json root;
+  try {
+    root = json::parse(read_text(path));
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", path.string(), e.what());
+  }
+  if (!root.is_object()) fail("{}: not a JSON object", path.string());
+  const Fields fields(root, path.string());
+  if (fields.has("eos_token_id")) gen.eos_token_ids = fields.int_or_list("eos_token_id");
+  if (fields.has("bos_token_id")) gen.bos_token_id = fields.integer("bos_token_id", 0, 1 << 30);
+  gen.do_sample = fields.boolean_or("do_sample", gen.do_sample);
+  gen.temperature = float(fields.number_or("temperature", gen.temperature, 0, 100));
+  gen.top_p = float(fields.number_or("top_p", gen.top_p, 0, 1));
+}
+
+}  // namespace
+
+ModelConfig load_model_config(const std::filesystem::path& model_dir) {
+  const auto config_path = model_dir / "config.json";
+  if (!std::filesystem::exists(config_path)) fail("{}: missing", config_path.string());
+  ModelConfig config = parse_model_config(read_text(config_path), config_path.string());
+  const auto generation_path = model_dir / "generation_config.json";
+  if (std::filesystem::exists(generation_path))
+    apply_generation_config(generation_path, config.generation);
+  for (int id : config.generation.eos_token_ids)
+    if (id >= config.vocab_size)
+      fail("{}: eos_token_id {} is outside the vocabulary of {}", config_path.string(), id,
+           config.vocab_size);
+  return config;
+}
+
+}  // namespace colibri

@@ -1,0 +1,38 @@
+// The single-process reference forward pass: plain, fp32, proven equal to transformers by the
+// parity tests. The distributed node is proven equal to this.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "coordinator/attention.h"
+#include "coordinator/kv_cache.h"
+#include "coordinator/rope.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "rank/experts.h"
+
+namespace colibri {
+
+class ReferenceModel {
+ public:
+  // `experts` runs the routed experts; LocalExperts over `weights` when null.
+  ReferenceModel(const ModelConfig& config, const ModelWeights& weights,
+                 ExpertExecutor* experts = nullptr);
+
+  // Runs `tokens` at positions cache.length()... and appends them to the cache. Returns logits
+  // [tokens.size(), vocab], or only the last row's [vocab] when all_logits is false.
+  std::vector<float> forward(std::span<const int> tokens, KvCache& cache, bool all_logits = true);
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  Rope rope_;
+  MlaAttention attention_;
+  LocalExperts local_experts_;
+  ExpertExecutor* experts_;
+};
+
+}  // namespace colibri

@@ -1,0 +1,132 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace colibri {
+
+std::string layer_prefix(int layer) { return fmt::format("model.layers.{}.", layer); }
+std::string expert_prefix(int layer, int expert) {
+  return fmt::format("model.layers.{}.mlp.experts.{}.", layer, expert);
+}
+
+namespace {
+
+class Loader {
+ public:
+  Loader(const ModelConfig& config, const Checkpoint& checkpoint)
+      : c_(config), checkpoint_(checkpoint) {}
+
+  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    return Matrix{rows, cols, checkpoint_.load_f32(name, {rows, cols})};
+  }
+  std::vector<float> vector(const std::string& name, int64_t n) const {
+    return checkpoint_.load_f32(name, {n});
+  }
+
+  MlpWeights mlp(const std::string& prefix, int64_t intermediate) const {
+    const int64_t h = c_.hidden_size;
+    return MlpWeights{matrix(prefix + "gate_proj.weight", intermediate, h),
+                      matrix(prefix + "up_proj.weight", intermediate, h),
+                      matrix(prefix + "down_proj.weight", h, intermediate)};
+  }
+
+  AttentionWeights attention(int layer, bool with_indexer) const {
+    const std::string p = layer_prefix(layer) + "self_attn.";
+    const int64_t h = c_.hidden_size, heads = c_.num_heads;
+    AttentionWeights a;
+    if (c_.q_lora_rank > 0) {
+      a.q_a_proj = matrix(p + "q_a_proj.weight", c_.q_lora_rank, h);
+      a.q_a_norm = vector(p + "q_a_layernorm.weight", c_.q_lora_rank);
+      a.q_b_proj = matrix(p + "q_b_proj.weight", heads * c_.qk_head_dim(), c_.q_lora_rank);
+    } else {
+      a.q_proj = matrix(p + "q_proj.weight", heads * c_.qk_head_dim(), h);
+    }
+    a.kv_a_proj = matrix(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
+    a.kv_a_norm = vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank);
+    a.kv_b_proj = matrix(p + "kv_b_proj.weight", heads * (c_.qk_nope_head_dim + c_.v_head_dim),
+                         c_.kv_lora_rank);
+    a.o_proj = matrix(p + "o_proj.weight", h, heads * c_.v_head_dim);
+    if (with_indexer) {
+      const std::string ip = p + "indexer.";
+      IndexerWeights idx;
+      idx.wq_b = matrix(ip + "wq_b.weight", int64_t(c_.index_n_heads) * c_.index_head_dim, c_.q_lora_rank);
+      idx.wk = matrix(ip + "wk.weight", c_.index_head_dim, h);
+      idx.weights_proj = matrix(ip + "weights_proj.weight", c_.index_n_heads, h);
+      idx.k_norm_weight = vector(ip + "k_norm.weight", c_.index_head_dim);
+      idx.k_norm_bias = vector(ip + "k_norm.bias", c_.index_head_dim);
+      a.indexer = std::move(idx);
+    }
+    return a;
+  }
+
+  LayerWeights layer(int l, bool is_moe, bool with_indexer, const LoadOptions& options) const {
+    LayerWeights w;
+    w.is_moe = is_moe;
+    const std::string p = layer_prefix(l);
+    if (options.dense) {
+      w.input_norm = vector(p + "input_layernorm.weight", c_.hidden_size);
+      w.post_attention_norm = vector(p + "post_attention_layernorm.weight", c_.hidden_size);
+      w.attn = attention(l, with_indexer);
+      if (!is_moe) w.dense_mlp = mlp(p + "mlp.", c_.intermediate_size);
+    }
+    if (!is_moe) return w;
+    if (options.dense) {
+      w.router = matrix(p + "mlp.gate.weight", c_.n_routed_experts, c_.hidden_size);
+      w.router_bias = vector(p + "mlp.gate.e_score_correction_bias", c_.n_routed_experts);
+      if (c_.n_shared_experts > 0)
+        w.shared_experts = mlp(p + "mlp.shared_experts.",
+                               int64_t(c_.moe_intermediate_size) * c_.n_shared_experts);
+    }
+    w.experts.resize(size_t(c_.n_routed_experts));
+    for (int e = 0; e < c_.n_routed_experts; ++e)
+      if (!options.owns_expert || options.owns_expert(l, e))
+        w.experts[size_t(e)] = mlp(expert_prefix(l, e), c_.moe_intermediate_size);
+    return w;
+  }
+
+ private:
+  const ModelConfig& c_;
+  const Checkpoint& checkpoint_;
+};
+
+}  // namespace
+
+ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                const LoadOptions& options) {
+  const Loader load(config, checkpoint);
+  ModelWeights w;
+  if (options.dense) {
+    w.embed = load.matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size);
+    w.final_norm = load.vector("model.norm.weight", config.hidden_size);
+    if (config.tie_word_embeddings && !checkpoint.contains("lm_head.weight")) {
+      w.lm_head = w.embed;
+    } else {
+      w.lm_head = load.matrix("lm_head.weight", config.vocab_size, config.hidden_size);
+    }
+  }
+  for (int l = 0; l < config.num_layers; ++l) {
+    const bool full_indexer = config.has_indexer() && config.indexer_is_full[size_t(l)];
+    w.layers.push_back(load.layer(l, config.layer_is_moe[size_t(l)], full_indexer, options));
+  }
+
+  // MTP layers follow the main layers. transformers drops them on save, so they are optional;
+  // when present they must be complete and well-shaped.
+  for (int i = 0; options.mtp && options.dense && i < config.num_nextn_predict_layers; ++i) {
+    const int l = config.num_layers + i;
+    const std::string p = layer_prefix(l);
+    if (!checkpoint.contains(p + "eh_proj.weight")) continue;
+    MtpWeights mtp;
+    mtp.eh_proj = load.matrix(p + "eh_proj.weight", config.hidden_size, 2 * int64_t(config.hidden_size));
+    mtp.enorm = load.vector(p + "enorm.weight", config.hidden_size);
+    mtp.hnorm = load.vector(p + "hnorm.weight", config.hidden_size);
+    mtp.head_norm = load.vector(p + "shared_head.norm.weight", config.hidden_size);
+    const bool full_indexer = config.has_indexer() && checkpoint.contains(p + "self_attn.indexer.wk.weight");
+    mtp.layer = load.layer(l, config.n_routed_experts > 0, full_indexer, options);
+    w.mtp.push_back(std::move(mtp));
+  }
+  return w;
+}
+
+}  // namespace colibri

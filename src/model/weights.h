@@ -1,0 +1,87 @@
+// Model weights as fp32 matrices, loaded from a Checkpoint with every shape checked against the
+// config. Expert ranks load only the routed experts they own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/checkpoint.h"
+#include "model/config.h"
+
+namespace colibri {
+
+// Row-major [rows, cols] weight of a Linear layer: y = W x.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> data;
+  bool empty() const { return data.empty(); }
+};
+
+struct MlpWeights {
+  Matrix gate, up, down;  // [I, H], [I, H], [H, I]
+  bool empty() const { return gate.empty(); }
+  uint64_t bytes() const { return 4 * (gate.data.size() + up.data.size() + down.data.size()); }
+};
+
+struct IndexerWeights {
+  Matrix wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
+  Matrix wk;            // [index_head_dim, hidden]
+  Matrix weights_proj;  // [index_n_heads, hidden]
+  std::vector<float> k_norm_weight, k_norm_bias;  // LayerNorm [index_head_dim], eps 1e-6
+};
+
+struct AttentionWeights {
+  Matrix q_a_proj;               // [q_lora_rank, hidden]   (q_lora_rank > 0)
+  std::vector<float> q_a_norm;   // [q_lora_rank]
+  Matrix q_b_proj;               // [H * qk_head_dim, q_lora_rank]
+  Matrix q_proj;                 // [H * qk_head_dim, hidden]  (q_lora_rank == 0)
+  Matrix kv_a_proj;              // [kv_lora_rank + qk_rope_head_dim, hidden]
+  std::vector<float> kv_a_norm;  // [kv_lora_rank]
+  Matrix kv_b_proj;              // [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  Matrix o_proj;                 // [hidden, H * v_head_dim]
+  std::optional<IndexerWeights> indexer;  // full DSA layers only
+};
+
+struct LayerWeights {
+  std::vector<float> input_norm, post_attention_norm;  // [hidden]
+  AttentionWeights attn;
+  bool is_moe = false;
+  MlpWeights dense_mlp;            // dense layers
+  Matrix router;                   // [n_routed_experts, hidden]
+  std::vector<float> router_bias;  // [n_routed_experts] e_score_correction_bias
+  MlpWeights shared_experts;       // I = moe_intermediate_size * n_shared_experts
+  std::vector<MlpWeights> experts;  // [n_routed_experts]; empty entries are owned elsewhere
+};
+
+// Multi-token-prediction layer (model.layers.{num_layers + i}): recognised and kept for later use.
+struct MtpWeights {
+  Matrix eh_proj;  // [hidden, 2 * hidden]
+  std::vector<float> enorm, hnorm, head_norm;
+  LayerWeights layer;
+};
+
+struct ModelWeights {
+  Matrix embed;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;
+  Matrix lm_head;  // [vocab, hidden]
+  std::vector<MtpWeights> mtp;
+};
+
+struct LoadOptions {
+  bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
+  bool mtp = true;
+  // Which routed experts to load; all when empty.
+  std::function<bool(int layer, int expert)> owns_expert;
+};
+
+ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
+                                const LoadOptions& options = {});
+
+std::string layer_prefix(int layer);
+std::string expert_prefix(int layer, int expert);
+
+}  // namespace colibri
