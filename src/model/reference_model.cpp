@@ -41,11 +41,11 @@ std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache&
                       normed.data());
     if (layer.is_moe) {
       const Routing routing = route_tokens(config_, layer, normed.data(), n);
-      experts_->run(l, normed.data(), n, routing, delta.data());
-      if (!layer.shared_experts.empty()) {
-        mlp_forward(layer.shared_experts, normed.data(), n, shared.data());
+      experts_->begin(l, normed.data(), n, routing);
+      if (!layer.shared_experts.empty()) mlp_forward(layer.shared_experts, normed.data(), n, shared.data());
+      experts_->finish(delta.data());
+      if (!layer.shared_experts.empty())
         for (size_t i = 0; i < h.size(); ++i) delta[i] += shared[i];
-      }
     } else {
       mlp_forward(layer.dense_mlp, normed.data(), n, delta.data());
     }

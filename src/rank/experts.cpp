@@ -1,8 +1,8 @@
 #include "rank/experts.h"
 
 #include <algorithm>
-#include <cassert>
 
+#include "common/error.h"
 #include "cpu/elementwise.h"
 #include "cpu/linear.h"
 
@@ -17,19 +17,30 @@ void mlp_forward(const MlpWeights& w, const float* x, int n, float* y) {
   kernels::linear_f32(gate.data(), n, w.down.data.data(), hidden, inter, y);
 }
 
-void LocalExperts::run(int layer, const float* x, int n, const Routing& routing, float* out) {
-  const int hidden = config_.hidden_size, k = routing.top_k;
-  const LayerWeights& lw = weights_.layers[size_t(layer)];
+void LocalExperts::begin(int layer, const float* x, int n, const Routing& routing) {
+  layer_ = layer;
+  x_ = x;
+  n_ = n;
+  routing_ = &routing;
+}
+
+void LocalExperts::finish(float* out) {
+  run_routed_experts(weights_.layers[size_t(layer_)], config_.hidden_size, x_, n_, *routing_, out);
+}
+
+void run_routed_experts(const LayerWeights& lw, int hidden, const float* x, int n,
+                        const Routing& routing, float* out) {
+  const int k = routing.top_k;
   std::fill(out, out + size_t(n) * hidden, 0.0f);
   std::vector<float> rows, result;
-  for (int e = 0; e < config_.n_routed_experts; ++e) {
+  for (int e = 0; e < int(lw.experts.size()); ++e) {
     std::vector<std::pair<int, float>> picked;  // (row, weight)
     for (int t = 0; t < n; ++t)
       for (int i = 0; i < k; ++i)
         if (routing.expert[size_t(t) * k + i] == e) picked.emplace_back(t, routing.weight[size_t(t) * k + i]);
     if (picked.empty()) continue;
     const MlpWeights& expert = lw.experts[size_t(e)];
-    assert(!expert.empty() && "LocalExperts needs every routed expert loaded");
+    if (expert.empty()) fail("expert {} of this layer is routed here but not loaded", e);
     rows.resize(picked.size() * hidden);
     for (size_t i = 0; i < picked.size(); ++i)
       std::copy_n(x + size_t(picked[i].first) * hidden, hidden, &rows[i * hidden]);

@@ -13,23 +13,35 @@ namespace colibri {
 // y[n, hidden] = down(silu(gate(x)) * up(x)) for n rows.
 void mlp_forward(const MlpWeights& w, const float* x, int n, float* y);
 
+// Two phases so the caller can compute the shared expert while routed experts run elsewhere:
+// begin() hands over the rows (x and routing must stay valid until finish()), finish() writes
+// out[n, hidden] = sum over each row's routed experts of weight * expert(x_row).
 class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
-  // out[n, hidden] = sum over each row's routed experts of weight * expert(x_row). Overwrites out.
-  virtual void run(int layer, const float* x, int n, const Routing& routing, float* out) = 0;
+  virtual void begin(int layer, const float* x, int n, const Routing& routing) = 0;
+  virtual void finish(float* out) = 0;
 };
 
-// Runs the experts from local weights, in ascending expert order per row.
+// Sums weight * expert(rows) into out[n, hidden] (zeroed first), experts in ascending order.
+// Experts missing from `layer` are an error: their owner is another rank.
+void run_routed_experts(const LayerWeights& layer, int hidden, const float* x, int n,
+                        const Routing& routing, float* out);
+
+// Runs every routed expert in-process from local weights.
 class LocalExperts : public ExpertExecutor {
  public:
   LocalExperts(const ModelConfig& config, const ModelWeights& weights)
       : config_(config), weights_(weights) {}
-  void run(int layer, const float* x, int n, const Routing& routing, float* out) override;
+  void begin(int layer, const float* x, int n, const Routing& routing) override;
+  void finish(float* out) override;
 
  private:
   const ModelConfig& config_;
   const ModelWeights& weights_;
+  int layer_ = -1, n_ = 0;
+  const float* x_ = nullptr;
+  const Routing* routing_ = nullptr;
 };
 
 }  // namespace colibri

@@ -1,0 +1,129 @@
+// Per-rank profiling: phase timers per layer, counters, and trace events; reports are gathered
+// by the coordinator and printed as one table, written as JSON (--profile-json) and as a
+// Chrome/Perfetto trace (--trace).
+#pragma once
+
+#include <array>
+#include <cereal/types/array.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace colibri {
+
+enum class Phase : int {
+  // coordinator
+  kEmbed,
+  kAttention,
+  kIndexer,
+  kRouter,
+  kSharedExpert,
+  kDispatch,
+  kWaitSlowest,  // from the end of dispatch until the last owner's partial arrived
+  kCombine,
+  kDenseMlp,
+  kLmHead,
+  kSampling,
+  // expert ranks
+  kRecvWait,
+  kCompute,
+  kSend,
+  kCount
+};
+constexpr int kPhaseCount = int(Phase::kCount);
+const char* phase_name(Phase phase);
+
+struct TraceEvent {
+  int phase = 0;
+  int layer = -1;
+  double start_us = 0;  // since the rank's profiler epoch (aligned across ranks by MPI_Wtime)
+  double duration_us = 0;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(phase, layer, start_us, duration_us);
+  }
+};
+
+struct RankReport {
+  int rank = 0;
+  std::string host;
+  std::string role;
+  double wall_us = 0;                                // profiler lifetime
+  std::array<double, kPhaseCount> phase_us{};        // totals
+  std::vector<std::array<double, kPhaseCount>> layer_phase_us;  // [layer][phase]
+  uint64_t rows = 0;             // token rows served (expert ranks) or dispatched (coordinator)
+  uint64_t experts = 0;          // (row, expert) pairs computed
+  uint64_t bytes_in = 0, bytes_out = 0;
+  std::map<int, uint64_t> bytes_to_rank;  // per link, bytes sent to each peer
+  uint64_t slowest_count = 0;    // times this rank's partial arrived last in a layer exchange
+  uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
+  std::vector<TraceEvent> events;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
+       bytes_to_rank, slowest_count, weight_bytes_read, events);
+  }
+};
+
+struct RunSummary {
+  int prefill_tokens = 0;
+  double prefill_seconds = 0;
+  int decode_tokens = 0;
+  double decode_seconds = 0;
+  double ttft_seconds = 0;
+};
+
+class Profiler {
+ public:
+  Profiler(int rank, std::string host, std::string role, int num_layers, bool keep_trace);
+
+  double now_us() const;
+  // Restarts the clock; every rank calls it right after the same barrier so traces line up.
+  void restart_epoch();
+  // Adds a finished interval to the totals (layer -1: outside any layer) and the trace.
+  void add(Phase phase, int layer, double start_us, double duration_us);
+
+  class Scope {
+   public:
+    Scope(Profiler& profiler, Phase phase, int layer)
+        : profiler_(profiler), phase_(phase), layer_(layer), start_us_(profiler.now_us()) {}
+    ~Scope() { profiler_.add(phase_, layer_, start_us_, profiler_.now_us() - start_us_); }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    Profiler& profiler_;
+    Phase phase_;
+    int layer_;
+    double start_us_;
+  };
+  Scope scope(Phase phase, int layer = -1) { return Scope(*this, phase, layer); }
+
+  RankReport& counters() { return report_; }
+  // Final report with wall time filled in.
+  RankReport report() const;
+
+ private:
+  std::chrono::steady_clock::time_point epoch_;
+  bool keep_trace_;
+  RankReport report_;
+};
+
+// One table (per rank: busy %, wait %, rows, experts, bytes in/out, slowest count), then the
+// coordinator phase split and the run line
+// "prefill N tok in X s | decode M tok in Y s (Z tok/s) | TTFT T s".
+void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const RunSummary& run);
+void write_profile_json(const std::filesystem::path& path, const std::vector<RankReport>& reports,
+                        const RunSummary& run);
+// Chrome trace-event JSON: one process per rank (pid = rank, named "rank r (role)@host").
+void write_trace(const std::filesystem::path& path, const std::vector<RankReport>& reports);
+
+}  // namespace colibri
