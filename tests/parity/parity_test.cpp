@@ -78,8 +78,9 @@ TEST_P(Parity, GoldenIsNotTrivial) {
   ASSERT_EQ(l.shape[1], f.config.vocab_size);
   const auto [lo, hi] = std::minmax_element(l.data.begin(), l.data.end());
   EXPECT_GT(*hi - *lo, 1.0f) << "golden logits are nearly constant";
-  if (f.config.has_indexer())
+  if (f.config.has_indexer()) {
     EXPECT_LT(f.config.index_topk, int(l.shape[0])) << "DSA selection never happens in this fixture";
+  }
 }
 
 TEST_P(Parity, PrefillMatchesTransformers) {
@@ -140,6 +141,7 @@ TEST_P(Parity, GreedyTokensMatchTransformers) {
 
 std::vector<std::string> fixtures() {
   std::vector<std::string> names;
+  if (!std::filesystem::is_directory(kParityDir)) return names;  // BothArchitecturesArePresent fails
   for (const auto& entry : std::filesystem::directory_iterator(kParityDir))
     if (std::filesystem::exists(entry.path() / "golden" / "meta.json")) names.push_back(entry.path().filename());
   std::sort(names.begin(), names.end());
@@ -147,7 +149,7 @@ std::vector<std::string> fixtures() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(fixtures()),
-                         [](const auto& info) { return info.param; });
+                         [](const auto& param_info) { return param_info.param; });
 
 TEST(ParityFixtures, BothArchitecturesArePresent) {
   bool glm = false, deepseek = false;
