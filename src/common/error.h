@@ -15,6 +15,12 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Start-up was refused for every rank (handshake mismatch, bad layout); the coordinator reports it.
+class StartupRefused : public Error {
+ public:
+  using Error::Error;
+};
+
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));

@@ -20,7 +20,26 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+namespace {
+
+void release(void*& mapping, uint64_t mapped_bytes, int& fd) {
+  if (mapping) ::munmap(mapping, mapped_bytes);
+  if (fd >= 0) ::close(fd);
+  mapping = nullptr;
+  fd = -1;
+}
+
+}  // namespace
+
 SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(path)) {
+  // A throwing constructor runs no destructor: the guard gives back descriptor and mapping.
+  struct ReleaseOnThrow {
+    SafetensorsFile& file;
+    bool armed = true;
+    ~ReleaseOnThrow() {
+      if (armed) release(file.mapping_, file.file_bytes_, file.fd_);
+    }
+  } guard{*this};
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ < 0) fail("{}: cannot open: {}", path_.string(), std::strerror(errno));
   struct stat st {};
@@ -46,12 +65,10 @@ SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(p
          path_.string(), header_bytes, file_bytes_);
   const std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
   parse_header(header, bytes + 8 + header_bytes, file_bytes_ - 8 - header_bytes);
+  guard.armed = false;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (mapping_) ::munmap(mapping_, file_bytes_);
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() { release(mapping_, file_bytes_, fd_); }
 
 const TensorView* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
@@ -131,8 +148,10 @@ void SafetensorsFile::parse_header(std::string_view header, const std::byte* buf
     ranges.push_back({begin, end, &it->first});
   }
 
-  std::sort(ranges.begin(), ranges.end(),
-            [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  // By (begin, end): an empty tensor at another's begin sorts first and overlaps nothing.
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].begin < ranges[i - 1].end)
       fail("{}: tensors '{}' and '{}' overlap in the data section", file, *ranges[i - 1].name,

@@ -14,8 +14,10 @@ using kernels::linear_f32;
 
 MlaAttention::MlaAttention(const ModelConfig& config, const Rope& rope) : c_(config), rope_(rope) {}
 
-void MlaAttention::forward(const AttentionWeights& w, const float* x, int n, int start,
+void MlaAttention::forward(int layer, const AttentionWeights& w, const float* x, int n, int start,
                            LayerKvCache& cache, KeySelection& selection, float* out) const {
+  const double start_us = profiler_ ? profiler_->now_us() : 0;
+  double indexer_us = 0;
   const int heads = c_.num_heads, dn = c_.qk_nope_head_dim, dr = c_.qk_rope_head_dim;
   const int dq = c_.qk_head_dim(), r = c_.kv_lora_rank, h = c_.hidden_size;
 
@@ -44,7 +46,14 @@ void MlaAttention::forward(const AttentionWeights& w, const float* x, int n, int
       rope_.apply(&q[(size_t(t) * heads + head) * dq + dn], pos, c_.rope.interleave);
   }
 
-  if (w.indexer) select_keys(*w.indexer, x, q_lora.data(), n, start, cache, selection);
+  if (w.indexer) {
+    const double indexer_start_us = profiler_ ? profiler_->now_us() : 0;
+    select_keys(*w.indexer, x, q_lora.data(), n, start, cache, selection);
+    if (profiler_) {
+      indexer_us = profiler_->now_us() - indexer_start_us;
+      profiler_->add(Phase::kIndexer, layer, indexer_start_us, indexer_us);
+    }
+  }
 
   std::vector<float> heads_out(size_t(n) * heads * c_.v_head_dim);
   if (n == 1) {
@@ -53,6 +62,7 @@ void MlaAttention::forward(const AttentionWeights& w, const float* x, int n, int
     attend_expanded(w, q.data(), n, start, cache, selection, heads_out.data());
   }
   linear_f32(heads_out.data(), n, w.o_proj.data.data(), h, int64_t(heads) * c_.v_head_dim, out);
+  if (profiler_) profiler_->add(Phase::kAttention, layer, start_us, profiler_->now_us() - start_us - indexer_us);
 }
 
 std::vector<int> MlaAttention::visible_keys(const KeySelection& selection, int t, int pos) const {

@@ -7,6 +7,7 @@
 #include "coordinator/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "node/profile.h"
 
 namespace colibri {
 
@@ -25,8 +26,11 @@ class MlaAttention {
   // out [n, hidden]. Prefill (n > 1) expands keys and values per head as transformers does;
   // decode (n == 1) uses the absorbed form directly on the compressed cache.
   // `selection` is read on shared-indexer layers and written on full ones.
-  void forward(const AttentionWeights& w, const float* x, int n, int start, LayerKvCache& cache,
-               KeySelection& selection, float* out) const;
+  void forward(int layer, const AttentionWeights& w, const float* x, int n, int start,
+               LayerKvCache& cache, KeySelection& selection, float* out) const;
+
+  // Optional: attention and indexer times are recorded as separate phases.
+  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
 
   // Both forms are public so tests can compare them on the same inputs.
   void attend_expanded(const AttentionWeights& w, const float* q, int n, int start,
@@ -44,6 +48,7 @@ class MlaAttention {
 
   const ModelConfig& c_;
   const Rope& rope_;
+  Profiler* profiler_ = nullptr;
 };
 
 }  // namespace colibri

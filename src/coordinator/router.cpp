@@ -9,6 +9,16 @@
 
 namespace colibri {
 
+std::vector<RoutedPair> routed_pairs(const Routing& routing, int n) {
+  std::vector<RoutedPair> pairs;
+  pairs.reserve(size_t(n) * routing.top_k);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < routing.top_k; ++i)
+      pairs.push_back({uint32_t(t), uint32_t(routing.expert[size_t(t) * routing.top_k + i]),
+                       routing.weight[size_t(t) * routing.top_k + i]});
+  return pairs;
+}
+
 Routing route_tokens(const ModelConfig& c, const LayerWeights& layer, const float* x, int n) {
   const int experts = c.n_routed_experts, k = c.num_experts_per_tok;
   const int groups = c.n_group, per_group = experts / groups;

@@ -330,13 +330,19 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const auto config_path = model_dir / "config.json";
   if (!std::filesystem::exists(config_path)) fail("{}: missing", config_path.string());
   ModelConfig config = parse_model_config(read_text(config_path), config_path.string());
+  // Checked after each file, so that the error names the file the id came from.
+  const auto check_eos = [&config](const std::filesystem::path& source) {
+    for (int id : config.generation.eos_token_ids)
+      if (id >= config.vocab_size)
+        fail("{}: eos_token_id {} is outside the vocabulary of {}", source.string(), id,
+             config.vocab_size);
+  };
+  check_eos(config_path);
   const auto generation_path = model_dir / "generation_config.json";
-  if (std::filesystem::exists(generation_path))
+  if (std::filesystem::exists(generation_path)) {
     apply_generation_config(generation_path, config.generation);
-  for (int id : config.generation.eos_token_ids)
-    if (id >= config.vocab_size)
-      fail("{}: eos_token_id {} is outside the vocabulary of {}", config_path.string(), id,
-           config.vocab_size);
+    check_eos(generation_path);
+  }
   return config;
 }
 

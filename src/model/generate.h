@@ -15,12 +15,15 @@ struct GenerateRequest {
   SamplingParams sampling;
   std::vector<int> stop_ids;  // generation ends after emitting one of these
   bool keep_logits = false;   // collect logits of every position
+  int prefill_chunk = 0;      // longest forward call during prefill; 0 = the whole prompt
 };
 
 struct GenerateResult {
   std::vector<int> tokens;     // generated ids
   std::vector<float> logits;   // [prompt + generated, vocab] when keep_logits: row i follows token i
-  double prefill_seconds = 0, decode_seconds = 0;
+  double prefill_seconds = 0;
+  double ttft_seconds = 0;    // start to the first generated token
+  double decode_seconds = 0;  // first to last generated token: tokens.size() - 1 decode steps
 };
 
 GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,

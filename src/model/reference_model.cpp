@@ -17,6 +17,33 @@ ReferenceModel::ReferenceModel(const ModelConfig& config, const ModelWeights& we
       local_experts_(config, weights),
       experts_(experts ? experts : &local_experts_) {}
 
+void ReferenceModel::set_profiler(Profiler* profiler) {
+  profiler_ = profiler;
+  attention_.set_profiler(profiler);
+}
+
+namespace {
+
+// A scope that costs nothing without a profiler.
+class MaybeScope {
+ public:
+  MaybeScope(Profiler* profiler, Phase phase, int layer)
+      : profiler_(profiler), phase_(phase), layer_(layer), start_us_(profiler ? profiler->now_us() : 0) {}
+  ~MaybeScope() {
+    if (profiler_) profiler_->add(phase_, layer_, start_us_, profiler_->now_us() - start_us_);
+  }
+  MaybeScope(const MaybeScope&) = delete;
+  MaybeScope& operator=(const MaybeScope&) = delete;
+
+ private:
+  Profiler* profiler_;
+  Phase phase_;
+  int layer_;
+  double start_us_;
+};
+
+}  // namespace
+
 std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache& cache,
                                            bool all_logits) {
   const int n = int(tokens.size()), hidden = config_.hidden_size, start = cache.length();
@@ -26,33 +53,45 @@ std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache&
       fail("token id {} is outside the vocabulary of {}", token, config_.vocab_size);
 
   std::vector<float> h(size_t(n) * hidden);  // residual stream [n, hidden]
-  for (int t = 0; t < n; ++t)
-    std::copy_n(&weights_.embed.data[size_t(tokens[size_t(t)]) * hidden], hidden, &h[size_t(t) * hidden]);
+  {
+    MaybeScope scope(profiler_, Phase::kEmbed, -1);
+    for (int t = 0; t < n; ++t)
+      std::copy_n(&weights_.embed.data[size_t(tokens[size_t(t)]) * hidden], hidden, &h[size_t(t) * hidden]);
+  }
 
   std::vector<float> normed(h.size()), delta(h.size()), shared(h.size());
   KeySelection selection;  // carried from full to shared indexer layers
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
     kernels::rms_norm(h.data(), n, hidden, layer.input_norm.data(), config_.rms_norm_eps, normed.data());
-    attention_.forward(layer.attn, normed.data(), n, start, cache.layer(l), selection, delta.data());
+    attention_.forward(l, layer.attn, normed.data(), n, start, cache.layer(l), selection, delta.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += delta[i];
 
     kernels::rms_norm(h.data(), n, hidden, layer.post_attention_norm.data(), config_.rms_norm_eps,
                       normed.data());
     if (layer.is_moe) {
-      const Routing routing = route_tokens(config_, layer, normed.data(), n);
+      Routing routing;
+      {
+        MaybeScope scope(profiler_, Phase::kRouter, l);
+        routing = route_tokens(config_, layer, normed.data(), n);
+      }
       experts_->begin(l, normed.data(), n, routing);
-      if (!layer.shared_experts.empty()) mlp_forward(layer.shared_experts, normed.data(), n, shared.data());
+      if (!layer.shared_experts.empty()) {
+        MaybeScope scope(profiler_, Phase::kSharedExpert, l);
+        mlp_forward(layer.shared_experts, normed.data(), n, shared.data());
+      }
       experts_->finish(delta.data());
       if (!layer.shared_experts.empty())
         for (size_t i = 0; i < h.size(); ++i) delta[i] += shared[i];
     } else {
+      MaybeScope scope(profiler_, Phase::kDenseMlp, l);
       mlp_forward(layer.dense_mlp, normed.data(), n, delta.data());
     }
     for (size_t i = 0; i < h.size(); ++i) h[i] += delta[i];
   }
   cache.advance(n);
 
+  MaybeScope scope(profiler_, Phase::kLmHead, -1);
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   kernels::rms_norm(&h[size_t(first) * hidden], rows, hidden, weights_.final_norm.data(),

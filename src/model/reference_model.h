@@ -10,6 +10,7 @@
 #include "coordinator/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "node/profile.h"
 #include "rank/experts.h"
 
 namespace colibri {
@@ -25,6 +26,9 @@ class ReferenceModel {
   std::vector<float> forward(std::span<const int> tokens, KvCache& cache, bool all_logits = true);
 
   const ModelConfig& config() const { return config_; }
+  // Optional: phase timings go here (attention, indexer, router, shared expert, lm_head, ...).
+  void set_profiler(Profiler* profiler);
+  Profiler* profiler() const { return profiler_; }
 
  private:
   const ModelConfig& config_;
@@ -33,6 +37,7 @@ class ReferenceModel {
   MlaAttention attention_;
   LocalExperts local_experts_;
   ExpertExecutor* experts_;
+  Profiler* profiler_ = nullptr;
 };
 
 }  // namespace colibri

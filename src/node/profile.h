@@ -9,6 +9,7 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -54,7 +55,7 @@ struct TraceEvent {
 struct RankReport {
   int rank = 0;
   std::string host;
-  std::string role;
+  std::string role;  // "coordinator" or "expert"; print_profile splits busy/wait by it
   double wall_us = 0;                                // profiler lifetime
   std::array<double, kPhaseCount> phase_us{};        // totals
   std::vector<std::array<double, kPhaseCount>> layer_phase_us;  // [layer][phase]
@@ -65,11 +66,12 @@ struct RankReport {
   uint64_t slowest_count = 0;    // times this rank's partial arrived last in a layer exchange
   uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
   std::vector<TraceEvent> events;
+  uint64_t dropped_events = 0;   // trace events not kept once events reached the cap
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
-       bytes_to_rank, slowest_count, weight_bytes_read, events);
+       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events);
   }
 };
 
@@ -81,12 +83,17 @@ struct RunSummary {
   double ttft_seconds = 0;
 };
 
+// Not thread-safe: one Profiler per rank, used from the rank's driving thread.
 class Profiler {
  public:
+  // Trace events kept per rank (24 bytes each); later ones are counted in dropped_events.
+  static constexpr size_t kMaxTraceEvents = 2'000'000;
+
   Profiler(int rank, std::string host, std::string role, int num_layers, bool keep_trace);
 
   double now_us() const;
   // Restarts the clock; every rank calls it right after the same barrier so traces line up.
+  // Events already recorded are shifted onto the new epoch; totals are kept.
   void restart_epoch();
   // Adds a finished interval to the totals (layer -1: outside any layer) and the trace.
   void add(Phase phase, int layer, double start_us, double duration_us);

@@ -25,31 +25,36 @@ void LocalExperts::begin(int layer, const float* x, int n, const Routing& routin
 }
 
 void LocalExperts::finish(float* out) {
-  run_routed_experts(weights_.layers[size_t(layer_)], config_.hidden_size, x_, n_, *routing_, out);
+  run_expert_pairs(weights_.layers[size_t(layer_)], config_.hidden_size, x_, n_,
+                   routed_pairs(*routing_, n_), out);
 }
 
-void run_routed_experts(const LayerWeights& lw, int hidden, const float* x, int n,
-                        const Routing& routing, float* out) {
-  const int k = routing.top_k;
+void run_expert_pairs(const LayerWeights& lw, int hidden, const float* x, int n,
+                      std::span<const RoutedPair> pairs, float* out) {
   std::fill(out, out + size_t(n) * hidden, 0.0f);
+  std::vector<const RoutedPair*> order(pairs.size());
+  for (size_t i = 0; i < pairs.size(); ++i) order[i] = &pairs[i];
+  std::stable_sort(order.begin(), order.end(),
+                   [](const RoutedPair* a, const RoutedPair* b) { return a->expert < b->expert; });
   std::vector<float> rows, result;
-  for (int e = 0; e < int(lw.experts.size()); ++e) {
-    std::vector<std::pair<int, float>> picked;  // (row, weight)
-    for (int t = 0; t < n; ++t)
-      for (int i = 0; i < k; ++i)
-        if (routing.expert[size_t(t) * k + i] == e) picked.emplace_back(t, routing.weight[size_t(t) * k + i]);
-    if (picked.empty()) continue;
-    const MlpWeights& expert = lw.experts[size_t(e)];
-    if (expert.empty()) fail("expert {} of this layer is routed here but not loaded", e);
-    rows.resize(picked.size() * hidden);
-    for (size_t i = 0; i < picked.size(); ++i)
-      std::copy_n(x + size_t(picked[i].first) * hidden, hidden, &rows[i * hidden]);
+  for (size_t begin = 0; begin < order.size();) {
+    const uint32_t e = order[begin]->expert;
+    size_t end = begin;
+    while (end < order.size() && order[end]->expert == e) ++end;
+    if (e >= lw.experts.size() || lw.experts[e].empty())
+      fail("expert {} of this layer is routed here but not loaded", e);
+    const size_t count = end - begin;
+    rows.resize(count * size_t(hidden));
+    for (size_t i = 0; i < count; ++i)
+      std::copy_n(x + size_t(order[begin + i]->row) * hidden, hidden, &rows[i * size_t(hidden)]);
     result.resize(rows.size());
-    mlp_forward(expert, rows.data(), int(picked.size()), result.data());
-    for (size_t i = 0; i < picked.size(); ++i) {
-      float* dst = out + size_t(picked[i].first) * hidden;
-      for (int j = 0; j < hidden; ++j) dst[j] += picked[i].second * result[i * hidden + j];
+    mlp_forward(lw.experts[e], rows.data(), int(count), result.data());
+    for (size_t i = 0; i < count; ++i) {
+      float* dst = out + size_t(order[begin + i]->row) * hidden;
+      const float w = order[begin + i]->weight;
+      for (int j = 0; j < hidden; ++j) dst[j] += w * result[i * size_t(hidden) + j];
     }
+    begin = end;
   }
 }
 

@@ -2,6 +2,7 @@
 // owners: the reference runs every expert in-process; the distributed node sends rows to owners.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "coordinator/router.h"
@@ -23,10 +24,11 @@ class ExpertExecutor {
   virtual void finish(float* out) = 0;
 };
 
-// Sums weight * expert(rows) into out[n, hidden] (zeroed first), experts in ascending order.
+// out[n, hidden] = sum of weight * expert(x[row]) over the pairs (zeroed first), experts in
+// ascending order, so every row sums its experts in the same order wherever they run.
 // Experts missing from `layer` are an error: their owner is another rank.
-void run_routed_experts(const LayerWeights& layer, int hidden, const float* x, int n,
-                        const Routing& routing, float* out);
+void run_expert_pairs(const LayerWeights& layer, int hidden, const float* x, int n,
+                      std::span<const RoutedPair> pairs, float* out);
 
 // Runs every routed expert in-process from local weights.
 class LocalExperts : public ExpertExecutor {

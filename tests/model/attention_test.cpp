@@ -49,7 +49,7 @@ TEST(MlaAttention, AbsorbedEqualsExpanded) {
   LayerKvCache cache;
   KeySelection selection;
   std::vector<float> out(x.size());
-  attention.forward(s.weights, x.data(), tokens, 0, cache, selection, out.data());
+  attention.forward(0, s.weights, x.data(), tokens, 0, cache, selection, out.data());
   ASSERT_EQ(cache.latent.size(), size_t(tokens) * 24);
 
   std::vector<float> q(size_t(3 * 24));
@@ -83,10 +83,10 @@ TEST(MlaAttention, DecodeEqualsPrefillOfTheSameTokens) {
   LayerKvCache prefill_cache;
   KeySelection selection;
   std::vector<float> prefill(x.size()), decode(x.size());
-  attention.forward(s.weights, x.data(), tokens, 0, prefill_cache, selection, prefill.data());
+  attention.forward(0, s.weights, x.data(), tokens, 0, prefill_cache, selection, prefill.data());
   LayerKvCache decode_cache;
   for (int t = 0; t < tokens; ++t)
-    attention.forward(s.weights, &x[size_t(t) * 48], 1, t, decode_cache, selection, &decode[size_t(t) * 48]);
+    attention.forward(0, s.weights, &x[size_t(t) * 48], 1, t, decode_cache, selection, &decode[size_t(t) * 48]);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(prefill[i], decode[i], 1e-4f) << i;
   EXPECT_EQ(prefill_cache.latent, decode_cache.latent);
 }

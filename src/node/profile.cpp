@@ -1,0 +1,298 @@
+#include "node/profile.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "common/error.h"
+
+namespace colibri {
+
+namespace {
+// Indexed by Phase.
+constexpr const char* kPhaseNames[] = {
+    "embed",   "attention", "indexer", "router",   "shared_expert", "dispatch", "wait_slowest",
+    "combine", "dense_mlp", "lm_head", "sampling", "recv_wait",     "compute",  "send"};
+static_assert(std::size(kPhaseNames) == size_t(kPhaseCount), "one name per Phase");
+}  // namespace
+
+const char* phase_name(Phase phase) {
+  const int p = int(phase);
+  return p >= 0 && p < kPhaseCount ? kPhaseNames[p] : "unknown";
+}
+
+// ---- Profiler --------------------------------------------------------------------------------
+
+Profiler::Profiler(int rank, std::string host, std::string role, int num_layers, bool keep_trace)
+    : epoch_(std::chrono::steady_clock::now()), keep_trace_(keep_trace) {
+  report_.rank = rank;
+  report_.host = std::move(host);
+  report_.role = std::move(role);
+  report_.layer_phase_us.resize(size_t(std::max(num_layers, 0)));
+}
+
+double Profiler::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch_)
+      .count();
+}
+
+void Profiler::restart_epoch() {
+  const auto epoch = std::chrono::steady_clock::now();
+  const double shift_us = std::chrono::duration<double, std::micro>(epoch - epoch_).count();
+  for (TraceEvent& event : report_.events) event.start_us -= shift_us;
+  epoch_ = epoch;
+}
+
+void Profiler::add(Phase phase, int layer, double start_us, double duration_us) {
+  const int p = int(phase);
+  assert(p >= 0 && p < kPhaseCount);
+  report_.phase_us[size_t(p)] += duration_us;
+  if (layer >= 0) {
+    if (size_t(layer) >= report_.layer_phase_us.size())
+      report_.layer_phase_us.resize(size_t(layer) + 1);
+    report_.layer_phase_us[size_t(layer)][size_t(p)] += duration_us;
+  }
+  if (keep_trace_) {
+    if (report_.events.size() < kMaxTraceEvents)
+      report_.events.push_back(TraceEvent{p, layer, start_us, duration_us});
+    else
+      ++report_.dropped_events;
+  }
+}
+
+RankReport Profiler::report() const {
+  RankReport out = report_;
+  out.wall_us = now_us();
+  return out;
+}
+
+// ---- summaries -------------------------------------------------------------------------------
+
+namespace {
+
+bool is_coordinator(const RankReport& r) {
+  return r.role == "coordinator";
+}
+
+double phase(const RankReport& r, Phase p) {
+  return r.phase_us[size_t(p)];
+}
+
+// Coordinator: everything it does between the exchanges (dispatch included, as an expert rank's
+// send is). Expert ranks: compute + send.
+double busy_us(const RankReport& r) {
+  if (!is_coordinator(r)) return phase(r, Phase::kCompute) + phase(r, Phase::kSend);
+  double sum = 0;
+  for (int p = int(Phase::kEmbed); p <= int(Phase::kSampling); ++p)
+    if (Phase(p) != Phase::kWaitSlowest) sum += r.phase_us[size_t(p)];
+  return sum;
+}
+
+double wait_us(const RankReport& r) {
+  return phase(r, is_coordinator(r) ? Phase::kWaitSlowest : Phase::kRecvWait);
+}
+
+double percent(double part, double whole) {
+  return whole > 0 ? 100.0 * part / whole : 0.0;
+}
+
+double decode_tok_per_s(const RunSummary& run) {
+  return run.decode_seconds > 0 ? run.decode_tokens / run.decode_seconds : 0.0;
+}
+
+std::string human_bytes(uint64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  static constexpr const char* kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = double(bytes) / 1024.0;
+  size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.2f} {}", value, kUnits[unit]);
+}
+
+// JSON string literal; invalid UTF-8 (a host name off the wire) is replaced, not thrown on.
+std::string json_string(const std::string& text) {
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// Writes through `body` into "<path>.partial", then renames it over `path`.
+void write_atomically(const std::filesystem::path& path,
+                      const std::function<void(std::FILE*)>& body) {
+  const std::filesystem::path partial = path.string() + ".partial";
+  std::FILE* file = std::fopen(partial.c_str(), "wb");
+  if (!file) fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+  try {
+    body(file);
+  } catch (const std::system_error& e) {  // fmt::print reports a failed write this way
+    std::fclose(file);
+    std::filesystem::remove(partial);
+    fail("{}: write failed: {}", path.string(), e.what());
+  } catch (...) {
+    std::fclose(file);
+    std::filesystem::remove(partial);
+    throw;
+  }
+  const bool write_failed = std::ferror(file) != 0;
+  const bool close_failed = std::fclose(file) != 0;
+  if (write_failed || close_failed) {
+    std::filesystem::remove(partial);
+    fail("{}: write failed", path.string());
+  }
+  std::error_code ec;
+  std::filesystem::rename(partial, path, ec);
+  if (ec) {
+    std::filesystem::remove(partial);
+    fail("{}: cannot rename {} into place: {}", path.string(), partial.string(), ec.message());
+  }
+}
+
+}  // namespace
+
+// ---- table -----------------------------------------------------------------------------------
+
+void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const RunSummary& run) {
+  size_t role_w = 4, host_w = 4;
+  for (const RankReport& r : reports) {
+    role_w = std::max(role_w, r.role.size());
+    host_w = std::max(host_w, r.host.size());
+  }
+  fmt::print(out,
+             "{:>4}  {:<{}}  {:<{}}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}  {:>7}  {:>12}\n",
+             "rank", "role", role_w, "host", host_w, "busy %", "wait %", "rows", "experts",
+             "bytes in", "bytes out", "slowest", "weights read");
+  for (const RankReport& r : reports) {
+    fmt::print(out,
+               "{:>4}  {:<{}}  {:<{}}  {:>6.1f}  {:>6.1f}  {:>10}  {:>10}  {:>10}  {:>10}  {:>7}  "
+               "{:>12}\n",
+               r.rank, r.role, role_w, r.host, host_w, percent(busy_us(r), r.wall_us),
+               percent(wait_us(r), r.wall_us), r.rows, r.experts, human_bytes(r.bytes_in),
+               human_bytes(r.bytes_out), r.slowest_count, human_bytes(r.weight_bytes_read));
+  }
+  for (const RankReport& r : reports) {
+    if (r.dropped_events > 0)
+      fmt::print(out, "rank {}: trace full, {} events dropped after the first {}\n", r.rank,
+                 r.dropped_events, r.events.size());
+  }
+
+  const auto coordinator = std::find_if(reports.begin(), reports.end(), is_coordinator);
+  if (coordinator != reports.end()) {
+    fmt::print(out, "coordinator phases (rank {}, wall {:.3f} ms):\n", coordinator->rank,
+               coordinator->wall_us / 1e3);
+    for (int p = 0; p < kPhaseCount; ++p) {
+      const double us = coordinator->phase_us[size_t(p)];
+      if (us == 0) continue;
+      fmt::print(out, "  {:<14} {:>12.3f} ms  {:>5.1f} %\n", phase_name(Phase(p)), us / 1e3,
+                 percent(us, coordinator->wall_us));
+    }
+  }
+
+  fmt::print(
+      out,
+      "prefill {} tok in {:.3f} s | decode {} tok in {:.3f} s ({:.2f} tok/s) | TTFT {:.3f} s\n",
+      run.prefill_tokens, run.prefill_seconds, run.decode_tokens, run.decode_seconds,
+      decode_tok_per_s(run), run.ttft_seconds);
+}
+
+// ---- JSON ------------------------------------------------------------------------------------
+
+void write_profile_json(const std::filesystem::path& path, const std::vector<RankReport>& reports,
+                        const RunSummary& run) {
+  using Json = nlohmann::ordered_json;
+  Json doc;
+  doc["run"] = {
+      {"prefill_tokens", run.prefill_tokens}, {"prefill_seconds", run.prefill_seconds},
+      {"decode_tokens", run.decode_tokens},   {"decode_seconds", run.decode_seconds},
+      {"ttft_seconds", run.ttft_seconds},     {"decode_tok_per_s", decode_tok_per_s(run)}};
+  Json ranks = Json::array();
+  for (const RankReport& r : reports) {
+    Json to_rank = Json::object();
+    for (const auto& [peer, bytes] : r.bytes_to_rank) to_rank[std::to_string(peer)] = bytes;
+    Json phases = Json::object();
+    for (int p = 0; p < kPhaseCount; ++p) phases[phase_name(Phase(p))] = r.phase_us[size_t(p)];
+    Json layers = Json::array();
+    for (size_t l = 0; l < r.layer_phase_us.size(); ++l) {
+      Json layer = {{"layer", l}};
+      for (int p = 0; p < kPhaseCount; ++p) {
+        const double us = r.layer_phase_us[l][size_t(p)];
+        if (us != 0) layer[phase_name(Phase(p))] = us;
+      }
+      layers.push_back(std::move(layer));
+    }
+    ranks.push_back({{"rank", r.rank},
+                     {"host", r.host},
+                     {"role", r.role},
+                     {"wall_us", r.wall_us},
+                     {"busy_pct", percent(busy_us(r), r.wall_us)},
+                     {"wait_pct", percent(wait_us(r), r.wall_us)},
+                     {"rows", r.rows},
+                     {"experts", r.experts},
+                     {"bytes_in", r.bytes_in},
+                     {"bytes_out", r.bytes_out},
+                     {"bytes_to_rank", std::move(to_rank)},
+                     {"slowest_count", r.slowest_count},
+                     {"weight_bytes_read", r.weight_bytes_read},
+                     {"trace_events", r.events.size()},
+                     {"dropped_events", r.dropped_events},
+                     {"phases_us", std::move(phases)},
+                     {"layers", std::move(layers)}});
+  }
+  doc["ranks"] = std::move(ranks);
+  const std::string text = doc.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
+  write_atomically(path, [&](std::FILE* file) { std::fwrite(text.data(), 1, text.size(), file); });
+}
+
+// ---- Chrome trace ----------------------------------------------------------------------------
+
+void write_trace(const std::filesystem::path& path, const std::vector<RankReport>& reports) {
+  // Reports come over the wire: check them before a byte is written.
+  for (const RankReport& r : reports) {
+    for (size_t i = 0; i < r.events.size(); ++i) {
+      const TraceEvent& e = r.events[i];
+      if (e.phase < 0 || e.phase >= kPhaseCount)
+        fail("{}: rank {} trace event {} has phase {} (expected 0..{})", path.string(), r.rank, i,
+             e.phase, kPhaseCount - 1);
+      if (!std::isfinite(e.start_us) || !std::isfinite(e.duration_us) || e.duration_us < 0)
+        fail("{}: rank {} trace event {} has start {} us, duration {} us", path.string(), r.rank, i,
+             e.start_us, e.duration_us);
+    }
+  }
+  // Streamed rather than built as one nlohmann document: a rank may hold millions of events.
+  write_atomically(path, [&](std::FILE* file) {
+    fmt::print(file, "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+    bool first = true;
+    auto separator = [&] {
+      const char* sep = first ? "\n" : ",\n";
+      first = false;
+      return sep;
+    };
+    for (const RankReport& r : reports) {
+      const std::string name = fmt::format("rank {} ({})@{}", r.rank, r.role, r.host);
+      fmt::print(file,
+                 "{}{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{},\"tid\":0,"
+                 "\"args\":{{\"name\":{}}}}}",
+                 separator(), r.rank, json_string(name));
+    }
+    for (const RankReport& r : reports) {
+      for (const TraceEvent& e : r.events) {
+        fmt::print(file,
+                   "{}{{\"name\":\"{}\",\"cat\":\"{}\",\"ph\":\"X\",\"pid\":{},\"tid\":0,"
+                   "\"ts\":{:.3f},\"dur\":{:.3f},\"args\":{{\"layer\":{}}}}}",
+                   separator(), phase_name(Phase(e.phase)), e.layer >= 0 ? "layer" : "run", r.rank,
+                   e.start_us, e.duration_us, e.layer);
+      }
+    }
+    fmt::print(file, "\n]}}\n");
+  });
+}
+
+}  // namespace colibri

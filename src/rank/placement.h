@@ -1,0 +1,52 @@
+// The placement table: every routed expert (layer, id) has exactly one owner rank. Computed once
+// at start-up on the coordinator, broadcast to every rank, printable with --print-placement.
+#pragma once
+
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "model/config.h"
+
+namespace colibri {
+
+enum class PlacementPolicy { kBalanced, kRoundRobin, kContiguous };
+
+PlacementPolicy parse_placement_policy(const std::string& name);
+const char* placement_policy_name(PlacementPolicy policy);
+
+struct PlacementTable {
+  int num_layers = 0;
+  int num_experts = 0;
+  std::string policy;
+  std::vector<int> owner;  // [num_layers * num_experts]; -1 on dense layers
+
+  int owner_of(int layer, int expert) const { return owner[size_t(layer) * num_experts + expert]; }
+  // Experts of `layer` owned by `rank`, ascending.
+  std::vector<int> experts_of(int rank, int layer) const;
+  int count_owned(int rank) const;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(num_layers, num_experts, policy, owner);
+  }
+};
+
+// Places the routed experts of every MoE layer on the layout's expert ranks.
+//  balanced:    each expert goes to the rank with the lowest assigned bytes relative to its
+//               budget (ram_gb + vram_gb, equal when unset); the start rotates per layer so the
+//               per-layer expected load (uniform without routing statistics) spreads too.
+//  round-robin: expert e of MoE layer i goes to expert rank (i * E + e) mod R.
+//  contiguous:  expert e goes to expert rank floor(e * R / E) (blocks of ids).
+// With no expert ranks (one process) the coordinator owns everything.
+PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
+                              PlacementPolicy policy, uint64_t bytes_per_expert);
+
+// Human-readable: per rank the owned count and bytes, then per layer the owner of each expert.
+std::string format_placement(const PlacementTable& table, const Layout& layout,
+                             uint64_t bytes_per_expert);
+
+}  // namespace colibri

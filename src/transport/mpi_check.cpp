@@ -1,0 +1,38 @@
+#include "transport/mpi_check.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+
+namespace colibri {
+
+RankIdentity& rank_identity() {
+  static RankIdentity identity;
+  return identity;
+}
+
+std::string RankIdentity::name_of(int r) const {
+  const std::string& h = size_t(r) < hosts.size() ? hosts[size_t(r)] : std::string("?");
+  return fmt::format("rank {}@{}", r, h);
+}
+
+void abort_job(const std::string& what) {
+  const RankIdentity& me = rank_identity();
+  std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(), what.c_str());
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char message[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, message, &length);
+  abort_job(fmt::format("{} failed at {}:{}: {}", call, file, line, std::string(message, size_t(length))));
+}
+
+}  // namespace colibri

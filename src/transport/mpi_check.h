@@ -1,0 +1,30 @@
+// MPI error handling: every failure names this rank and host and ends the whole job with
+// MPI_Abort, so no peer is left waiting.
+#pragma once
+
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+namespace colibri {
+
+struct RankIdentity {
+  int rank = 0;
+  int size = 1;
+  std::string host;
+  std::vector<std::string> hosts;  // [size], filled after start-up
+  std::string name_of(int r) const;  // "rank r@host"
+};
+
+// Set once by the node at start-up; used by the error handler.
+RankIdentity& rank_identity();
+
+// Prints "[rank r@host] error: <what>" to stderr and aborts every rank of the job.
+[[noreturn]] void abort_job(const std::string& what);
+
+void check_mpi(int code, const char* call, const char* file, int line);
+
+}  // namespace colibri
+
+#define CHECK_MPI(call) ::colibri::check_mpi((call), #call, __FILE__, __LINE__)

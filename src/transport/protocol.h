@@ -1,0 +1,54 @@
+// The coordinator <-> expert-rank data plane: fixed opcodes and a fixed-size header in front of
+// every message. Everything read from the wire is validated before use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "coordinator/router.h"
+
+namespace colibri::wire {
+
+constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
+constexpr uint16_t kProtocolVersion = 1;
+
+enum class Opcode : uint16_t {
+  kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
+  kExpertReply = 2,    // owner -> coordinator: one pre-summed partial row per received row
+  kShutdown = 3,       // coordinator -> owner: no more requests; send your report
+};
+
+// MPI tags: requests and replies never share a tag, so preposted receives match by kind.
+constexpr int kTagRequest = 101;
+constexpr int kTagReply = 102;
+constexpr int kTagControl = 103;
+
+struct Header {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t opcode;
+  uint32_t sequence;  // exchange counter, equal on both sides
+  int32_t layer;
+  uint32_t n_rows;
+  uint32_t n_pairs;
+  uint32_t payload_bytes;  // bytes after the header
+  uint32_t checksum;       // of the payload
+};
+static_assert(sizeof(Header) == 32, "the header is part of the protocol");
+
+// (row, expert, weight) of one routed pair; `row` indexes the rows of this message.
+using Pair = RoutedPair;
+static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
+
+uint32_t checksum(const std::byte* data, size_t bytes);
+
+// Layout of a request payload: rows [n_rows, hidden] float32, then n_pairs Pairs.
+constexpr size_t request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hidden) {
+  return size_t(n_rows) * size_t(hidden) * sizeof(float) + size_t(n_pairs) * sizeof(Pair);
+}
+constexpr size_t reply_payload_bytes(uint32_t n_rows, int hidden) {
+  return size_t(n_rows) * size_t(hidden) * sizeof(float);
+}
+
+}  // namespace colibri::wire
