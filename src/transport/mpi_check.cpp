@@ -18,12 +18,19 @@ std::string RankIdentity::name_of(int r) const {
 
 void abort_job(const std::string& what) {
   const RankIdentity& me = rank_identity();
-  std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(), what.c_str());
-  std::fflush(stderr);
-  int initialized = 0, finalized = 0;
+  int initialized = 0, finalized = 0, size = 1;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  const bool running = initialized && !finalized;
+  if (running) MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) {  // alone: a plain error line, no job to tear down
+    std::fprintf(stderr, "colibri-node: error: %s\n", what.c_str());
+    if (running) MPI_Finalize();
+    std::exit(1);
+  }
+  std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(), what.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
 }
 
