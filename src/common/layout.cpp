@@ -51,7 +51,9 @@ struct Where {
   int line;
 };
 
-std::string at(const Where& where) { return fmt::format("{}:{}", where.source, where.line); }
+std::string at(const Where& where) {
+  return fmt::format("{}:{}", where.source, where.line);
+}
 
 std::optional<int> to_int(std::string_view text) {
   int value = 0;
@@ -129,6 +131,7 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
   std::string line;
   int line_number = 0;
   int coordinator_line = 0;
+  int expert_count = 0;
   while (std::getline(lines, line)) {
     ++line_number;
     const Where where{source, line_number};
@@ -139,14 +142,13 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
     if (columns.size() > size_t(kMaxColumns))
       fail("{}: {} columns, expected at most {} (rank role gpu numa ram_gb vram_gb)", at(where),
            columns.size(), kMaxColumns);
-    if (columns.size() < 2)
-      fail("{}: role is missing (expected at least 'rank role')", at(where));
+    if (columns.size() < 2) fail("{}: role is missing (expected at least 'rank role')", at(where));
 
     const std::optional<int> rank = to_int(columns[0]);
     if (!rank) fail("{}: rank '{}' is not an integer", at(where), columns[0]);
     if (*rank < 0 || *rank >= world_size)
-      fail("{}: rank {} is out of range [0, {}) for {} ranks", at(where), *rank, world_size,
-           world_size);
+      fail("{}: rank {} is out of range [0, {}) (the MPI world has {} ranks)", at(where), *rank,
+           world_size, world_size);
     if (const int first = line_of_rank[size_t(*rank)])
       fail("{}: rank {} is a duplicate (first defined at line {})", at(where), *rank, first);
     line_of_rank[size_t(*rank)] = line_number;
@@ -174,15 +176,15 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
           fail("{}: gpu {} is set on cpu-expert rank {} (use gpu-expert, or '-')", at(where),
                spec.gpu, spec.rank);
         if (spec.vram_gb > 0)
-          fail("{}: vram_gb is set on cpu-expert rank {}, which has no GPU", at(where),
-               spec.rank);
+          fail("{}: vram_gb is set on cpu-expert rank {}, which has no GPU", at(where), spec.rank);
         break;
     }
+    if (spec.role != Role::kCoordinator) ++expert_count;
     layout.ranks[size_t(spec.rank)] = spec;
   }
 
   if (!coordinator_line) fail("{}: no coordinator (exactly one rank needs that role)", source);
-  if (world_size > 1 && layout.expert_ranks().empty())
+  if (world_size > 1 && expert_count == 0)
     fail("{}: no expert rank; {} ranks need a coordinator and at least one expert rank", source,
          world_size);
   std::vector<int> missing;
