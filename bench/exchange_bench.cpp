@@ -1,0 +1,346 @@
+// exchange_bench: the MPI transport's cost per MoE layer, without any model or compute.
+//
+//   mpirun -np N exchange_bench [--rows 1,8,64] [--warmup 50] [--iters 300]
+//
+// Rank 0 coordinates; ranks 1..N-1 own the routed experts of one MoE layer, placed round-robin.
+// Per iteration the coordinator dispatches R rows [R, hidden] with a top-k routing (uniform
+// random, fixed seed, 64 routings used in turn), every owner answers at once with a copy of the
+// rows it received as its partial, and the coordinator combines. The time of dispatch + combine
+// is one sample. Printed: the machine, a table, and one JSON line per configuration, next to
+// two in-process floors for the same bytes on this machine: one memcpy (a shared-memory
+// transport copies every byte at least once) and one wire checksum (every byte is checksummed
+// by its sender and again by its receiver).
+#include <fmt/format.h>
+#include <mpi.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "common/layout.h"
+#include "model/config.h"
+#include "node/profile.h"
+#include "rank/placement.h"
+#include "transport/mpi_check.h"
+#include "transport/mpi_transport.h"
+
+namespace colibri {
+namespace {
+
+constexpr int kLayer = 0;      // the one MoE layer
+constexpr int kRoutings = 64;  // distinct routings cycled through per configuration
+
+struct BenchOptions {
+  std::vector<int> rows = {1, 8, 64};
+  int hidden = 6144;
+  int experts = 256;
+  int top_k = 8;
+  int warmup = 50;
+  int iters = 300;
+  uint64_t seed = 1;
+};
+
+struct Stats {
+  double median_us = 0, p10_us = 0, p90_us = 0;
+};
+
+// Nearest-rank percentiles of `samples` (sorted in place).
+Stats summarize(std::vector<double>& samples) {
+  std::sort(samples.begin(), samples.end());
+  const auto at = [&](double q) {
+    const size_t i = size_t(q * double(samples.size() - 1) + 0.5);
+    return samples[std::min(i, samples.size() - 1)];
+  };
+  return {at(0.5), at(0.1), at(0.9)};
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown";
+}
+
+// "1.02 0.88 0.75": other load on the machine makes these numbers noisy; print it with them.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+std::string mpi_library() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::string text(version, size_t(length));
+  text = text.substr(0, text.find_first_of("\n,"));
+  return text;
+}
+
+// One uniform top-k routing of `n` rows over `experts` experts, ascending per row.
+Routing random_routing(int n, const BenchOptions& options, std::mt19937_64& rng) {
+  Routing routing;
+  routing.top_k = options.top_k;
+  std::vector<int> ids(size_t(options.experts));
+  for (int t = 0; t < n; ++t) {
+    for (int e = 0; e < options.experts; ++e) ids[size_t(e)] = e;
+    for (int i = 0; i < options.top_k; ++i) {
+      std::uniform_int_distribution<int> pick(i, options.experts - 1);
+      std::swap(ids[size_t(i)], ids[size_t(pick(rng))]);
+    }
+    std::sort(ids.begin(), ids.begin() + options.top_k);
+    for (int i = 0; i < options.top_k; ++i) {
+      routing.expert.push_back(ids[size_t(i)]);
+      routing.weight.push_back(1.0f / float(options.top_k));
+    }
+  }
+  return routing;
+}
+
+// Shortest time of `op` over 50 repetitions after 10 untimed ones: a floor, so the best case,
+// which other load on the machine can only make slower.
+template <typename Op>
+double best_us(Op&& op) {
+  std::vector<double> samples;
+  for (int i = 0; i < 60; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    op();
+    const auto end = std::chrono::steady_clock::now();
+    if (i >= 10) samples.push_back(std::chrono::duration<double, std::micro>(end - start).count());
+  }
+  return *std::min_element(samples.begin(), samples.end());
+}
+
+// The in-process floors for moving `bytes`: one memcpy (a shared-memory transport copies each
+// byte at least once) and one wire checksum (the transport checksums each byte on the sending
+// and on the receiving side, both on the critical path).
+struct Floors {
+  double memcpy_us = 0, checksum_us = 0;
+};
+
+Floors floors(size_t bytes) {
+  std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes);
+  volatile uint32_t sink = 0;
+  Floors out;
+  out.memcpy_us = best_us([&] { std::memcpy(dst.data(), src.data(), bytes); });
+  out.checksum_us = best_us([&] { sink = sink + wire::checksum(src.data(), bytes); });
+  sink = sink + uint32_t(dst[bytes / 2]);
+  return out;
+}
+
+int run(const BenchOptions& options) {
+  int rank = 0, size = 0;
+  CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  char host_name[MPI_MAX_PROCESSOR_NAME] = {};
+  int host_length = 0;
+  CHECK_MPI(MPI_Get_processor_name(host_name, &host_length));
+  RankIdentity& me = rank_identity();
+  me.rank = rank;
+  me.size = size;
+  me.host = std::string(host_name, size_t(host_length));
+  std::vector<char> all_hosts(size_t(size) * MPI_MAX_PROCESSOR_NAME);
+  CHECK_MPI(MPI_Allgather(host_name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all_hosts.data(),
+                          MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD));
+  for (int r = 0; r < size; ++r)
+    me.hosts.emplace_back(all_hosts.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME);
+  if (size < 2) {
+    if (rank == 0)
+      std::fprintf(stderr, "exchange_bench: needs at least 2 ranks (mpirun -np 2..)\n");
+    return 1;
+  }
+
+  // One MoE layer of `experts` experts, round-robin over the expert ranks 1..N-1.
+  ModelConfig config;
+  config.num_layers = 1;
+  config.layer_is_moe = {true};
+  config.hidden_size = options.hidden;
+  config.n_routed_experts = options.experts;
+  config.num_experts_per_tok = options.top_k;
+  Layout layout;
+  layout.source = "exchange_bench";
+  for (int r = 0; r < size; ++r) {
+    RankSpec spec;
+    spec.rank = r;
+    spec.role = r == 0 ? Role::kCoordinator : Role::kCpuExpert;
+    layout.ranks.push_back(spec);
+  }
+  const PlacementTable placement = make_placement(config, layout, PlacementPolicy::kRoundRobin, 0);
+  const int max_rows = *std::max_element(options.rows.begin(), options.rows.end());
+  const ExchangeShape shape{max_rows, options.hidden, options.top_k, options.experts};
+  Profiler profiler(rank, me.host, role_name(layout.ranks[size_t(rank)].role), config.num_layers,
+                    false);
+  MpiTransportOptions transport_options;
+  transport_options.rank_timeout_s = 60;
+  MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
+  CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+
+  if (rank != 0) {
+    ExpertRequest request;
+    while (transport.receive(request))
+      transport.reply(request.rows);  // partial = the rows, no compute
+    return 0;
+  }
+
+  const int cores = int(std::thread::hardware_concurrency());
+  fmt::print(
+      "exchange_bench: MPI transport cost per MoE layer (dispatch + combine, no expert compute)\n");
+  fmt::print("machine: {} | {} cores | {} | load average {}\n", cpu_model(), cores, mpi_library(),
+             load_average());
+  fmt::print(
+      "ranks {} (1 coordinator + {} expert ranks){} | hidden {} | top-{} of {} experts, "
+      "round-robin | warm-up {} | {} timed iterations\n",
+      size, size - 1,
+      size > cores ? fmt::format(", oversubscribed: {} ranks on {} cores", size, cores) : "",
+      options.hidden, options.top_k, options.experts, options.warmup, options.iters);
+  fmt::print("{}\n", nlohmann::json{{"bench", "machine"},
+                                    {"cpu", cpu_model()},
+                                    {"cores", cores},
+                                    {"mpi", mpi_library()},
+                                    {"ranks", size},
+                                    {"load_average", load_average()}}
+                         .dump());
+
+  struct Row {
+    int rows;
+    Stats stats;
+    double bytes_per_layer;
+    Floors floor;
+  };
+  std::vector<Row> results;
+  std::mt19937_64 rng(options.seed);
+  for (const int n : options.rows) {
+    std::vector<Routing> routings;
+    for (int i = 0; i < kRoutings; ++i) routings.push_back(random_routing(n, options, rng));
+    std::vector<float> x(size_t(n) * options.hidden), out(x.size());  // [n, hidden]
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 1000);     // integers: sums are exact
+    const auto step = [&](int i) {
+      transport.dispatch(kLayer, x.data(), n, routings[size_t(i) % routings.size()]);
+      transport.combine(out.data());
+    };
+    for (int i = 0; i < options.warmup; ++i) step(i);
+
+    const RankReport before = profiler.counters();
+    std::vector<double> samples;
+    samples.reserve(size_t(options.iters));
+    for (int i = 0; i < options.iters; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      step(i);
+      samples.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    const RankReport& after = profiler.counters();
+    const double bytes =
+        double((after.bytes_out - before.bytes_out) + (after.bytes_in - before.bytes_in)) /
+        double(options.iters);
+    // Each owner of a row sent the row back once: out = x * (distinct owners of the row).
+    const Routing& last = routings[size_t(options.iters - 1) % routings.size()];
+    for (int t = 0; t < n; ++t) {
+      std::vector<int> owners;
+      for (int i = 0; i < options.top_k; ++i)
+        owners.push_back(placement.owner_of(kLayer, last.expert[size_t(t) * options.top_k + i]));
+      std::sort(owners.begin(), owners.end());
+      const float copies = float(std::unique(owners.begin(), owners.end()) - owners.begin());
+      for (int j = 0; j < options.hidden; ++j)
+        if (out[size_t(t) * options.hidden + j] != copies * x[size_t(t) * options.hidden + j])
+          fail("combine of {} rows: row {} column {} is {}, expected {}", n, t, j,
+               out[size_t(t) * options.hidden + j], copies * x[size_t(t) * options.hidden + j]);
+    }
+    results.push_back({n, summarize(samples), bytes, floors(size_t(bytes))});
+  }
+  transport.shutdown();
+
+  fmt::print("\n{:>5}  {:>5}  {:>10}  {:>10}  {:>10}  {:>12}  {:>10}  {:>12}\n", "ranks", "rows",
+             "median us", "p10 us", "p90 us", "bytes/layer", "memcpy us", "checksum us");
+  for (const Row& r : results)
+    fmt::print("{:>5}  {:>5}  {:>10.1f}  {:>10.1f}  {:>10.1f}  {:>12.0f}  {:>10.1f}  {:>12.1f}\n",
+               size, r.rows, r.stats.median_us, r.stats.p10_us, r.stats.p90_us, r.bytes_per_layer,
+               r.floor.memcpy_us, r.floor.checksum_us);
+  const auto round2 = [](double v) { return std::round(v * 100) / 100; };
+  for (const Row& r : results) {
+    nlohmann::ordered_json line = {{"bench", "exchange"},
+                                   {"ranks", size},
+                                   {"rows", r.rows},
+                                   {"hidden", options.hidden},
+                                   {"median_us", round2(r.stats.median_us)},
+                                   {"p10_us", round2(r.stats.p10_us)},
+                                   {"p90_us", round2(r.stats.p90_us)},
+                                   {"bytes_per_layer", std::llround(r.bytes_per_layer)},
+                                   {"top_k", options.top_k},
+                                   {"experts", options.experts},
+                                   {"warmup", options.warmup},
+                                   {"iters", options.iters},
+                                   {"memcpy_us", round2(r.floor.memcpy_us)},
+                                   {"checksum_us", round2(r.floor.checksum_us)}};
+    fmt::print("{}\n", line.dump());
+  }
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace colibri
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+
+  colibri::BenchOptions options;
+  CLI::App app{
+      "exchange_bench: MPI transport cost per MoE layer. Run as `mpirun -np N exchange_bench` (N "
+      ">= 2)."};
+  app.add_option("--rows", options.rows, "rows per dispatch, one configuration each")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--hidden", options.hidden, "hidden size")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--experts", options.experts, "routed experts")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--top-k", options.top_k, "experts per row")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--warmup", options.warmup, "untimed iterations per configuration")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--iters", options.iters, "timed iterations per configuration")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--seed", options.seed, "routing seed")->capture_default_str();
+  int code = 0;
+  try {
+    app.parse(argc, argv);
+    if (options.top_k > options.experts) throw CLI::ValidationError("--top-k", "exceeds --experts");
+  } catch (const CLI::ParseError& e) {
+    code = rank == 0 ? app.exit(e) : e.get_exit_code();
+    MPI_Finalize();
+    return code;
+  }
+  try {
+    code = colibri::run(options);
+  } catch (const std::exception& e) {
+    colibri::abort_job(e.what());
+  }
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,506 @@
+// The colibri-node program under a real `mpirun`, as a user starts it: profile outputs, the
+// failure paths (an expert rank killed, stopped or sending a corrupted reply), a handshake
+// mismatch, a bad layout file, and the single-process run. This binary is not an MPI program: it
+// launches mpirun as a child in its own session, with a hard wall-clock limit after which the
+// whole session is killed and the test fails, so a hang can never outlive the test.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace colibri {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const fs::path kFixture = fs::path(COLIBRI_TEST_DATA) / "parity" / "glm5";
+const fs::path kModel = kFixture / "model";
+
+// Longest a job may run before the helper kills it; the slowest job here takes about 3 s.
+constexpr double kJobLimitSeconds = 30;
+
+// ---- running a job -------------------------------------------------------------------------
+
+struct JobResult {
+  bool started = false;
+  bool timed_out = false;     // the helper killed the job at kJobLimitSeconds
+  int exit_code = -1;         // -1 unless the job exited
+  int term_signal = 0;        // non-zero when mpirun itself died of a signal
+  double elapsed_s = 0;       // from spawn until mpirun was reaped
+  std::vector<int> leftover;  // processes of the job's session still alive after mpirun ended
+  std::string out, err;       // mpirun's stdout and stderr
+  std::string combined;       // both, in the order they were read
+};
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, separator)) parts.push_back(part);
+  return parts;
+}
+
+// Processes whose session id is `sid`, from /proc/<pid>/stat ("pid (comm) state ppid pgrp sid").
+std::vector<int> session_members(pid_t sid) {
+  std::vector<int> members;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(line.substr(close + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
+    if (session == sid && state != "Z") members.push_back(std::stoi(name));
+  }
+  return members;
+}
+
+void kill_session(pid_t sid) {
+  for (int pid : session_members(sid)) ::kill(pid, SIGKILL);
+}
+
+// The mpirun command line of this build: executable and options, without -np.
+std::vector<std::string> mpirun_prefix() {
+  return split(COLIBRI_MPIRUN, '|');
+}
+
+// Runs `argv` (argv[0] a path) in a new session with stdout and stderr on pipes and `extra_env`
+// on top of this process's environment (COLIBRI_TEST_FAULT only when given there). At
+// kJobLimitSeconds the job gets SIGTERM, then every process of its session SIGKILL.
+JobResult run_job(const std::vector<std::string>& args,
+                  const std::map<std::string, std::string>& extra_env = {}) {
+  std::map<std::string, std::string> env_map = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"},
+                                                {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+                                                {"OMPI_MCA_mpi_yield_when_idle", "1"},
+                                                {"OMPI_MCA_rmaps_base_oversubscribe", "1"},
+                                                {"OMP_NUM_THREADS", "1"}};
+  for (const auto& [key, value] : extra_env) env_map[key] = value;
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    if (key == "COLIBRI_TEST_FAULT" || env_map.count(key)) continue;
+    env_strings.push_back(entry);
+  }
+  for (const auto& [key, value] : env_map) env_strings.push_back(key + "=" + value);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> arg_strings = args;
+  for (auto& s : arg_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  JobResult result;
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return result;
+  }
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+    return result;
+  }
+  if (pid == 0) {
+    ::setsid();
+    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(err_pipe[1], STDERR_FILENO);
+    ::execve(argv[0], argv.data(), envp.data());
+    const std::string message =
+        std::string("cannot execute ") + argv[0] + ": " + std::strerror(errno) + "\n";
+    (void)!::write(STDERR_FILENO, message.data(), message.size());
+    ::_exit(127);
+  }
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  result.started = true;
+
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  bool open[2] = {true, true};
+  bool reaped = false, terminated = false;
+  int status = 0;
+  Clock::time_point reaped_at;
+  const auto limit = std::chrono::duration<double>(kJobLimitSeconds);
+  for (;;) {
+    const auto now = Clock::now();
+    if (!reaped && now - start > limit && !result.timed_out) {
+      result.timed_out = true;
+      ::kill(pid, SIGTERM);  // mpirun forwards it to the ranks
+    }
+    if (result.timed_out && !terminated && now - start > limit + std::chrono::seconds(3)) {
+      terminated = true;
+      kill_session(pid);
+    }
+    // Ranks orphaned by mpirun may keep the pipes open: read for at most 2 s after it ended.
+    if ((!open[0] && !open[1] && reaped) || (reaped && now - reaped_at > std::chrono::seconds(2)))
+      break;
+    const int ready = ::poll(fds, 2, 20);
+    for (int i = 0; i < 2 && ready > 0; ++i) {
+      if (!open[i] || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      char buffer[4096];
+      const ssize_t n = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (n > 0) {
+        sinks[i]->append(buffer, size_t(n));
+        result.combined.append(buffer, size_t(n));
+      } else if (n == 0 || errno != EINTR) {
+        open[i] = false;
+        fds[i].fd = -1;
+      }
+    }
+    if (!reaped && ::waitpid(pid, &status, WNOHANG) == pid) {
+      reaped = true;
+      reaped_at = Clock::now();
+      result.elapsed_s = std::chrono::duration<double>(reaped_at - start).count();
+    }
+  }
+  ::close(out_pipe[0]);
+  ::close(err_pipe[0]);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) result.term_signal = WTERMSIG(status);
+  // A rank that outlives mpirun (stopped, or orphaned) is a leak; record it, then end it.
+  result.leftover = session_members(pid);
+  kill_session(pid);
+  return result;
+}
+
+// `mpirun [options] -np N colibri-node ARGS`.
+JobResult run_node(int np, const std::vector<std::string>& node_args,
+                   const std::map<std::string, std::string>& extra_env = {}) {
+  std::vector<std::string> args = mpirun_prefix();
+  args.insert(args.end(), {"-np", std::to_string(np), COLIBRI_NODE_BINARY});
+  args.insert(args.end(), node_args.begin(), node_args.end());
+  return run_job(args, extra_env);
+}
+
+// For failure messages: how the job ended and what it printed.
+std::string describe(const JobResult& r) {
+  std::ostringstream out;
+  out << "exit code " << r.exit_code << ", signal " << r.term_signal << ", " << r.elapsed_s << " s"
+      << (r.timed_out ? " (killed at the time limit)" : "") << ", " << r.leftover.size()
+      << " leftover processes\n--- output ---\n"
+      << r.combined;
+  return out.str();
+}
+
+// ---- fixture data ------------------------------------------------------------------------------
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path.string());
+  return json::parse(in);
+}
+
+struct Golden {
+  std::vector<int> prompt, greedy;
+  std::string prompt_arg;  // "4,203,..."
+};
+
+const Golden& golden() {
+  static const Golden g = [] {
+    const json meta = read_json(kFixture / "golden" / "meta.json");
+    Golden out;
+    out.prompt = meta.at("prompt_ids").get<std::vector<int>>();
+    out.greedy = meta.at("greedy_ids").get<std::vector<int>>();
+    for (size_t i = 0; i < out.prompt.size(); ++i)
+      out.prompt_arg += (i ? "," : "") + std::to_string(out.prompt[i]);
+    return out;
+  }();
+  return g;
+}
+
+std::vector<int> parse_tokens(const std::string& text) {
+  std::vector<int> tokens;
+  std::istringstream in(text);
+  int token = 0;
+  while (in >> token) tokens.push_back(token);
+  return tokens;
+}
+
+// The host name as Open MPI prints it (it drops the domain) and as our messages start with it.
+std::string short_hostname() {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string name = host;
+  return name.substr(0, name.find('.'));
+}
+
+std::string regex_escape(const std::string& text) {
+  static const std::regex special(R"([.^$|()\[\]{}*+?\\-])");
+  return std::regex_replace(text, special, R"(\$&)");
+}
+
+// A scratch directory removed at the end of the test.
+class ScratchDir {
+ public:
+  ScratchDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ = fs::path(::testing::TempDir()) /
+            ("colibri_mpi_cli_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Every test must end by itself, well before the helper's limit, and leave no rank behind.
+void expect_clean_end(const JobResult& r) {
+  EXPECT_TRUE(r.started);
+  EXPECT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.leftover.empty()) << describe(r);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  return split(text, '\n');
+}
+
+// ---- a. profile outputs ------------------------------------------------------------------------
+
+TEST(MpiCli, ProfileTableJsonAndTraceAtThreeRanks) {
+  const ScratchDir dir;
+  const fs::path profile = dir.path() / "profile.json", trace = dir.path() / "trace.json";
+  const int ngen = 6, np = 3;
+  const JobResult r = run_node(np, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                    "--ngen", std::to_string(ngen), "--ignore-eos",
+                                    "--profile-json", profile.string(), "--trace", trace.string()});
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+
+  // stdout: exactly the greedy tokens of the transformers golden.
+  const std::vector<int> expected(golden().greedy.begin(), golden().greedy.begin() + ngen);
+  EXPECT_EQ(parse_tokens(r.out), expected) << r.out;
+
+  // stderr: one table row per rank, then the run line with the exact token counts.
+  const std::regex row_pattern(
+      R"(^\s*(\d+)\s+(coordinator|cpu-expert|gpu-expert)\s+\S+\s+[0-9.]+\s+[0-9.]+\s+\d+\s+\d+.*)");
+  std::set<int> table_ranks;
+  for (const std::string& line : lines_of(r.err)) {
+    std::smatch m;
+    if (std::regex_match(line, m, row_pattern)) {
+      table_ranks.insert(std::stoi(m[1]));
+      EXPECT_EQ(m[2] == "coordinator", std::stoi(m[1]) == 0) << line;
+    }
+  }
+  EXPECT_EQ(table_ranks, (std::set<int>{0, 1, 2})) << r.err;
+  const std::regex run_pattern(
+      R"(prefill (\d+) tok in [0-9.]+ s \| decode (\d+) tok in [0-9.]+ s \([0-9.]+ tok/s\) \| TTFT [0-9.]+ s)");
+  std::smatch run_line;
+  ASSERT_TRUE(std::regex_search(r.err, run_line, run_pattern)) << r.err;
+  EXPECT_EQ(std::stoi(run_line[1]), int(golden().prompt.size()));
+  EXPECT_EQ(std::stoi(run_line[2]), ngen - 1);
+
+  // --profile-json: three ranks; what the coordinator sent is what the expert ranks received.
+  const json p = read_json(profile);
+  EXPECT_EQ(p.at("run").at("decode_tokens").get<int>(), ngen - 1);
+  EXPECT_GT(p.at("run").at("decode_tok_per_s").get<double>(), 0);
+  const json& ranks = p.at("ranks");
+  ASSERT_EQ(ranks.size(), size_t(np));
+  const json config = read_json(kModel / "config.json");
+  const int moe_layers =
+      config.at("num_hidden_layers").get<int>() - config.at("first_k_dense_replace").get<int>();
+  const int top_k = config.at("num_experts_per_tok").get<int>();
+  const uint64_t tokens_through_model = golden().prompt.size() + size_t(ngen - 1);
+  uint64_t expert_pairs = 0, expert_rows = 0, expert_bytes_in = 0, expert_bytes_out = 0;
+  for (int i = 0; i < np; ++i) {
+    const json& rank = ranks[size_t(i)];
+    SCOPED_TRACE("rank " + std::to_string(i));
+    EXPECT_EQ(rank.at("rank").get<int>(), i);
+    EXPECT_GT(rank.at("wall_us").get<double>(), 0);
+    EXPECT_GT(rank.at("weight_bytes_read").get<uint64_t>(), 0u);
+    EXPECT_GT(rank.at("trace_events").get<uint64_t>(), 0u);
+    const json& phases = rank.at("phases_us");
+    if (i == 0) {
+      EXPECT_EQ(rank.at("role"), "coordinator");
+      EXPECT_GT(rank.at("rows").get<uint64_t>(), 0u);
+      // Every token passes every MoE layer and is routed to top_k experts, all of them remote.
+      EXPECT_EQ(rank.at("experts").get<uint64_t>(), tokens_through_model * moe_layers * top_k);
+      for (const char* phase :
+           {"attention", "router", "dispatch", "wait_slowest", "combine", "lm_head"})
+        EXPECT_GT(phases.at(phase).get<double>(), 0) << phase;
+      EXPECT_EQ(phases.at("compute").get<double>(), 0);
+    } else {
+      EXPECT_EQ(rank.at("role"), "cpu-expert");
+      EXPECT_GT(rank.at("experts").get<uint64_t>(), 0u);
+      for (const char* phase : {"recv_wait", "compute", "send"})
+        EXPECT_GT(phases.at(phase).get<double>(), 0) << phase;
+      EXPECT_EQ(phases.at("attention").get<double>(), 0);
+      expert_pairs += rank.at("experts").get<uint64_t>();
+      expert_rows += rank.at("rows").get<uint64_t>();
+      expert_bytes_in += rank.at("bytes_in").get<uint64_t>();
+      expert_bytes_out += rank.at("bytes_out").get<uint64_t>();
+    }
+  }
+  EXPECT_EQ(expert_pairs, ranks[0].at("experts").get<uint64_t>());
+  EXPECT_EQ(expert_rows, ranks[0].at("rows").get<uint64_t>());
+  EXPECT_EQ(expert_bytes_in, ranks[0].at("bytes_out").get<uint64_t>());
+  EXPECT_EQ(expert_bytes_out, ranks[0].at("bytes_in").get<uint64_t>());
+
+  // --trace: a named process per rank, and complete events with times for every one of them.
+  const json t = read_json(trace);
+  const json& events = t.at("traceEvents");
+  ASSERT_TRUE(events.is_array());
+  std::map<int, std::string> process_names;
+  std::map<int, size_t> complete_events;
+  for (const json& e : events) {
+    const int pid = e.at("pid").get<int>();
+    if (e.at("ph") == "M" && e.at("name") == "process_name") {
+      process_names[pid] = e.at("args").at("name").get<std::string>();
+    } else if (e.at("ph") == "X") {
+      ASSERT_TRUE(e.at("ts").is_number() && e.at("dur").is_number()) << e.dump();
+      EXPECT_GE(e.at("dur").get<double>(), 0) << e.dump();
+      ++complete_events[pid];
+    }
+  }
+  for (int i = 0; i < np; ++i) {
+    ASSERT_TRUE(process_names.count(i)) << "no process_name for pid " << i;
+    EXPECT_EQ(process_names[i].rfind("rank " + std::to_string(i) + " (", 0), 0u)
+        << process_names[i];
+    EXPECT_GT(complete_events[i], 0u) << "no X events for pid " << i;
+  }
+  EXPECT_EQ(process_names.size(), size_t(np));
+}
+
+// ---- b.-d. an expert rank fails mid-run --------------------------------------------------------
+
+TEST(MpiCli, KilledExpertRankEndsTheJobQuickly) {
+  const JobResult r = run_node(4,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "6", "--ignore-eos"},
+                               {{"COLIBRI_TEST_FAULT", "kill:2:2"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  // The launcher, not the 300 s --rank-timeout, ends the job: the run itself takes ~1 s.
+  EXPECT_LT(r.elapsed_s, 10) << describe(r);
+  EXPECT_EQ(r.combined.find("is silent"), std::string::npos) << describe(r);
+  // Open MPI's own report: "process rank 2 with PID ... on node <host> exited on signal 9".
+  const std::regex names_rank_and_host("rank 2 [^\n]*node " + regex_escape(short_hostname()) +
+                                       "[^\n]*signal 9");
+  EXPECT_TRUE(std::regex_search(r.combined, names_rank_and_host)) << describe(r);
+}
+
+TEST(MpiCli, StoppedExpertRankIsNamedAfterTheRankTimeout) {
+  const JobResult r = run_node(3,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "6", "--ignore-eos", "--rank-timeout", "2"},
+                               {{"COLIBRI_TEST_FAULT", "stop:1:1"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_GE(r.elapsed_s, 2) << "ended before the rank timeout could fire\n" << describe(r);
+  EXPECT_LT(r.elapsed_s, 15) << describe(r);
+  EXPECT_NE(r.combined.find("rank 1@" + short_hostname()), std::string::npos) << describe(r);
+  EXPECT_NE(r.combined.find("rank 1@" + short_hostname() + " is silent"), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.combined.find("--rank-timeout"), std::string::npos) << describe(r);
+}
+
+TEST(MpiCli, CorruptedReplyIsDetectedByChecksum) {
+  const JobResult r = run_node(3,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "6", "--ignore-eos"},
+                               {{"COLIBRI_TEST_FAULT", "corrupt:2:3"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.combined.find("corrupted reply from rank 2@" + short_hostname()), std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.combined.find("checksum"), std::string::npos) << describe(r);
+  EXPECT_TRUE(r.out.empty() || parse_tokens(r.out).size() < 6u)
+      << "a corrupted run must not finish\n"
+      << r.out;
+}
+
+// ---- e.-f. start-up refused ------------------------------------------------------------------
+
+TEST(MpiCli, DifferentModelOnOneRankIsRefusedAtTheHandshake) {
+  const ScratchDir dir;
+  const fs::path a = dir.path() / "A", b = dir.path() / "B";
+  fs::copy(kModel, a, fs::copy_options::recursive);
+  fs::copy(kModel, b, fs::copy_options::recursive);
+  json config = read_json(b / "config.json");
+  config["colibri_test_extra_key"] = 1;  // harmless for loading, but a different config
+  std::ofstream(b / "config.json") << config.dump(2);
+
+  // MPMD: ranks 0 and 1 load A, rank 2 loads B.
+  std::vector<std::string> args = mpirun_prefix();
+  const std::vector<std::string> common = {"--prompt-ids", golden().prompt_arg, "--ngen", "2"};
+  args.insert(args.end(), {"-np", "2", COLIBRI_NODE_BINARY, "--model", a.string()});
+  args.insert(args.end(), common.begin(), common.end());
+  args.insert(args.end(), {":", "-np", "1", COLIBRI_NODE_BINARY, "--model", b.string()});
+  args.insert(args.end(), common.begin(), common.end());
+  const JobResult r = run_job(args);
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.combined.find("rank 2@" + short_hostname()), std::string::npos) << describe(r);
+  EXPECT_NE(r.combined.find("different model"), std::string::npos) << describe(r);
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
+TEST(MpiCli, LayoutWithDuplicateRankIsRefused) {
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "duplicate.layout";
+  std::ofstream(layout) << "# rank role\n0 coordinator\n1 cpu-expert\n1 cpu-expert\n";
+  const JobResult r = run_node(3, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                   "--ngen", "2", "--layout", layout.string()});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.combined.find(layout.string() + ":4"), std::string::npos) << describe(r);
+  EXPECT_NE(r.combined.find("duplicate"), std::string::npos) << describe(r);
+  // Refused once, by the coordinator, for every rank.
+  size_t errors = 0;
+  for (const std::string& line : lines_of(r.err))
+    errors += line.rfind("colibri-node: error:", 0) == 0;
+  EXPECT_EQ(errors, 1u) << r.err;
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
+// ---- g. one process ----------------------------------------------------------------------------
+
+TEST(MpiCli, SingleRankGeneratesTheGoldenTokens) {
+  const int ngen = int(golden().greedy.size());
+  const JobResult r = run_node(1, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                   "--ngen", std::to_string(ngen), "--ignore-eos"});
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  ASSERT_GE(ngen, 6);
+  EXPECT_EQ(parse_tokens(r.out), golden().greedy) << r.out;
+}
+
+}  // namespace
+}  // namespace colibri
