@@ -40,16 +40,21 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 uint32_t wire::checksum(const std::byte* data, size_t bytes) {
-  // FNV-1a over 32-bit words, then the tail bytes.
-  uint32_t hash = 2166136261u;
+  // FNV-1a style over 64-bit words in four independent lanes (the multiply latency of one lane
+  // would otherwise bound the speed), then the tail bytes.
+  constexpr uint64_t kPrime = 1099511628211ull;
+  uint64_t lane[4] = {14695981039346656037ull, 1, 2, 3};
   size_t i = 0;
-  for (; i + 4 <= bytes; i += 4) {
-    uint32_t word;
-    std::memcpy(&word, data + i, 4);
-    hash = (hash ^ word) * 16777619u;
+  for (; i + 32 <= bytes; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t word;
+      std::memcpy(&word, data + i + 8 * l, 8);
+      lane[l] = (lane[l] ^ word) * kPrime;
+    }
   }
-  for (; i < bytes; ++i) hash = (hash ^ uint32_t(data[i])) * 16777619u;
-  return hash;
+  uint64_t hash = ((lane[0] * kPrime ^ lane[1]) * kPrime ^ lane[2]) * kPrime ^ lane[3];
+  for (; i < bytes; ++i) hash = (hash ^ uint64_t(data[i])) * kPrime;
+  return uint32_t(hash ^ (hash >> 32));
 }
 
 MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
