@@ -4,7 +4,12 @@
 #include <fmt/format.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <csignal>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -12,6 +17,9 @@
 
 #include "common/error.h"
 #include "common/npy.h"
+#include "coordinator/chat.h"
+#include "model/score.h"
+#include "tokenizer/tokenizer.h"
 #include "model/generate.h"
 #include "node/node.h"
 #include "transport/mpi_check.h"
@@ -45,12 +53,15 @@ struct Args {
   colibri::NodeOptions node;
   std::string placement = "balanced";
   std::string layout;
-  std::string prompt_ids, logits_out, profile_json, trace;
+  std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
+  bool chat = false, chat_format = false;
   int ngen = 16;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
-  bool ignore_eos = false, print_placement = false;
+  bool ignore_eos = false, print_placement = false, quiet = false;
 };
+
+constexpr const char* kDefaultPrompt = "And God said,";
 
 // Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER": that expert rank kills itself,
 // stops itself, or corrupts its reply when serving LAYER.
@@ -73,7 +84,89 @@ void install_fault(colibri::NodeOptions& options, int rank) {
   }
 }
 
-int run(const Args& args, int rank) {
+// Prints generated tokens as text as they arrive; special tokens are not printed.
+class TextStream {
+ public:
+  explicit TextStream(const colibri::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  void operator()(int token) const {
+    const int one[] = {token};
+    const std::string bytes = tokenizer_.decode_bytes(one, /*skip_special=*/true);
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    std::fflush(stdout);
+  }
+
+ private:
+  const colibri::Tokenizer& tokenizer_;
+};
+
+colibri::Tokenizer load_tokenizer(const std::filesystem::path& model_dir) {
+  const auto path = model_dir / "tokenizer.json";
+  if (!std::filesystem::exists(path))
+    fail("{}: missing; text prompts, --chat and --score need the model's tokenizer (use --prompt-ids)",
+         path.string());
+  return colibri::Tokenizer::load(path);
+}
+
+colibri::Thinking parse_thinking(const std::string& think) {
+  if (think.empty()) return colibri::Thinking::kUnset;
+  if (think == "on") return colibri::Thinking::kOn;
+  if (think == "off") return colibri::Thinking::kOff;
+  fail("--think '{}' must be on or off", think);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Interactive chat on stdin/stdout; the KV cache keeps the whole conversation.
+void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& tokenizer,
+              colibri::GenerateRequest request) {
+  const colibri::ChatFormat format = colibri::chat_format_for(node.config());
+  request.stop_ids = colibri::chat_stop_ids(format, node.config(), tokenizer);
+  colibri::KvCache cache(node.config());
+  std::vector<colibri::ChatMessage> messages;
+  const TextStream stream(tokenizer);
+  std::string line;
+  for (;;) {
+    std::fputs("> ", stderr);
+    std::fflush(stderr);
+    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (line.empty()) continue;
+    const size_t rendered = messages.size();
+    messages.push_back({"user", line});
+    const std::string text = colibri::render_chat(format, messages, true, parse_thinking(args.think), rendered);
+    request.prompt = tokenizer.encode(text);
+    const colibri::GenerateResult result = colibri::generate(node.model(), cache, request, stream);
+    std::fputs("\n", stdout);
+    std::fflush(stdout);
+    std::vector<int> reply = result.tokens;
+    if (!reply.empty() && std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back())) reply.pop_back();
+    messages.push_back({"assistant", tokenizer.decode(reply, true)});
+    if (cache.length() + request.max_new_tokens + 64 > node.config().max_position_embeddings) {
+      std::fputs("(context is full; starting a new conversation)\n", stderr);
+      cache.clear();
+      messages.clear();
+    }
+  }
+}
+
+void run_score(colibri::Node& node, const Args& args, const colibri::Tokenizer& tokenizer) {
+  const std::vector<int> ids = tokenizer.encode(read_file(args.score_file), false);
+  const colibri::ScoreResult score = colibri::score_tokens(node.model(), ids, args.node.max_rows);
+  std::printf("# position\ttoken_id\tnll\ttoken\n");
+  for (size_t i = 0; i < score.nll.size(); ++i) {
+    const int token[] = {ids[i + 1]};
+    std::printf("%zu\t%d\t%.6f\t%s\n", i + 1, ids[i + 1], score.nll[i], tokenizer.decode(token).c_str());
+  }
+  std::printf("perplexity %.4f over %zu tokens (mean nll %.6f) in %s\n", score.perplexity, score.nll.size(),
+              score.mean_nll, args.score_file.c_str());
+}
+
+int run(const Args& args) {
   colibri::Node node(MPI_COMM_WORLD, args.node);
   if (!node.is_coordinator()) {
     node.serve();
@@ -85,17 +178,42 @@ int run(const Args& args, int rank) {
     std::fputs(colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(), stderr);
 
   colibri::GenerateRequest request;
-  request.prompt = parse_ids(args.prompt_ids);
   request.max_new_tokens = args.ngen;
   request.sampling = {args.temperature, args.top_p, args.seed};
   if (!args.ignore_eos) request.stop_ids = config.generation.eos_token_ids;
   request.keep_logits = !args.logits_out.empty();
   request.prefill_chunk = args.node.max_rows;
-  const colibri::GenerateResult result = colibri::generate(node.model(), request, [](int token) {
-    std::fprintf(stdout, "%d ", token);
-    std::fflush(stdout);
-  });
-  std::fprintf(stdout, "\n");
+
+  colibri::GenerateResult result;
+  std::optional<colibri::Tokenizer> tokenizer;
+  if (!args.prompt_ids.empty()) {
+    request.prompt = parse_ids(args.prompt_ids);
+    result = colibri::generate(node.model(), request, [](int token) {
+      std::fprintf(stdout, "%d ", token);
+      std::fflush(stdout);
+    });
+    std::fputs("\n", stdout);
+  } else {
+    tokenizer = load_tokenizer(args.node.model_dir);
+    if (args.chat) {
+      run_chat(node, args, *tokenizer, request);
+    } else if (!args.score_file.empty()) {
+      run_score(node, args, *tokenizer);
+    } else {
+      const std::string prompt = args.prompt.empty() ? std::string(kDefaultPrompt) : args.prompt;
+      const colibri::ChatFormat format = colibri::chat_format_for(config);
+      if (args.chat_format) {
+        request.prompt = tokenizer->encode(
+            colibri::render_chat(format, {{"user", prompt}}, true, parse_thinking(args.think)));
+        if (!args.ignore_eos) request.stop_ids = colibri::chat_stop_ids(format, config, *tokenizer);
+      } else {
+        request.prompt = tokenizer->encode(prompt);
+        std::fputs(prompt.c_str(), stdout);
+      }
+      result = colibri::generate(node.model(), request, TextStream(*tokenizer));
+      std::fputs("\n", stdout);
+    }
+  }
   std::fflush(stdout);
   node.shutdown();
 
@@ -110,10 +228,9 @@ int run(const Args& args, int rank) {
   run.decode_tokens = std::max(0, int(result.tokens.size()) - 1);
   run.decode_seconds = result.decode_seconds;
   run.ttft_seconds = result.ttft_seconds;
-  colibri::print_profile(stderr, reports, run);
+  if (!args.quiet) colibri::print_profile(stderr, reports, run);
   if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, run);
   if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
-  (void)rank;
   return 0;
 }
 
@@ -128,8 +245,20 @@ int main(int argc, char** argv) {
   Args args;
   CLI::App app{"colibri-node: Mixture-of-Experts inference across GPUs and CPU memory.\n"
                "Run alone or as `mpirun -np N colibri-node ...` (rank 0 coordinates unless --layout says otherwise)."};
-  app.add_option("--model", args.node.model_dir, "Hugging Face model directory")->required()->check(CLI::ExistingDirectory);
-  app.add_option("--prompt-ids", args.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3")->required();
+  args.node.model_dir = COLIBRI_DEFAULT_MODEL;
+  app.add_option("--model", args.node.model_dir, "Hugging Face model directory (default: the embedded tiny GLM-5 model)")
+      ->capture_default_str()->check(CLI::ExistingDirectory);
+  auto* prompt = app.add_option("--prompt", args.prompt, std::string("text to continue (default: \"") + kDefaultPrompt + "\")");
+  auto* prompt_ids = app.add_option("--prompt-ids", args.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
+  auto* chat = app.add_flag("--chat", args.chat, "interactive chat on the terminal; the KV cache keeps the conversation");
+  auto* score = app.add_option("--score", args.score_file, "print the per-token negative log-likelihood and perplexity of a text file")
+      ->check(CLI::ExistingFile);
+  prompt->excludes(prompt_ids)->excludes(chat)->excludes(score);
+  prompt_ids->excludes(chat)->excludes(score);
+  chat->excludes(score);
+  app.add_flag("--chat-format", args.chat_format, "wrap --prompt as one user turn in the model's chat format");
+  app.add_option("--think", args.think, "chat thinking block: on or off (default: the template's choice)");
+  app.add_flag("--quiet", args.quiet, "do not print the per-rank profile table");
   app.add_option("--ngen", args.ngen, "number of tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 20));
   app.add_option("--temp", args.temperature, "sampling temperature; 0 = greedy")->capture_default_str();
   app.add_option("--top-p", args.top_p, "nucleus sampling mass in (0, 1]")->capture_default_str();
@@ -165,7 +294,7 @@ int main(int argc, char** argv) {
     args.node.placement = colibri::parse_placement_policy(args.placement);
     args.node.keep_trace = !args.trace.empty();
     install_fault(args.node, rank);
-    code = run(args, rank);
+    code = run(args);
   } catch (const colibri::StartupRefused& e) {
     if (rank == 0) std::fprintf(stderr, "colibri-node: error: %s\n", e.what());
     code = 1;

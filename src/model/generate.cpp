@@ -9,6 +9,12 @@ namespace colibri {
 
 GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,
                         const std::function<void(int)>& on_token) {
+  KvCache cache(model.config());
+  return generate(model, cache, request, on_token);
+}
+
+GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateRequest& request,
+                        const std::function<void(int)>& on_token) {
   if (request.prompt.empty()) fail("the prompt is empty");
   const int vocab = model.config().vocab_size;
   using clock = std::chrono::steady_clock;
@@ -16,7 +22,6 @@ GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,
     return std::chrono::duration<double>(b - a).count();
   };
   GenerateResult result;
-  KvCache cache(model.config());
   Sampler sampler(request.sampling);
 
   const auto start = clock::now();

@@ -29,4 +29,10 @@ struct GenerateResult {
 GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,
                         const std::function<void(int)>& on_token = {});
 
+// The same continuing from `cache` (the prompt follows what the cache holds): a chat keeps its
+// conversation's cache between turns. Every generated token but a final stop token is in the
+// cache afterwards.
+GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateRequest& request,
+                        const std::function<void(int)>& on_token = {});
+
 }  // namespace colibri
