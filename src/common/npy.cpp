@@ -4,7 +4,7 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
+#include <sstream>
 
 #include "common/error.h"
 
@@ -56,15 +56,15 @@ NpyArray read_npy_f32(const std::filesystem::path& path) {
   if (header.find("'descr': '<f4'") == std::string::npos ||
       header.find("'fortran_order': False") == std::string::npos)
     fail("{}: only little-endian float32 C-order arrays are supported", path.string());
-  std::smatch match;
-  if (!std::regex_search(header, match, std::regex(R"('shape': \(([0-9, ]*)\))")))
-    fail("{}: header has no shape", path.string());
+  const size_t shape_at = header.find("'shape': (");
+  const size_t shape_end = shape_at == std::string::npos ? shape_at : header.find(')', shape_at);
+  if (shape_end == std::string::npos) fail("{}: header has no shape", path.string());
   NpyArray array;
   int64_t numel = 1;
-  const std::string dims = match[1];
-  const std::regex number("[0-9]+");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it) {
-    array.shape.push_back(std::stoll(it->str()));
+  std::istringstream dims(header.substr(shape_at + 10, shape_end - shape_at - 10));
+  for (std::string dim; std::getline(dims, dim, ',');) {
+    if (dim.find_first_not_of(' ') == std::string::npos) continue;  // trailing comma of 1-D shapes
+    array.shape.push_back(std::stoll(dim));
     numel *= array.shape.back();
   }
   array.data.resize(size_t(numel));
