@@ -408,7 +408,7 @@ TEST(MpiCli, KilledExpertRankEndsTheJobQuickly) {
   expect_clean_end(r);
   EXPECT_NE(r.exit_code, 0) << describe(r);
   // The launcher, not the 300 s --rank-timeout, ends the job: the run itself takes ~1 s.
-  EXPECT_LT(r.elapsed_s, 10) << describe(r);
+  EXPECT_LT(r.elapsed_s, 15) << describe(r);
   EXPECT_EQ(r.combined.find("is silent"), std::string::npos) << describe(r);
   // Open MPI's own report: "process rank 2 with PID ... on node <host> exited on signal 9".
   const std::regex names_rank_and_host("rank 2 [^\n]*node " + regex_escape(short_hostname()) +

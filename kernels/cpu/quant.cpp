@@ -1,0 +1,435 @@
+#include "cpu/quant.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/quant_detail.h"
+
+// The one place that knows which ISA kernels this build has.
+#if defined(__x86_64__) || defined(_M_X64)
+#define COLIBRI_QUANT_X86 1
+#else
+#define COLIBRI_QUANT_X86 0
+#endif
+
+namespace colibri::kernels {
+
+namespace {
+
+constexpr int kValidGroupSizes[] = {16, 32, 48, 64, 96, 128, 192, 256};
+
+// Below this many multiply-adds a call stays on the calling thread.
+constexpr int64_t kParallelMinMacs = int64_t(1) << 16;
+
+bool is_int4(QuantFormat f) {
+  return f != QuantFormat::kInt8Row;
+}
+
+const char* format_name(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::kInt4Row:
+      return "int4-row";
+    case QuantFormat::kInt4Grouped:
+      return "int4-grouped";
+    case QuantFormat::kInt8Row:
+      return "int8-row";
+  }
+  return "unknown";
+}
+
+int64_t n_groups(int64_t cols, int64_t group_size) {
+  return (cols + group_size - 1) / group_size;
+}
+
+// Rows [begin, end) of `total` for thread `tid` of `nth`: what schedule(static) hands out over
+// units of detail::kRowAlignment rows.
+void static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end) {
+  constexpr int64_t unit = detail::kRowAlignment;
+  const int64_t units = (total + unit - 1) / unit;
+  const int64_t chunk = units / nth, rem = units % nth;
+  begin = std::min(total, unit * (tid * chunk + std::min<int64_t>(tid, rem)));
+  end = std::min(total, begin + unit * (chunk + (tid < rem ? 1 : 0)));
+}
+
+// ---- activation layout (see quant_detail.h) --------------------------------------------------
+
+// The activation layout a kernel reads (quant_detail.h): `block` inputs per block (0: natural
+// order), `per_lane` consecutive inputs per 32-bit lane.
+struct Layout {
+  int block = 0, per_lane = 1;
+  bool operator==(const Layout&) const = default;
+};
+
+Layout activation_layout(QuantIsa isa, const QuantMatrixView& w) {
+  if (isa == QuantIsa::kScalar || !is_int4(w.format)) return {};
+  if (isa == QuantIsa::kAvx2) return {16, 2};
+  const int gs = w.format == QuantFormat::kInt4Row ? 128 : w.group_size;
+  if (gs % 128 == 0) return {128, 8};
+  if (gs % 64 == 0) return {64, 4};
+  if (gs % 32 == 0) return {32, 2};
+  return {16, 2};
+}
+
+// Where input i of a row lives in the layout.
+int64_t permuted_index(int64_t i, int64_t cols, Layout layout) {
+  if (layout.block == 0 || i >= cols / layout.block * layout.block) return i;
+  const int64_t j = i % layout.block;
+  return i - j + (j % layout.per_lane) * (layout.block / layout.per_lane) + j / layout.per_lane;
+}
+
+// xp [n, cols] = x [n, cols] in `layout`.
+void permute_activations(const float* x, int64_t n, int64_t cols, Layout layout, float* xp) {
+  const int block = layout.block, p = layout.per_lane, lanes = block / p;
+  const int64_t full = cols / block * block;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* src = x + t * cols;
+    float* dst = xp + t * cols;
+    for (int64_t k = 0; k < full; k += block)
+      for (int lane = 0; lane < lanes; ++lane)
+        for (int m = 0; m < p; ++m) dst[k + m * lanes + lane] = src[k + lane * p + m];
+    std::memcpy(dst + full, src + full, size_t(cols - full) * sizeof(float));
+  }
+}
+
+// Per calling thread, grown on demand and never shrunk: no allocation once warm.
+struct Scratch {
+  std::vector<float> x_gate, x_up, gate, up, hidden;
+};
+thread_local Scratch scratch;
+
+float* grown(std::vector<float>& v, int64_t count) {
+  if (int64_t(v.size()) < count) v.resize(size_t(count));
+  return v.data();
+}
+
+// x in `layout`: permuted into `buffer`, or x itself for the natural order.
+const float* laid_out(const float* x, int64_t n, int64_t cols, Layout layout,
+                      std::vector<float>& buffer) {
+  if (layout.block == 0) return x;
+  float* xp = grown(buffer, n * cols);
+  permute_activations(x, n, cols, layout, xp);
+  return xp;
+}
+
+// ---- scalar reference ------------------------------------------------------------------------
+
+// Sum over i in [i0, i1) of (q_i - 8) * x[i] (i0 even: groups start at multiples of an even
+// group size). 16 partial sums, one per input of a 16-input step, so that the compiler can keep
+// them in vector registers without reassociating anything.
+float int4_dot(const uint8_t* row, const float* x, int64_t i0, int64_t i1) {
+  float partial[16] = {};
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16)
+    for (int k = 0; k < 8; ++k) {
+      const uint8_t b = row[(i >> 1) + k];
+      partial[2 * k] += float(int(b & 15) - 8) * x[i + 2 * k];
+      partial[2 * k + 1] += float(int(b >> 4) - 8) * x[i + 2 * k + 1];
+    }
+  float sum = 0.0f;
+  for (; i < i1; ++i) sum += float(int((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 15) - 8) * x[i];
+  for (int k = 0; k < 16; ++k) sum += partial[k];
+  return sum;
+}
+
+float int8_dot(const int8_t* row, const float* x, int64_t cols) {
+  float partial[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= cols; i += 16)
+    for (int k = 0; k < 16; ++k) partial[k] += float(row[i + k]) * x[i + k];
+  float sum = 0.0f;
+  for (; i < cols; ++i) sum += float(row[i]) * x[i];
+  for (int k = 0; k < 16; ++k) sum += partial[k];
+  return sum;
+}
+
+void rows_scalar(const QuantMatrixView& w, const float* x, int64_t n, float* y, int64_t y_stride,
+                 int64_t row_begin, int64_t row_end) {
+  const int64_t rb = row_bytes(w.format, w.cols);
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const uint8_t* row = w.data + o * rb;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* xt = x + t * w.cols;
+      float sum = 0.0f;
+      switch (w.format) {
+        case QuantFormat::kInt4Row:
+          sum = w.scales[o] * int4_dot(row, xt, 0, w.cols);
+          break;
+        case QuantFormat::kInt8Row:
+          sum = w.scales[o] * int8_dot(reinterpret_cast<const int8_t*>(row), xt, w.cols);
+          break;
+        case QuantFormat::kInt4Grouped: {
+          const int64_t ng = n_groups(w.cols, w.group_size);
+          for (int64_t g = 0; g < ng; ++g) {
+            const int64_t i0 = g * w.group_size, i1 = std::min(w.cols, i0 + w.group_size);
+            sum += w.scales[o * ng + g] * int4_dot(row, xt, i0, i1);
+          }
+          break;
+        }
+      }
+      y[t * y_stride + o] = sum;
+    }
+  }
+}
+
+// ---- dispatch --------------------------------------------------------------------------------
+
+bool cpu_has(QuantIsa isa) {
+#if COLIBRI_QUANT_X86
+  switch (isa) {
+    case QuantIsa::kScalar:
+      return true;
+    case QuantIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case QuantIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma");
+  }
+  return false;
+#else
+  return isa == QuantIsa::kScalar;
+#endif
+}
+
+detail::RowsKernel rows_kernel(QuantIsa isa) {
+#if COLIBRI_QUANT_X86
+  if (isa == QuantIsa::kAvx512) return detail::rows_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::rows_avx2;
+#endif
+  return rows_scalar;
+}
+
+void require_available(QuantIsa isa) {
+  if (!quant_isa_available(isa))
+    throw std::invalid_argument(std::string("quant kernels: ISA ") + quant_isa_name(isa) +
+                                " is not available on this CPU or in this build");
+}
+
+}  // namespace
+
+// ---- container -------------------------------------------------------------------------------
+
+bool is_valid_group_size(int group_size) {
+  return std::find(std::begin(kValidGroupSizes), std::end(kValidGroupSizes), group_size) !=
+         std::end(kValidGroupSizes);
+}
+
+int64_t row_bytes(QuantFormat format, int64_t cols) {
+  return is_int4(format) ? (cols + 1) / 2 : cols;
+}
+
+int64_t packed_bytes(QuantFormat format, int64_t rows, int64_t cols) {
+  return rows * row_bytes(format, cols);
+}
+
+int64_t scale_count(QuantFormat format, int64_t rows, int64_t cols, int group_size) {
+  return format == QuantFormat::kInt4Grouped ? rows * n_groups(cols, group_size) : rows;
+}
+
+void check_view(const QuantMatrixView& w) {
+  const auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string("quantized matrix (") + format_name(w.format) + ", " +
+                                std::to_string(w.rows) + "x" + std::to_string(w.cols) + ", group " +
+                                std::to_string(w.group_size) + "): " + why);
+  };
+  if (w.format != QuantFormat::kInt4Row && w.format != QuantFormat::kInt4Grouped &&
+      w.format != QuantFormat::kInt8Row)
+    fail("unknown format");
+  if (w.rows < 0 || w.cols < 0) fail("negative shape");
+  if (w.format == QuantFormat::kInt4Grouped && !is_valid_group_size(w.group_size))
+    fail("group size must be one of 16, 32, 48, 64, 96, 128, 192, 256");
+  if (w.format != QuantFormat::kInt4Grouped && w.group_size != 0)
+    fail("per-row formats take group size 0");
+  if (w.rows > 0 && w.cols > 0 && (w.data == nullptr || w.scales == nullptr))
+    fail("null data or scales");
+}
+
+void quantize(QuantFormat format, int group_size, const float* w, int64_t rows, int64_t cols,
+              uint8_t* data, float* scales) {
+  if (format != QuantFormat::kInt4Grouped) group_size = 0;
+  check_view({format, rows, cols, group_size, data, scales});
+  const float qmax = is_int4(format) ? 7.0f : 127.0f;
+  const float qmin = is_int4(format) ? -8.0f : -127.0f;
+  const int64_t span = group_size > 0 ? group_size : std::max<int64_t>(cols, 1);
+  const int64_t ng = n_groups(cols, span);
+  const int64_t rb = row_bytes(format, cols);
+  for (int64_t o = 0; o < rows; ++o) {
+    const float* src = w + o * cols;
+    uint8_t* dst = data + o * rb;
+    if (is_int4(format)) std::memset(dst, 0x88, size_t(rb));  // pad nibble: 8, the code of 0
+    for (int64_t g = 0; g < ng; ++g) {
+      const int64_t i0 = g * span, i1 = std::min(cols, i0 + span);
+      float amax = 0.0f;
+      for (int64_t i = i0; i < i1; ++i) {
+        if (!std::isfinite(src[i]))
+          throw std::invalid_argument("quantize: non-finite weight at row " + std::to_string(o) +
+                                      ", column " + std::to_string(i));
+        amax = std::max(amax, std::fabs(src[i]));
+      }
+      const float s = std::max(amax / qmax, 1e-8f);
+      scales[group_size > 0 ? o * ng + g : o] = s;
+      for (int64_t i = i0; i < i1; ++i) {
+        const int q = int(std::clamp(std::rint(src[i] / s), qmin, qmax));
+        if (!is_int4(format)) {
+          dst[i] = uint8_t(int8_t(q));
+        } else if (i % 2 == 0) {
+          dst[i / 2] = uint8_t((dst[i / 2] & 0xF0) | (q + 8));
+        } else {
+          dst[i / 2] = uint8_t((dst[i / 2] & 0x0F) | ((q + 8) << 4));
+        }
+      }
+    }
+    if (cols == 0 && group_size == 0) scales[o] = 1e-8f;
+  }
+}
+
+void dequantize(const QuantMatrixView& w, float* out) {
+  check_view(w);
+  const int64_t rb = row_bytes(w.format, w.cols);
+  const int64_t ng = w.format == QuantFormat::kInt4Grouped ? n_groups(w.cols, w.group_size) : 1;
+  for (int64_t o = 0; o < w.rows; ++o) {
+    const uint8_t* row = w.data + o * rb;
+    for (int64_t i = 0; i < w.cols; ++i) {
+      const float s =
+          w.format == QuantFormat::kInt4Grouped ? w.scales[o * ng + i / w.group_size] : w.scales[o];
+      int q;
+      if (w.format == QuantFormat::kInt8Row) {
+        q = int8_t(row[i]);
+      } else {
+        q = int((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 15) - 8;
+      }
+      out[o * w.cols + i] = float(q) * s;
+    }
+  }
+}
+
+// ---- ISA selection ---------------------------------------------------------------------------
+
+const char* quant_isa_name(QuantIsa isa) {
+  switch (isa) {
+    case QuantIsa::kScalar:
+      return "scalar";
+    case QuantIsa::kAvx2:
+      return "avx2";
+    case QuantIsa::kAvx512:
+      return "avx512";
+  }
+  return "unknown";
+}
+
+bool quant_isa_available(QuantIsa isa) {
+  return cpu_has(isa);
+}
+
+QuantIsa quant_isa_resolve(const char* cap) {
+  QuantIsa best = QuantIsa::kScalar;
+  for (QuantIsa isa : {QuantIsa::kAvx2, QuantIsa::kAvx512})
+    if (quant_isa_available(isa)) best = isa;
+  if (cap == nullptr || *cap == '\0') return best;
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512}) {
+    if (std::strcmp(cap, quant_isa_name(isa)) != 0) continue;
+    require_available(isa);
+    return isa;
+  }
+  throw std::invalid_argument(std::string("COLIBRI_ISA=") + cap +
+                              ": expected scalar, avx2 or avx512");
+}
+
+QuantIsa quant_isa_selected() {
+  static const QuantIsa selected = quant_isa_resolve(std::getenv("COLIBRI_ISA"));
+  return selected;
+}
+
+const char* quant_isa() {
+  return quant_isa_name(quant_isa_selected());
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n, float* y) {
+  check_view(w);
+  require_available(isa);
+  if (n <= 0 || w.rows == 0) return;
+  if (w.cols == 0) {
+    std::fill(y, y + n * w.rows, 0.0f);
+    return;
+  }
+  const float* xp = laid_out(x, n, w.cols, activation_layout(isa, w), scratch.x_gate);
+  const detail::RowsKernel kernel = rows_kernel(isa);
+#pragma omp parallel if (w.rows * w.cols * n >= kParallelMinMacs)
+  {
+    int64_t begin, end;
+    static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end);
+    kernel(w, xp, n, y, w.rows, begin, end);
+  }
+}
+
+void quant_linear(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
+  quant_linear(quant_isa_selected(), w, x, n, y);
+}
+
+void quant_linear_scalar(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
+  quant_linear(QuantIsa::kScalar, w, x, n, y);
+}
+
+void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
+                      const QuantMatrixView& down, const float* x, int64_t n, float* y) {
+  check_view(gate);
+  check_view(up);
+  check_view(down);
+  require_available(isa);
+  const int64_t inter = gate.rows, hidden = gate.cols;
+  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter)
+    throw std::invalid_argument(
+        "quant_expert_ffn: expected gate, up [inter, hidden] and down "
+        "[hidden, inter]; got gate " +
+        std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
+        std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
+        std::to_string(down.rows) + "x" + std::to_string(down.cols));
+  if (n <= 0 || hidden == 0) return;
+  if (inter == 0) {
+    std::fill(y, y + n * hidden, 0.0f);
+    return;
+  }
+
+  const Layout layout_gate = activation_layout(isa, gate), layout_up = activation_layout(isa, up);
+  const Layout layout_down = activation_layout(isa, down);
+  const float* x_gate = laid_out(x, n, hidden, layout_gate, scratch.x_gate);
+  const float* x_up =
+      layout_up == layout_gate ? x_gate : laid_out(x, n, hidden, layout_up, scratch.x_up);
+  float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
+  float* up_out = grown(scratch.up, n * inter);      // [n, inter]
+  float* h = grown(scratch.hidden, n * inter);       // [n, inter] in down's activation layout
+  const detail::RowsKernel kernel = rows_kernel(isa);
+
+#pragma omp parallel if (3 * inter * hidden * n >= kParallelMinMacs)
+  {
+    const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    int64_t begin, end;
+    static_range(inter, nth, tid, begin, end);
+    kernel(gate, x_gate, n, gate_out, inter, begin, end);
+    kernel(up, x_up, n, up_out, inter, begin, end);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = begin; o < end; ++o) {
+        const float g = gate_out[t * inter + o];
+        h[t * inter + permuted_index(o, inter, layout_down)] =
+            g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
+      }
+#pragma omp barrier
+    static_range(hidden, nth, tid, begin, end);
+    kernel(down, h, n, y, hidden, begin, end);
+  }
+}
+
+void quant_expert_ffn(const QuantMatrixView& gate, const QuantMatrixView& up,
+                      const QuantMatrixView& down, const float* x, int64_t n, float* y) {
+  quant_expert_ffn(quant_isa_selected(), gate, up, down, x, n, y);
+}
+
+}  // namespace colibri::kernels

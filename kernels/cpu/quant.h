@@ -1,0 +1,97 @@
+// Quantized weight matrices in colibri's int4/int8 container, and the CPU kernels that read
+// them in place: y = x · W^T with fp32 activations and fp32 accumulation.
+//
+// Container (read unchanged from the converter's safetensors; W has `rows` outputs, `cols` inputs):
+//   int4 (kInt4Row, kInt4Grouped): symmetric, the stored nibble is q + 8 (q in [-8, 7]); element
+//     2j sits in the low nibble of byte j of its row, element 2j+1 in the high nibble; a row takes
+//     ceil(cols / 2) bytes, so for odd cols the last high nibble is padding (written as 8, never
+//     read). W[o, i] = (q - 8) * s.
+//   int8 (kInt8Row): one int8 per element, a row takes cols bytes. W[o, i] = q * s.
+//   scales (f32): per row, [rows]; or per group of `group_size` consecutive inputs,
+//     [rows, ceil(cols / group_size)] with s[o * n_groups + g]; the last group may be short.
+//   Quantisation: s = max(amax / qmax, 1e-8), qmax 7 (int4) or 127 (int8), amax over the row or
+//     group; q = clip(rint(w / s), -8, 7) (int4) or clip(rint(w / s), -127, 127) (int8).
+//
+// Kernels: runtime dispatch AVX-512 -> AVX2 -> scalar (CPUID); the environment variable
+// COLIBRI_ISA=scalar|avx2|avx512 caps the choice (for tests and benchmarks). Each output row is
+// computed by one OpenMP thread (static schedule over rows) and each weight byte is read once per
+// call, whatever the batch n, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace colibri::kernels {
+
+enum class QuantFormat { kInt4Row, kInt4Grouped, kInt8Row };
+
+// A quantized [rows, cols] matrix, not owned. group_size is 0 for the per-row formats.
+struct QuantMatrixView {
+  QuantFormat format;
+  int64_t rows, cols;
+  int group_size;
+  const uint8_t* data;  // [rows, row_bytes(format, cols)]
+  const float* scales;  // [scale_count(format, rows, cols, group_size)]
+};
+
+inline constexpr int kDefaultGroupSize = 64;
+
+// The group sizes the container uses (the converter's candidates); any other is refused.
+bool is_valid_group_size(int group_size);
+
+// Bytes of one packed row: ceil(cols / 2) for int4, cols for int8.
+int64_t row_bytes(QuantFormat format, int64_t cols);
+// Bytes of the packed matrix: rows * row_bytes.
+int64_t packed_bytes(QuantFormat format, int64_t rows, int64_t cols);
+// Number of f32 scales: rows (per row) or rows * ceil(cols / group_size) (grouped).
+int64_t scale_count(QuantFormat format, int64_t rows, int64_t cols, int group_size);
+
+// Throws std::invalid_argument when the view is inconsistent (shape, group size for the format,
+// null pointers). Every kernel below calls it once per call.
+void check_view(const QuantMatrixView& w);
+
+// Quantises w [rows, cols] (f32, row-major) into data [packed_bytes] and scales [scale_count] with
+// the container's rule. group_size is ignored (pass 0) for the per-row formats.
+void quantize(QuantFormat format, int group_size, const float* w, int64_t rows, int64_t cols,
+              uint8_t* data, float* scales);
+
+// out [rows, cols] = W, exactly (each element is one f32 product (q - 8) * s or q * s).
+void dequantize(const QuantMatrixView& w, float* out);
+
+// y[n, rows] = x[n, cols] · W^T, fp32 accumulation, on the dispatched ISA (see quant_isa()).
+// n = 1 is decode; small batches (n up to ~64) reuse each unpacked weight block for every row of
+// x. No heap allocation once the per-thread scratch has grown to n * cols floats.
+void quant_linear(const QuantMatrixView& w, const float* x, int64_t n, float* y);
+
+// The always-built reference: same contract, plain C++, OpenMP over output rows.
+void quant_linear_scalar(const QuantMatrixView& w, const float* x, int64_t n, float* y);
+
+// Routed-expert FFN: y[n, hidden] = down(silu(gate x) * up x), with gate and up [inter, hidden]
+// and down [hidden, inter]; silu(g) = g / (1 + exp(-g)). One OpenMP region: gate/up rows, then a
+// barrier, then down rows. Shapes are checked (std::invalid_argument).
+void quant_expert_ffn(const QuantMatrixView& gate, const QuantMatrixView& up,
+                      const QuantMatrixView& down, const float* x, int64_t n, float* y);
+
+// ---- instruction-set selection ---------------------------------------------------------------
+
+enum class QuantIsa { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// "scalar", "avx2", "avx512".
+const char* quant_isa_name(QuantIsa isa);
+// True when this build has the ISA's kernels and the CPU supports it (AVX-512: F, BW, VL).
+bool quant_isa_available(QuantIsa isa);
+// The ISA the dispatching kernels use given a COLIBRI_ISA value (nullptr or "" = no cap): the
+// best available one, capped at the named one. Throws std::invalid_argument on an unknown name
+// or when the named ISA is not available here (no silent fallback to something else).
+QuantIsa quant_isa_resolve(const char* cap);
+// The dispatched ISA, resolved once from COLIBRI_ISA at first use.
+QuantIsa quant_isa_selected();
+// Its name.
+const char* quant_isa();
+
+// The same kernels on an explicit ISA (throws std::invalid_argument when it is not available):
+// for tests that compare every ISA with the reference, and for benchmarks.
+void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n, float* y);
+void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
+                      const QuantMatrixView& down, const float* x, int64_t n, float* y);
+
+}  // namespace colibri::kernels

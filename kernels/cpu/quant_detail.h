@@ -1,0 +1,44 @@
+// Internals shared by quant.cpp (dispatch, generic code) and the per-ISA kernel files.
+//
+// Declarations only, on purpose: quant_avx2.cpp and quant_avx512.cpp are compiled with
+// -mavx2 / -mavx512f, and an inline function defined here would be compiled once per flag set
+// with the linker free to keep the AVX-512 copy for everyone. Each ISA file keeps its helpers in
+// an anonymous namespace and uses no inline code from other headers.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/quant.h"
+
+namespace colibri::kernels::detail {
+
+// Activation layout the SIMD int4 kernels read: blocks of B inputs (blocks start at multiples
+// of B) spread over B / P vector lanes, P consecutive inputs per lane; step m of a block handles
+// input m of every lane. Within each full block the activations are stored step-major:
+//   xp[k*B + m*(B/P) + lane] = x[k*B + lane*P + m]      (0 <= m < P, 0 <= lane < B/P)
+// which is the order in which the kernel decodes the block's nibbles. Inputs after the last full
+// block keep their natural order; B = 0 means natural order throughout. Group sizes are
+// multiples of the block, so a block never straddles two scale groups. Per ISA and matrix:
+//   scalar, and int8 on every ISA: natural;   AVX2 int4: B 16, P 2;
+//   AVX-512 int4: B 128, P 8 for the per-row format or a group size that is a multiple of 128;
+//     B 64, P 4 for multiples of 64; B 32, P 2 for multiples of 32; else B 16, P 2.
+
+// Rows [row_begin, row_end) of y: y[t * y_stride + o] = sum_i W[o, i] * xp[t * cols + i] for
+// t < n, with xp in the layout above for that ISA and matrix.
+using RowsKernel = void (*)(const QuantMatrixView& w, const float* xp, int64_t n, float* y,
+                            int64_t y_stride, int64_t row_begin, int64_t row_end);
+
+void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, int64_t y_stride,
+               int64_t row_begin, int64_t row_end);
+void rows_avx512(const QuantMatrixView& w, const float* xp, int64_t n, float* y, int64_t y_stride,
+                 int64_t row_begin, int64_t row_end);
+
+// The row ranges handed to a kernel start at multiples of this (the last one ends at rows), so
+// that kernels may group rows by absolute index and stay independent of the thread count.
+inline constexpr int64_t kRowAlignment = 4;
+
+// Per-row int4 formats are walked in virtual groups of this many inputs (scale 1, the row scale
+// applied at the end) so the SIMD kernels keep several independent partial sums.
+inline constexpr int64_t kRowFormatChunk = 256;
+
+}  // namespace colibri::kernels::detail
