@@ -12,7 +12,9 @@
 // by its sender and again by its receiver).
 #include <fmt/format.h>
 #include <mpi.h>
+
 #include <CLI/CLI.hpp>
+#include "machine.h"
 
 #include <algorithm>
 #include <chrono>
@@ -61,26 +63,6 @@ Stats summarize(std::vector<double>& samples) {
     return samples[std::min(i, samples.size() - 1)];
   };
   return {at(0.5), at(0.1), at(0.9)};
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-// "1.02 0.88 0.75": other load on the machine makes these numbers noisy; print it with them.
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
 }
 
 std::string mpi_library() {
@@ -200,8 +182,8 @@ int run(const BenchOptions& options) {
   const int cores = int(std::thread::hardware_concurrency());
   fmt::print(
       "exchange_bench: MPI transport cost per MoE layer (dispatch + combine, no expert compute)\n");
-  fmt::print("machine: {} | {} cores | {} | load average {}\n", cpu_model(), cores, mpi_library(),
-             load_average());
+  fmt::print("machine: {} | {} cores | {} | load average {}\n", colibri::bench::cpu_model(), cores,
+             mpi_library(), colibri::bench::load_average());
   fmt::print(
       "ranks {} (1 coordinator + {} expert ranks){} | hidden {} | top-{} of {} experts, "
       "round-robin | warm-up {} | {} timed iterations\n",
@@ -209,11 +191,11 @@ int run(const BenchOptions& options) {
       size > cores ? fmt::format(", oversubscribed: {} ranks on {} cores", size, cores) : "",
       options.hidden, options.top_k, options.experts, options.warmup, options.iters);
   fmt::print("{}\n", nlohmann::json{{"bench", "machine"},
-                                    {"cpu", cpu_model()},
+                                    {"cpu", colibri::bench::cpu_model()},
                                     {"cores", cores},
                                     {"mpi", mpi_library()},
                                     {"ranks", size},
-                                    {"load_average", load_average()}}
+                                    {"load_average", colibri::bench::load_average()}}
                          .dump());
 
   struct Row {

@@ -16,6 +16,7 @@
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include "machine.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -64,25 +65,6 @@ Stats summarize(std::vector<double> samples) {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string one, five, fifteen;
-  in >> one >> five >> fifteen;
-  return one + " " + five + " " + fifteen;
 }
 
 // ---- memory --------------------------------------------------------------------------------
@@ -322,7 +304,8 @@ int run(BenchOptions options) {
   fmt::print("quant_bench: routed-expert FFN down(silu(gate x) * up x) vs memory read bandwidth\n");
   fmt::print(
       "machine: {} | {} logical cores | L3 {} MiB | ISAs {} (dispatched {}) | load average {}\n",
-      cpu_model(), procs, l3 > 0 ? l3 >> 20 : 0, available, kernels::quant_isa(), load_average());
+      colibri::bench::cpu_model(), procs, l3 > 0 ? l3 >> 20 : 0, available, kernels::quant_isa(),
+      colibri::bench::load_average());
   fmt::print(
       "experts: {} x [gate/up {}x{}, down {}x{}] {} | {:.2f} MB per expert, {:.2f} GB "
       "working set | read buffer {:.2f} GB | {} repetitions, median [min, max]\n",
@@ -330,13 +313,13 @@ int run(BenchOptions options) {
       set.bytes_per_expert / 1e6, double(set.bytes_per_expert) * options.experts / 1e9,
       read_buffer.bytes / 1e9, options.reps);
   fmt::print("{}\n", nlohmann::ordered_json{{"bench", "machine"},
-                                            {"cpu", cpu_model()},
+                                            {"cpu", colibri::bench::cpu_model()},
                                             {"cores", procs},
                                             {"l3_bytes", l3},
                                             {"isas", available},
                                             {"dispatched_isa", kernels::quant_isa()},
                                             {"compiler", __VERSION__},
-                                            {"load_average", load_average()}}
+                                            {"load_average", colibri::bench::load_average()}}
                          .dump());
 
   fmt::print("\n{:>7} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "threads", "batch",
