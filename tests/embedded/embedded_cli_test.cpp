@@ -1,0 +1,76 @@
+// `colibri-node --score tests/data/embedded/heldout.txt --quiet` on the default (embedded) model,
+// one process: one line per predicted token, then the perplexity line, within the bound of
+// transformers' perplexity.
+#include <sys/wait.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "embedded_goldens.h"
+
+namespace colibri {
+namespace {
+
+using namespace embedded;
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+RunResult run_command(const std::string& command) {
+  RunResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) result.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
+}
+
+TEST(EmbeddedCli, ScorePerplexityMatchesTransformers) {
+  const auto golden = read_json(kDataDir / "score.json");
+  const std::string heldout = (kDataDir / "heldout.txt").string();
+  // No --model: the default is the embedded model.
+  const RunResult run = run_command("'" COLIBRI_NODE_BINARY "' --score '" + heldout + "' --quiet");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+
+  const size_t predicted = golden.at("predicted_tokens").get<size_t>();
+  size_t token_lines = 0;
+  double perplexity = 0, mean_nll = 0;
+  size_t scored = 0;
+  int perplexity_lines = 0;
+  size_t begin = 0;
+  while (begin < run.out.size()) {
+    const size_t end = std::min(run.out.find('\n', begin), run.out.size());
+    const std::string line = run.out.substr(begin, end - begin);
+    begin = end + 1;
+    if (line.rfind("perplexity ", 0) == 0) {
+      ++perplexity_lines;
+      EXPECT_EQ(std::sscanf(line.c_str(), "perplexity %lf over %zu tokens (mean nll %lf)",
+                            &perplexity, &scored, &mean_nll),
+                3)
+          << line;
+    } else if (!line.empty() && line[0] != '#') {
+      ++token_lines;
+    }
+  }
+  ASSERT_EQ(perplexity_lines, 1) << run.out.substr(0, 2000);
+  EXPECT_EQ(scored, predicted);
+  EXPECT_EQ(token_lines, predicted);
+  const double want = golden.at("perplexity").get<double>();
+  const double relative = std::abs(perplexity - want) / want;
+  EXPECT_LE(relative, kMaxPerplexityRelError)
+      << "colibri-node " << perplexity << " vs transformers " << want;
+  EXPECT_GT(perplexity, 1.0);
+  std::printf(
+      "colibri-node --score: perplexity %.4f (transformers %.4f), relative difference %.3g\n",
+      perplexity, want, relative);
+}
+
+}  // namespace
+}  // namespace colibri
