@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -99,6 +100,15 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   const TensorView* view = find(name);
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
   const std::string file = view->file->string();
+  if (view->dtype == Dtype::U8) {
+    if (shape.size() != 2)
+      fail("{}: tensor '{}' is quantized (U8) but a float tensor of shape {} is expected", file, name,
+           shape_string(shape));
+    const QuantMatrix q = load_quant(name, shape[0], shape[1]);
+    std::vector<float> out(size_t(shape[0] * shape[1]));
+    kernels::dequantize(q.view(), out.data());
+    return out;
+  }
   if (view->shape != shape)
     fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_string(view->shape),
          shape_string(shape));
@@ -134,6 +144,41 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
     for (int64_t j = 0; j < cols; ++j) row[j] *= scale_row[j / block_cols];
   }
   return out;
+}
+
+bool Checkpoint::is_quantized(const std::string& name) const {
+  const TensorView* view = find(name);
+  return view && view->dtype == Dtype::U8;
+}
+
+QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_t cols) const {
+  const TensorView* view = find(name);
+  if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
+  const std::string file = view->file->string();
+  if (view->dtype != Dtype::U8)
+    fail("{}: tensor '{}' has dtype {}, expected U8 (a quantized weight)", file, name,
+         dtype_name(view->dtype));
+  const std::string scale_name = name + kQuantScaleSuffix;
+  const TensorView* scale = find(scale_name);
+  if (!scale) fail("{}: quantized tensor '{}' has no scales '{}'", file, name, scale_name);
+  if (scale->dtype != Dtype::F32)
+    fail("{}: tensor '{}' has dtype {}, expected F32 scales of '{}'", scale->file->string(), scale_name,
+         dtype_name(scale->dtype), name);
+  const QuantResolution r = resolve_quant_format(int64_t(view->nbytes), scale->numel(), rows, cols);
+  if (!r.ok())
+    fail("{}: quantized tensor '{}' ({} bytes, {} scales, expected [{}, {}]): {}", file, name,
+         view->nbytes, scale->numel(), rows, cols, r.error);
+  QuantMatrix q;
+  q.format = r.spec.format;
+  q.rows = rows;
+  q.cols = cols;
+  q.group_size = r.spec.group_size;
+  q.data.resize(view->nbytes);
+  std::memcpy(q.data.data(), view->data, view->nbytes);
+  q.scales.resize(size_t(scale->numel()));
+  convert_to_f32(Dtype::F32, scale->data, q.scales.size(), q.scales.data());
+  bytes_loaded_ += view->nbytes + scale->nbytes;
+  return q;
 }
 
 }  // namespace colibri

@@ -1,5 +1,6 @@
 // All safetensors shards of a model directory, memory-mapped, with fp32 loading of single
-// tensors (BF16/F16/F32 converted, F8_E4M3 dequantized with its 128x128 weight_scale_inv).
+// tensors (BF16/F16/F32 converted, F8_E4M3 dequantized with its 128x128 weight_scale_inv, colibri
+// container weights — U8 + `.qs` — dequantized) and loading of container weights as they are.
 #pragma once
 
 #include <array>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "common/safetensors.h"
+#include "model/container.h"
 
 namespace colibri {
 
@@ -29,7 +31,16 @@ class Checkpoint {
 
   // Returns the tensor as float32, checking its shape. F8_E4M3 tensors are multiplied by
   // `<name>_scale_inv` blocks. Errors name the tensor and its file.
+  // A U8 tensor is a container weight (see load_quant) and is dequantized; `shape` must be 2-D.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  // True when `name` exists with dtype U8, i.e. as a quantized container weight.
+  bool is_quantized(const std::string& name) const;
+  // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as
+  // [rows, cols], keeping it quantized. The format is inferred from the byte and scale counts (the
+  // U8 shape is not used); an inconsistent or ambiguous pair is refused with an error naming the
+  // file, the tensor and the sizes.
+  QuantMatrix load_quant(const std::string& name, int64_t rows, int64_t cols) const;
 
   // Bytes of tensor data converted so far (scales included): what this process read.
   uint64_t bytes_loaded() const { return bytes_loaded_.load(); }

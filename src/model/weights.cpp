@@ -27,9 +27,36 @@ class Loader {
 
   MlpWeights mlp(const std::string& prefix, int64_t intermediate) const {
     const int64_t h = c_.hidden_size;
-    return MlpWeights{matrix(prefix + "gate_proj.weight", intermediate, h),
-                      matrix(prefix + "up_proj.weight", intermediate, h),
-                      matrix(prefix + "down_proj.weight", h, intermediate)};
+    MlpWeights w;
+    w.gate = matrix(prefix + "gate_proj.weight", intermediate, h);
+    w.up = matrix(prefix + "up_proj.weight", intermediate, h);
+    w.down = matrix(prefix + "down_proj.weight", h, intermediate);
+    return w;
+  }
+
+  // A routed expert: kept quantized when the container stores it so (all three matrices), fp32
+  // otherwise.
+  MlpWeights expert(const std::string& prefix, int64_t intermediate) const {
+    const std::string names[3] = {prefix + "gate_proj.weight", prefix + "up_proj.weight",
+                                  prefix + "down_proj.weight"};
+    int quantized = 0;
+    for (const auto& name : names) quantized += checkpoint_.is_quantized(name);
+    if (quantized == 0) return mlp(prefix, intermediate);
+    if (quantized != 3) {
+      for (const auto& name : names)
+        if (!checkpoint_.is_quantized(name)) {
+          const TensorView* view = checkpoint_.find(name);
+          if (!view) fail("{}: tensor '{}' is missing", checkpoint_.dir().string(), name);
+          fail("{}: tensor '{}' has dtype {} but the other matrices of its expert are quantized (U8)",
+               view->file->string(), name, dtype_name(view->dtype));
+        }
+    }
+    const int64_t h = c_.hidden_size;
+    MlpWeights w;
+    w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h);
+    w.quant.up = checkpoint_.load_quant(names[1], intermediate, h);
+    w.quant.down = checkpoint_.load_quant(names[2], h, intermediate);
+    return w;
   }
 
   AttentionWeights attention(int layer, bool with_indexer) const {
@@ -82,7 +109,7 @@ class Loader {
     w.experts.resize(size_t(c_.n_routed_experts));
     for (int e = 0; e < c_.n_routed_experts; ++e)
       if (!options.owns_expert || options.owns_expert(l, e))
-        w.experts[size_t(e)] = mlp(expert_prefix(l, e), c_.moe_intermediate_size);
+        w.experts[size_t(e)] = expert(expert_prefix(l, e), c_.moe_intermediate_size);
     return w;
   }
 

@@ -1,5 +1,6 @@
 // Model weights as fp32 matrices, loaded from a Checkpoint with every shape checked against the
-// config. Expert ranks load only the routed experts they own.
+// config. Expert ranks load only the routed experts they own. Routed experts of a colibri
+// container stay quantized in memory; every other quantized tensor is dequantized at load.
 #pragma once
 
 #include <cstdint>
@@ -20,10 +21,21 @@ struct Matrix {
   bool empty() const { return data.empty(); }
 };
 
+// The three matrices of a quantized expert, in the container's layout.
+struct QuantMlp {
+  QuantMatrix gate, up, down;  // [I, H], [I, H], [H, I]
+};
+
+// An MLP held either as fp32 matrices or (routed experts of a container) quantized.
 struct MlpWeights {
-  Matrix gate, up, down;  // [I, H], [I, H], [H, I]
-  bool empty() const { return gate.empty(); }
-  uint64_t bytes() const { return 4 * (gate.data.size() + up.data.size() + down.data.size()); }
+  Matrix gate, up, down;  // [I, H], [I, H], [H, I]; empty when quantized
+  QuantMlp quant;         // set instead of gate/up/down for a quantized expert
+  bool quantized() const { return !quant.gate.empty(); }
+  bool empty() const { return gate.empty() && !quantized(); }
+  uint64_t bytes() const {
+    return 4 * (gate.data.size() + up.data.size() + down.data.size()) + quant.gate.bytes() +
+           quant.up.bytes() + quant.down.bytes();
+  }
 };
 
 struct IndexerWeights {

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "node/devices.h"
 #include "transport/mpi_check.h"
 
 namespace colibri {
@@ -173,7 +174,7 @@ void Node::handshake(const std::filesystem::path& model_dir) {
   hello.rank = rank_;
   hello.host = rank_identity().host;
   hello.model_hash = model_hash(model_dir, *checkpoint_);
-  hello.gpus_on_host = 0;  // the CUDA backend fills this in
+  hello.gpus_on_host = local_gpu_count();  // GPU expert ranks run the CPU backend for now
   CHECK_MPI(MPI_Comm_rank(local, &hello.local_rank));
   CHECK_MPI(MPI_Comm_free(&local));
 

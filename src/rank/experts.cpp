@@ -5,10 +5,15 @@
 #include "common/error.h"
 #include "cpu/elementwise.h"
 #include "cpu/linear.h"
+#include "cpu/quant.h"
 
 namespace colibri {
 
 void mlp_forward(const MlpWeights& w, const float* x, int n, float* y) {
+  if (w.quantized()) {
+    kernels::quant_expert_ffn(w.quant.gate.view(), w.quant.up.view(), w.quant.down.view(), x, n, y);
+    return;
+  }
   const int64_t inter = w.gate.rows, hidden = w.gate.cols;
   std::vector<float> gate(size_t(n * inter)), up(size_t(n * inter));
   kernels::linear_f32(x, n, w.gate.data.data(), inter, hidden, gate.data());

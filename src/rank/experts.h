@@ -11,7 +11,8 @@
 
 namespace colibri {
 
-// y[n, hidden] = down(silu(gate(x)) * up(x)) for n rows.
+// y[n, hidden] = down(silu(gate(x)) * up(x)) for n rows; a quantized MLP runs
+// kernels::quant_expert_ffn on its container bytes.
 void mlp_forward(const MlpWeights& w, const float* x, int n, float* y);
 
 // Two phases so the caller can compute the shared expert while routed experts run elsewhere:

@@ -1,0 +1,99 @@
+#include "model/container.h"
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+
+namespace colibri {
+
+namespace {
+
+constexpr int kGroupCandidates[] = {16, 32, 48, 64, 96, 128, 192, 256};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+std::string quant_spec_name(QuantSpec spec) {
+  switch (spec.format) {
+    case kernels::QuantFormat::kInt8Row: return "int8-row";
+    case kernels::QuantFormat::kInt4Row: return "int4-row";
+    case kernels::QuantFormat::kInt4Grouped: return fmt::format("int4-g{}", spec.group_size);
+  }
+  return "unknown";
+}
+
+QuantResolution resolve_quant_format(int64_t n_bytes, int64_t n_scales, int64_t rows, int64_t cols) {
+  QuantResolution r;
+  if (rows <= 0 || cols <= 0) {
+    r.error = fmt::format("expected shape [{}, {}] cannot hold a quantized matrix", rows, cols);
+    return r;
+  }
+  const int64_t int8_bytes = rows * cols, int4_bytes = rows * ceil_div(cols, 2);
+  const bool is_int8 = n_bytes == int8_bytes, is_int4 = n_bytes == int4_bytes;
+  if (is_int8 && is_int4) {
+    r.error = fmt::format("{} bytes for [{}, {}] fit both int8 and int4", n_bytes, rows, cols);
+    return r;
+  }
+  if (!is_int8 && !is_int4) {
+    r.error = fmt::format("{} bytes fit no format for [{}, {}] (int8: {}, int4: {})", n_bytes, rows,
+                          cols, int8_bytes, int4_bytes);
+    return r;
+  }
+  if (is_int8) {
+    if (n_scales == rows) {
+      r.spec = {kernels::QuantFormat::kInt8Row, 0};
+    } else {
+      r.error = fmt::format("{} scales for int8 [{}, {}], expected {} (one per row)", n_scales, rows,
+                            cols, rows);
+    }
+    return r;
+  }
+  if (n_scales == rows) {
+    r.spec = {kernels::QuantFormat::kInt4Row, 0};
+    return r;
+  }
+  std::vector<int> fits;
+  std::string expected;
+  for (int gs : kGroupCandidates) {
+    const int64_t groups = ceil_div(cols, gs);
+    if (groups > 1 && n_scales == rows * groups) fits.push_back(gs);
+    expected += fmt::format("{}{}: {}", expected.empty() ? "" : ", ", gs, rows * groups);
+  }
+  if (fits.size() == 1) {
+    r.spec = {kernels::QuantFormat::kInt4Grouped, fits[0]};
+  } else if (fits.empty()) {
+    r.error = fmt::format("{} scales for int4 [{}, {}] fit neither per-row ({}) nor a group size ({})",
+                          n_scales, rows, cols, rows, expected);
+  } else {
+    r.error = fmt::format("{} scales for int4 [{}, {}] are ambiguous: group sizes {} all fit", n_scales,
+                          rows, cols, fmt::join(fits, ", "));
+  }
+  return r;
+}
+
+QuantMatrix quantize_matrix(const std::string& name, QuantSpec spec, const float* w, int64_t rows,
+                            int64_t cols) {
+  if (spec.format == kernels::QuantFormat::kInt4Grouped) {
+    if (!kernels::is_valid_group_size(spec.group_size))
+      fail("{}: group size {} is not one of the container's", name, spec.group_size);
+    if (ceil_div(cols, spec.group_size) <= 1) spec = {kernels::QuantFormat::kInt4Row, 0};
+  } else {
+    spec.group_size = 0;
+  }
+  QuantMatrix q;
+  q.format = spec.format;
+  q.rows = rows;
+  q.cols = cols;
+  q.group_size = spec.group_size;
+  q.data.resize(size_t(kernels::packed_bytes(spec.format, rows, cols)));
+  q.scales.resize(size_t(kernels::scale_count(spec.format, rows, cols, spec.group_size)));
+  kernels::quantize(spec.format, spec.group_size, w, rows, cols, q.data.data(), q.scales.data());
+  const QuantResolution back = resolve_quant_format(int64_t(q.data.size()), int64_t(q.scales.size()), rows, cols);
+  if (!back.ok() || back.spec.format != spec.format || back.spec.group_size != spec.group_size)
+    fail("{}: {} of [{}, {}] would not be readable unambiguously ({}); choose another group size",
+         name, quant_spec_name(spec), rows, cols, back.ok() ? quant_spec_name(back.spec) : back.error);
+  return q;
+}
+
+}  // namespace colibri

@@ -1,0 +1,381 @@
+#include "tools/convert.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <vector>
+
+#include "common/error.h"
+#include "common/safetensors.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/container.h"
+
+namespace colibri {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using kernels::QuantFormat;
+
+// Files copied unchanged from the source directory when present.
+constexpr const char* kCopiedFiles[] = {"config.json",           "generation_config.json",
+                                        "tokenizer.json",        "tokenizer_config.json",
+                                        "special_tokens_map.json", "chat_template.jinja"};
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+enum class Storage { kF32, kBF16, kQuant };
+
+// How one source tensor is written.
+struct Plan {
+  std::string name;
+  std::vector<int64_t> shape;  // source shape
+  Storage storage = Storage::kF32;
+  QuantSpec spec{QuantFormat::kInt8Row, 0};
+  std::string expert;  // "model.layers.L.mlp.experts.E." for routed experts, else empty
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  uint64_t data_bytes() const {
+    if (storage == Storage::kF32) return 4 * uint64_t(numel());
+    if (storage == Storage::kBF16) return 2 * uint64_t(numel());
+    return uint64_t(kernels::packed_bytes(spec.format, shape[0], shape[1]));
+  }
+  uint64_t scale_bytes() const {
+    return 4 * uint64_t(kernels::scale_count(spec.format, shape[0], shape[1], spec.group_size));
+  }
+};
+
+// One header entry of an output shard, in file order.
+struct Slot {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes;
+};
+
+// Tensors written together: a routed expert's gate, up and down (data of all three, then their
+// scales, so that an expert is one contiguous read), or a single tensor.
+using Unit = std::vector<Plan>;
+
+Storage storage_for_bits(int bits) { return bits == 32 ? Storage::kF32 : bits == 16 ? Storage::kBF16 : Storage::kQuant; }
+
+QuantSpec spec_for_bits(int bits, int group_size, int64_t cols) {
+  if (bits == 8) return {QuantFormat::kInt8Row, 0};
+  if (group_size == 0 || (cols + group_size - 1) / group_size <= 1) return {QuantFormat::kInt4Row, 0};
+  return {QuantFormat::kInt4Grouped, group_size};
+}
+
+std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o, const TensorView& view) {
+  const std::string& name = view.name;
+  if (ends_with(name, "_scale_inv")) {
+    const TensorView* base = checkpoint.find(name.substr(0, name.size() - std::string_view("_scale_inv").size()));
+    if (base && base->dtype == Dtype::F8_E4M3) return std::nullopt;  // folded into its weight
+  }
+  if (view.dtype == Dtype::U8)
+    fail("{}: tensor '{}' is U8: the source is already quantized", view.file->string(), name);
+  if (!is_float_dtype(view.dtype))
+    fail("{}: tensor '{}' has dtype {}, expected a float type", view.file->string(), name, dtype_name(view.dtype));
+  Plan p;
+  p.name = name;
+  p.shape = view.shape;
+  // Norms, the router and its bias, biases and anything not a 2-D weight stay F32.
+  if (view.shape.size() != 2 || !ends_with(name, ".weight") || name.find("norm") != std::string::npos ||
+      ends_with(name, "mlp.gate.weight"))
+    return p;
+  int bits = o.dense_bits;
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+    bits = o.io_bits;
+  } else if (const size_t at = name.find(".mlp.experts."); at != std::string::npos) {
+    bits = o.expert_bits;
+    const size_t end = name.find('.', at + std::string_view(".mlp.experts.").size());
+    p.expert = name.substr(0, end + 1);
+  }
+  p.storage = storage_for_bits(bits);
+  if (p.storage != Storage::kQuant) return p;
+  p.spec = spec_for_bits(bits, o.group_size, view.shape[1]);
+  const QuantResolution back = resolve_quant_format(int64_t(p.data_bytes()), int64_t(p.scale_bytes() / 4),
+                                                    view.shape[0], view.shape[1]);
+  if (!back.ok() || back.spec.format != p.spec.format || back.spec.group_size != p.spec.group_size)
+    fail("{}: tensor '{}' {}: {} would not be readable unambiguously ({}); choose another --group-size",
+         view.file->string(), name, shape_string(view.shape), quant_spec_name(p.spec),
+         back.ok() ? "reads as " + quant_spec_name(back.spec) : back.error);
+  return p;
+}
+
+int proj_rank(const std::string& name) {
+  if (name.find("gate_proj") != std::string::npos) return 0;
+  if (name.find("up_proj") != std::string::npos) return 1;
+  return 2;
+}
+
+std::vector<Unit> plan_shard(const Checkpoint& checkpoint, const ConvertOptions& o,
+                             const std::vector<const TensorView*>& views) {
+  std::vector<Unit> units;
+  std::map<std::string, size_t> expert_unit;
+  for (const TensorView* view : views) {
+    std::optional<Plan> p = plan_tensor(checkpoint, o, *view);
+    if (!p) continue;
+    if (p->expert.empty()) {
+      units.push_back({std::move(*p)});
+      continue;
+    }
+    auto [it, inserted] = expert_unit.emplace(p->expert, units.size());
+    if (inserted) units.emplace_back();
+    units[it->second].push_back(std::move(*p));
+  }
+  for (Unit& unit : units)
+    std::stable_sort(unit.begin(), unit.end(),
+                     [](const Plan& a, const Plan& b) { return proj_rank(a.name) < proj_rank(b.name); });
+  return units;
+}
+
+std::vector<Slot> slots_of(const std::vector<Unit>& units) {
+  std::vector<Slot> slots;
+  for (const Unit& unit : units) {
+    for (const Plan& p : unit) {
+      if (p.storage == Storage::kQuant)
+        slots.push_back({p.name, "U8", {p.shape[0], kernels::row_bytes(p.spec.format, p.shape[1])}, p.data_bytes()});
+      else
+        slots.push_back({p.name, p.storage == Storage::kF32 ? "F32" : "BF16", p.shape, p.data_bytes()});
+    }
+    for (const Plan& p : unit) {
+      if (p.storage != Storage::kQuant) continue;
+      std::vector<int64_t> shape = {p.shape[0]};
+      if (p.spec.format == QuantFormat::kInt4Grouped) shape.push_back(int64_t(p.scale_bytes() / 4) / p.shape[0]);
+      slots.push_back({p.name + kQuantScaleSuffix, "F32", shape, p.scale_bytes()});
+    }
+  }
+  return slots;
+}
+
+std::string header_of(const std::vector<Slot>& slots) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"colibri.converter", "colibri-convert"}};
+  uint64_t offset = 0;
+  for (const Slot& s : slots) {
+    header[s.name] = {{"dtype", s.dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.bytes}}};
+    offset += s.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+uint16_t f32_to_bf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);  // quiet NaN
+  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+class OutFile {
+ public:
+  explicit OutFile(const fs::path& path) : path_(path), file_(std::fopen(path.c_str(), "wb")) {
+    if (!file_) fail("{}: cannot create", path.string());
+  }
+  ~OutFile() {
+    if (file_) std::fclose(file_);
+  }
+  void write(const void* data, size_t bytes) {
+    if (bytes && std::fwrite(data, 1, bytes, file_) != bytes) fail("{}: write failed", path_.string());
+    written_ += bytes;
+  }
+  // Flushes to disk and closes.
+  void finish() {
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail("{}: flush failed", path_.string());
+    std::fclose(file_);
+    file_ = nullptr;
+  }
+  uint64_t written() const { return written_; }
+
+ private:
+  fs::path path_;
+  FILE* file_;
+  uint64_t written_ = 0;
+};
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path partial = path.string() + ".partial";
+  {
+    OutFile out(partial);
+    out.write(text.data(), text.size());
+    out.finish();
+  }
+  fs::rename(partial, path);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{}: cannot open", path.string());
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+json manifest_of(const ConvertOptions& o, const std::vector<fs::path>& shards) {
+  json sources = json::array();
+  for (const fs::path& s : shards) sources.push_back({s.filename().string(), fs::file_size(s)});
+  return {{"container", "colibri int4/int8"},
+          {"expert_bits", o.expert_bits},
+          {"group_size", o.group_size},
+          {"dense_bits", o.dense_bits},
+          {"io_bits", o.io_bits},
+          {"source_shards", sources}};
+}
+
+}  // namespace
+
+ConvertResult convert_checkpoint(const ConvertOptions& o) {
+  if (o.expert_bits != 4 && o.expert_bits != 8) fail("--expert-bits {}: expected 4 or 8", o.expert_bits);
+  if (o.group_size != 0 && !kernels::is_valid_group_size(o.group_size))
+    fail("--group-size {}: expected 0 or one of 16, 32, 48, 64, 96, 128, 192, 256", o.group_size);
+  if (o.dense_bits != 4 && o.dense_bits != 8 && o.dense_bits != 16 && o.dense_bits != 32)
+    fail("--dense-bits {}: expected 4, 8, 16 or 32", o.dense_bits);
+  if (o.io_bits != 8 && o.io_bits != 16 && o.io_bits != 32) fail("--io-bits {}: expected 8, 16 or 32", o.io_bits);
+  if (fs::exists(o.output_dir) && fs::equivalent(o.input_dir, o.output_dir))
+    fail("{}: output directory is the input directory", o.output_dir.string());
+
+  const ModelConfig config = load_model_config(o.input_dir);
+  const Checkpoint checkpoint(o.input_dir, config.fp8_block);
+
+  // Source tensors by shard, shards in path order, tensors in name order.
+  std::map<fs::path, std::vector<const TensorView*>> by_shard;
+  for (const std::string& name : checkpoint.names()) {
+    const TensorView* view = checkpoint.find(name);
+    by_shard[*view->file].push_back(view);
+  }
+  std::vector<fs::path> source_shards;
+  for (const auto& [path, views] : by_shard) source_shards.push_back(path);
+
+  // Plan every shard before touching the output, so that bad parameters leave nothing behind.
+  struct ShardPlan {
+    std::string out_name;
+    std::vector<Unit> units;
+    std::vector<Slot> slots;
+  };
+  std::vector<ShardPlan> plans;
+  json weight_map = json::object();
+  uint64_t total_bytes = 0;
+  for (const auto& [source, views] : by_shard) {
+    ShardPlan plan;
+    plan.units = plan_shard(checkpoint, o, views);
+    if (plan.units.empty()) continue;
+    plan.out_name = fmt::format("out-{:05d}.safetensors", plans.size() + 1);
+    plan.slots = slots_of(plan.units);
+    for (const Slot& s : plan.slots) {
+      weight_map[s.name] = plan.out_name;
+      total_bytes += s.bytes;
+    }
+    plans.push_back(std::move(plan));
+  }
+
+  fs::create_directories(o.output_dir);
+  const json manifest = manifest_of(o, source_shards);
+  const fs::path manifest_path = o.output_dir / kConvertManifest;
+  if (fs::exists(manifest_path)) {
+    json previous;
+    try {
+      previous = json::parse(read_text(manifest_path));
+    } catch (const json::exception& e) {
+      fail("{}: not valid JSON: {}", manifest_path.string(), e.what());
+    }
+    if (previous != manifest)
+      fail("{}: this directory was started with other parameters or another source ({} now {}); use a new "
+           "output directory",
+           manifest_path.string(), previous.dump(), manifest.dump());
+  } else {
+    for (const auto& entry : fs::directory_iterator(o.output_dir))
+      if (entry.path().extension() == ".safetensors")
+        fail("{}: has safetensors files but no {}; refusing to mix them with a new conversion",
+             o.output_dir.string(), kConvertManifest);
+    write_text_atomically(manifest_path, manifest.dump(2));
+  }
+  for (const char* file : kCopiedFiles)
+    if (fs::exists(o.input_dir / file))
+      fs::copy_file(o.input_dir / file, o.output_dir / file, fs::copy_options::overwrite_existing);
+
+  ConvertResult result;
+  int written_tensors = 0;
+  auto last_report = std::chrono::steady_clock::now();
+  auto report = [&](const std::string& line, bool always) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!o.progress || (!always && now - last_report < std::chrono::seconds(2))) return;
+    last_report = now;
+    o.progress(line);
+  };
+  for (const ShardPlan& plan : plans) {
+    const std::string& out_name = plan.out_name;
+    const std::vector<Unit>& units = plan.units;
+    const std::vector<Slot>& slots = plan.slots;
+    const fs::path out_path = o.output_dir / out_name;
+
+    if (fs::exists(out_path)) {
+      // Complete from an earlier run (only renamed once written): check it holds what we would write.
+      const SafetensorsFile done(out_path);
+      bool same = done.tensors().size() == slots.size();
+      for (const Slot& s : slots) same = same && done.find(s.name) && done.find(s.name)->nbytes == s.bytes;
+      if (!same) fail("{}: exists but does not hold the tensors this conversion writes", out_path.string());
+      ++result.shards_skipped;
+      report(fmt::format("{}: complete from an earlier run, kept", out_name), true);
+      continue;
+    }
+    const fs::path partial = out_path.string() + ".partial";
+    fs::remove(partial);
+    OutFile out(partial);
+    const std::string header = header_of(slots);
+    const uint64_t header_bytes = header.size();
+    out.write(&header_bytes, 8);
+    out.write(header.data(), header.size());
+    size_t done_tensors = 0;
+    const auto n_tensors = std::count_if(slots.begin(), slots.end(),
+                                         [](const Slot& s) { return !ends_with(s.name, kQuantScaleSuffix); });
+    for (const Unit& unit : units) {
+      std::vector<QuantMatrix> quantized;
+      for (const Plan& p : unit) {
+        if (o.stop_after_tensors >= 0 && written_tensors >= o.stop_after_tensors)
+          fail("{}: stopped after {} tensors as asked", partial.string(), written_tensors);
+        const std::vector<float> w = checkpoint.load_f32(p.name, p.shape);  // [shape], one tensor at a time
+        if (p.storage == Storage::kF32) {
+          out.write(w.data(), w.size() * 4);
+        } else if (p.storage == Storage::kBF16) {
+          std::vector<uint16_t> bf(w.size());
+          for (size_t i = 0; i < w.size(); ++i) bf[i] = f32_to_bf16(w[i]);
+          out.write(bf.data(), bf.size() * 2);
+        } else {
+          quantized.push_back(quantize_matrix(p.name, p.spec, w.data(), p.shape[0], p.shape[1]));
+          out.write(quantized.back().data.data(), quantized.back().data.size());
+        }
+        ++written_tensors;
+        ++done_tensors;
+      }
+      for (const QuantMatrix& q : quantized) out.write(q.scales.data(), q.scales.size() * 4);
+      report(fmt::format("{}: {}/{} tensors, {:.1f} MB", out_name, done_tensors, n_tensors,
+                         double(out.written()) / 1e6),
+             false);
+    }
+    result.bytes_written += out.written();
+    out.finish();
+    fs::rename(partial, out_path);
+    ++result.shards_written;
+    report(fmt::format("{}: {} tensors, {:.1f} MB, complete", out_name, n_tensors, double(out.written()) / 1e6), true);
+  }
+  write_text_atomically(o.output_dir / "model.safetensors.index.json",
+                        json{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}}.dump(2));
+  return result;
+}
+
+}  // namespace colibri
