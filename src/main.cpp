@@ -276,6 +276,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-rows", args.node.max_rows, "rows per forward call (prefill chunk); sizes the exchange buffers")
       ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_option("--ram-gb", args.node.ram_gb,
+                 "GiB of RAM per expert rank for routed experts, the rest read from disk on demand; 0 = all "
+                 "resident (the layout's ram_gb column overrides it per rank)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--pin-gb", args.node.pin_gb, "GiB of routed experts per expert rank pinned in RAM at start (with --ram-gb)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--profile-json", args.profile_json, "write the per-rank profile as JSON");
   app.add_option("--trace", args.trace, "write a Chrome/Perfetto trace-event JSON, one process per rank");
 

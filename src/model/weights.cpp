@@ -120,6 +120,11 @@ class Loader {
 
 }  // namespace
 
+MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
+                              int expert) {
+  return Loader(config, checkpoint).expert(expert_prefix(layer, expert), config.moe_intermediate_size);
+}
+
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options) {
   const Loader load(config, checkpoint);

@@ -93,6 +93,11 @@ struct LoadOptions {
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options = {});
 
+// One routed expert, as load_model_weights would hold it (quantized when the container stores it
+// so). Thread-safe: the checkpoint is only read.
+MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
+                              int expert);
+
 std::string layer_prefix(int layer);
 std::string expert_prefix(int layer, int expert);
 

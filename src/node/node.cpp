@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cereal/archives/binary.hpp>
 #include <csignal>
 #include <fstream>
@@ -135,9 +136,10 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   } else {
     load.dense = false;
     load.mtp = false;
-    load.owns_expert = [this](int layer, int expert) { return placement_.owner_of(layer, expert) == rank_; };
+    load.owns_expert = [](int, int) { return false; };  // held by expert_store_
   }
   weights_ = load_model_weights(config_, *checkpoint_, load);
+  open_expert_store();
   profiler_->counters().weight_bytes_read = checkpoint_->bytes_loaded();
 
   if (size_ > 1) {
@@ -159,6 +161,63 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
 
 Node::~Node() {
   if (is_coordinator() && transport_ && !shut_down_) shutdown();
+}
+
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+uint64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+uint64_t gib_to_bytes(double gib) { return uint64_t(gib * double(1ull << 30)); }
+
+}  // namespace
+
+void Node::open_expert_store() {
+  // The coordinator of a multi-rank run owns no routed expert; alone it keeps them in weights_.
+  const bool has_store = !is_coordinator() && size_ > 1;
+  std::vector<std::pair<int, int>> owned;
+  for (int l = 0; has_store && l < config_.num_layers; ++l)
+    for (int e = 0; e < config_.n_routed_experts; ++e)
+      if (config_.layer_is_moe[size_t(l)] && placement_.owner_of(l, e) == rank_) owned.emplace_back(l, e);
+  const double layout_ram_gb = layout_.ranks[size_t(rank_)].ram_gb;
+  ExpertStore::Options store_options;
+  store_options.ram_bytes = gib_to_bytes(layout_ram_gb > 0 ? layout_ram_gb : options_.ram_gb);
+  store_options.pin_bytes = store_options.ram_bytes > 0 ? gib_to_bytes(options_.pin_gb) : 0;
+
+  // Projected peak: pinned + RAM cache + one layer's owned experts in flight.
+  std::string refusal;
+  if (has_store && store_options.ram_bytes > 0 && !owned.empty()) {
+    std::vector<uint64_t> per_layer(size_t(config_.num_layers), 0);
+    for (const auto& [l, e] : owned) ++per_layer[size_t(l)];
+    const uint64_t in_flight = *std::max_element(per_layer.begin(), per_layer.end()) * expert_bytes();
+    const uint64_t peak = store_options.pin_bytes + store_options.ram_bytes + in_flight;
+    const uint64_t available = available_memory_bytes();
+    const double gib = double(1ull << 30);
+    if (available > 0 && peak > available)
+      refusal = fmt::format(
+          "rank {}@{}: expert memory plan needs {:.2f} GiB (pinned {:.2f} + RAM cache {:.2f} + one "
+          "layer in flight {:.2f}) but MemAvailable is {:.2f} GiB",
+          rank_, rank_identity().host, double(peak) / gib, double(store_options.pin_bytes) / gib,
+          double(store_options.ram_bytes) / gib, double(in_flight) / gib, double(available) / gib);
+  }
+  // Collective, so that every rank refuses together and rank 0 can print the reason.
+  int refused_rank = refusal.empty() ? -1 : rank_;
+  CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &refused_rank, 1, MPI_INT, MPI_MAX, comm_));
+  if (refused_rank >= 0) throw StartupRefused(broadcast_bytes(comm_, refused_rank, refusal));
+  if (!has_store) return;
+
+  expert_store_ = std::make_unique<ExpertStore>(
+      std::move(owned),
+      [this](int layer, int expert) { return load_routed_expert(config_, *checkpoint_, layer, expert); },
+      store_options);
 }
 
 uint64_t Node::expert_bytes() const {
@@ -234,14 +293,26 @@ void Node::shutdown() {
 void Node::serve() {
   ExpertRequest request;
   std::vector<float> partial;
+  std::vector<int> requested;
   const int hidden = config_.hidden_size;
   while (transport_->receive(request)) {
     if (request.layer == options_.signal_at_layer) std::raise(options_.signal);
     {
       auto scope = profiler_->scope(Phase::kCompute, request.layer);
       partial.resize(size_t(request.n_rows) * hidden);
-      run_expert_pairs(weights_.layers[size_t(request.layer)], hidden, request.rows, request.n_rows,
-                       std::span<const RoutedPair>(request.pairs, size_t(request.n_pairs)), partial.data());
+      const std::span<const RoutedPair> pairs(request.pairs, size_t(request.n_pairs));
+      // Every requested expert is queued for the loader, then computed in ascending order: the
+      // missing ones are read while the resident ones run.
+      requested.clear();
+      for (const RoutedPair& pair : pairs) requested.push_back(int(pair.expert));
+      std::sort(requested.begin(), requested.end());
+      requested.erase(std::unique(requested.begin(), requested.end()), requested.end());
+      if (!requested.empty() && (requested.front() < 0 || requested.back() >= config_.n_routed_experts))
+        fail("layer {}: routed expert out of range [0, {})", request.layer, config_.n_routed_experts);
+      expert_store_->prefetch(request.layer, requested);
+      run_expert_pairs([&](uint32_t e) -> const MlpWeights& { return expert_store_->acquire(request.layer, int(e)); },
+                       hidden, request.rows, request.n_rows, pairs, partial.data());
+      expert_store_->release();
     }
     transport_->reply(partial.data());
   }
@@ -249,6 +320,15 @@ void Node::serve() {
 
 std::vector<RankReport> Node::gather_reports() {
   RankReport mine = profiler_->report();
+  if (expert_store_) {
+    const ExpertStoreStats stats = expert_store_->stats();
+    mine.pinned_hits = stats.pinned_hits;
+    mine.ram_hits = stats.ram_hits;
+    mine.disk_hits = stats.disk_hits;
+    mine.disk_bytes_read = stats.bytes_read;
+    mine.loader_us = stats.load_us;
+    mine.loader_wait_us = stats.wait_us;
+  }
   const std::vector<std::string> all = gather_bytes(comm_, layout_.coordinator(), to_bytes(mine));
   std::vector<RankReport> reports;
   for (const auto& bytes : all) reports.push_back(from_bytes<RankReport>(bytes));

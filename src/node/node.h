@@ -16,6 +16,7 @@
 #include "model/reference_model.h"
 #include "model/weights.h"
 #include "node/profile.h"
+#include "rank/expert_store.h"
 #include "rank/placement.h"
 #include "transport/mpi_transport.h"
 
@@ -26,6 +27,9 @@ struct NodeOptions {
   std::optional<std::filesystem::path> layout_file;
   PlacementPolicy placement = PlacementPolicy::kBalanced;
   int max_rows = 256;  // rows per forward call; longer prompts are prefilled in chunks
+  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
+                       // layout's ram_gb column overrides it per rank.
+  double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double rank_timeout_s = 300;
   bool keep_trace = false;
   int corrupt_reply_at_layer = -1;  // test hook, see MpiTransportOptions
@@ -78,6 +82,9 @@ class Node {
 
  private:
   void handshake(const std::filesystem::path& model_dir);
+  // Expert rank: the store of owned routed experts, refused (collectively) when its projected
+  // peak memory exceeds MemAvailable.
+  void open_expert_store();
 
   MPI_Comm comm_;
   NodeOptions options_;
@@ -87,6 +94,7 @@ class Node {
   Layout layout_;
   PlacementTable placement_;
   ModelWeights weights_;
+  std::unique_ptr<ExpertStore> expert_store_;  // expert ranks of a multi-rank run
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<MpiTransport> transport_;
   std::unique_ptr<ExpertExecutor> remote_experts_;

@@ -178,6 +178,19 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const
                percent(wait_us(r), r.wall_us), r.rows, r.experts, human_bytes(r.bytes_in),
                human_bytes(r.bytes_out), r.slowest_count, human_bytes(r.weight_bytes_read));
   }
+  // Expert tiers, when any rank read an expert after start-up.
+  const bool tiers = std::any_of(reports.begin(), reports.end(),
+                                 [](const RankReport& r) { return r.disk_hits + r.ram_hits > 0; });
+  if (tiers) {
+    fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12}  {:>12}\n", "rank", "pinned hit",
+               "ram hit", "disk hit", "disk read", "loader ms", "waited ms");
+    for (const RankReport& r : reports) {
+      if (r.pinned_hits + r.ram_hits + r.disk_hits == 0) continue;
+      fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12.1f}  {:>12.1f}\n", r.rank,
+                 r.pinned_hits, r.ram_hits, r.disk_hits, human_bytes(r.disk_bytes_read),
+                 double(r.loader_us) / 1e3, double(r.loader_wait_us) / 1e3);
+    }
+  }
   for (const RankReport& r : reports) {
     if (r.dropped_events > 0)
       fmt::print(out, "rank {}: trace full, {} events dropped after the first {}\n", r.rank,
@@ -241,6 +254,12 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"bytes_to_rank", std::move(to_rank)},
                      {"slowest_count", r.slowest_count},
                      {"weight_bytes_read", r.weight_bytes_read},
+                     {"pinned_hits", r.pinned_hits},
+                     {"ram_hits", r.ram_hits},
+                     {"disk_hits", r.disk_hits},
+                     {"disk_bytes_read", r.disk_bytes_read},
+                     {"loader_us", r.loader_us},
+                     {"loader_wait_us", r.loader_wait_us},
                      {"trace_events", r.events.size()},
                      {"dropped_events", r.dropped_events},
                      {"phases_us", std::move(phases)},

@@ -67,11 +67,17 @@ struct RankReport {
   uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
   std::vector<TraceEvent> events;
   uint64_t dropped_events = 0;   // trace events not kept once events reached the cap
+  // Expert tiers (expert ranks): acquires served per tier, bytes read from disk after start-up,
+  // time the loader spent reading and time compute waited for it.
+  uint64_t pinned_hits = 0, ram_hits = 0, disk_hits = 0;
+  uint64_t disk_bytes_read = 0;
+  uint64_t loader_us = 0, loader_wait_us = 0;
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
-       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events);
+       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events, pinned_hits, ram_hits,
+       disk_hits, disk_bytes_read, loader_us, loader_wait_us);
   }
 };
 

@@ -36,6 +36,16 @@ void LocalExperts::finish(float* out) {
 
 void run_expert_pairs(const LayerWeights& lw, int hidden, const float* x, int n,
                       std::span<const RoutedPair> pairs, float* out) {
+  const ExpertLookup lookup = [&lw](uint32_t e) -> const MlpWeights& {
+    if (e >= lw.experts.size() || lw.experts[e].empty())
+      fail("expert {} of this layer is routed here but not loaded", e);
+    return lw.experts[e];
+  };
+  run_expert_pairs(lookup, hidden, x, n, pairs, out);
+}
+
+void run_expert_pairs(const ExpertLookup& expert_weights, int hidden, const float* x, int n,
+                      std::span<const RoutedPair> pairs, float* out) {
   std::fill(out, out + size_t(n) * hidden, 0.0f);
   std::vector<const RoutedPair*> order(pairs.size());
   for (size_t i = 0; i < pairs.size(); ++i) order[i] = &pairs[i];
@@ -46,14 +56,13 @@ void run_expert_pairs(const LayerWeights& lw, int hidden, const float* x, int n,
     const uint32_t e = order[begin]->expert;
     size_t end = begin;
     while (end < order.size() && order[end]->expert == e) ++end;
-    if (e >= lw.experts.size() || lw.experts[e].empty())
-      fail("expert {} of this layer is routed here but not loaded", e);
+    const MlpWeights& weights = expert_weights(e);
     const size_t count = end - begin;
     rows.resize(count * size_t(hidden));
     for (size_t i = 0; i < count; ++i)
       std::copy_n(x + size_t(order[begin + i]->row) * hidden, hidden, &rows[i * size_t(hidden)]);
     result.resize(rows.size());
-    mlp_forward(lw.experts[e], rows.data(), int(count), result.data());
+    mlp_forward(weights, rows.data(), int(count), result.data());
     for (size_t i = 0; i < count; ++i) {
       float* dst = out + size_t(order[begin + i]->row) * hidden;
       const float w = order[begin + i]->weight;

@@ -2,6 +2,7 @@
 // owners: the reference runs every expert in-process; the distributed node sends rows to owners.
 #pragma once
 
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -29,6 +30,11 @@ class ExpertExecutor {
 // ascending order, so every row sums its experts in the same order wherever they run.
 // Experts missing from `layer` are an error: their owner is another rank.
 void run_expert_pairs(const LayerWeights& layer, int hidden, const float* x, int n,
+                      std::span<const RoutedPair> pairs, float* out);
+// The same, with each expert's weights from `expert_weights`, called once per expert in
+// ascending order just before that expert runs (an expert store may read it then).
+using ExpertLookup = std::function<const MlpWeights&(uint32_t expert)>;
+void run_expert_pairs(const ExpertLookup& expert_weights, int hidden, const float* x, int n,
                       std::span<const RoutedPair> pairs, float* out);
 
 // Runs every routed expert in-process from local weights.

@@ -1,0 +1,189 @@
+#include "rank/expert_store.h"
+
+#include "common/error.h"
+
+namespace colibri {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+uint64_t elapsed_us(Clock::time_point since) {
+  return uint64_t(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - since).count());
+}
+}  // namespace
+
+ExpertStore::ExpertStore(std::vector<std::pair<int, int>> owned, LoadFn load, Options options)
+    : load_(std::move(load)), options_(options), all_resident_(options.ram_bytes == 0) {
+  for (const auto& [layer, expert] : owned) entries_[key(layer, expert)];
+  for (const auto& [layer, expert] : owned) {
+    Entry& e = entries_[key(layer, expert)];
+    if (!all_resident_ && pinned_bytes_ >= options_.pin_bytes) break;
+    e.weights = load_(layer, expert);
+    e.state = State::ready;
+    e.pinned = true;
+    pinned_bytes_ += e.weights.bytes();
+  }
+  if (!all_resident_) loader_ = std::thread([this] { loader_main(); });
+}
+
+ExpertStore::~ExpertStore() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  changed_.notify_all();
+  if (loader_.joinable()) loader_.join();
+}
+
+bool ExpertStore::owns(int layer, int expert) const {
+  return entries_.count(key(layer, expert)) != 0;
+}
+
+ExpertStore::Entry& ExpertStore::entry(int layer, int expert) {
+  const auto it = entries_.find(key(layer, expert));
+  if (it == entries_.end())
+    fail("expert {} of layer {} is routed here but not owned", expert, layer);
+  return it->second;
+}
+
+bool ExpertStore::resident(int layer, int expert) const {
+  std::lock_guard lock(mutex_);
+  const auto it = entries_.find(key(layer, expert));
+  return it != entries_.end() && it->second.state == State::ready;
+}
+
+uint64_t ExpertStore::resident_bytes() const {
+  std::lock_guard lock(mutex_);
+  return cached_bytes_;
+}
+
+ExpertStoreStats ExpertStore::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void ExpertStore::load_locked(std::unique_lock<std::mutex>& lock, uint64_t k, Entry& e) {
+  e.state = State::loading;
+  const int layer = int(k >> 32), expert = int(uint32_t(k));
+  lock.unlock();
+  const auto start = Clock::now();
+  MlpWeights weights;
+  try {
+    weights = load_(layer, expert);
+  } catch (...) {
+    lock.lock();
+    e.state = State::absent;
+    changed_.notify_all();
+    throw;
+  }
+  const uint64_t us = elapsed_us(start);
+  lock.lock();
+  e.weights = std::move(weights);
+  e.state = State::ready;
+  e.from_disk = true;
+  stats_.bytes_read += e.weights.bytes();
+  stats_.load_us += us;
+  cached_bytes_ += e.weights.bytes();
+  lru_.push_front(k);
+  e.lru = lru_.begin();
+  evict_locked();
+  changed_.notify_all();
+}
+
+// Drops least recently used experts until the cache fits its budget. Experts acquired for the
+// current request, and those read but not yet acquired, stay: the cache may exceed its budget by
+// the experts of one request in flight.
+void ExpertStore::evict_locked() {
+  for (auto it = lru_.end(); cached_bytes_ > options_.ram_bytes && it != lru_.begin();) {
+    --it;
+    Entry& e = entries_.at(*it);
+    if (e.in_use || e.from_disk) continue;
+    cached_bytes_ -= e.weights.bytes();
+    e.weights = MlpWeights{};
+    e.state = State::absent;
+    e.from_disk = false;
+    it = lru_.erase(it);
+  }
+}
+
+const MlpWeights& ExpertStore::acquire(int layer, int expert) {
+  std::unique_lock lock(mutex_);
+  const uint64_t k = key(layer, expert);
+  Entry& e = entry(layer, expert);
+  if (e.pinned) {
+    ++stats_.pinned_hits;
+    return e.weights;
+  }
+  if (e.state != State::ready) {
+    const auto start = Clock::now();
+    ++stats_.waits;
+    if (e.state == State::absent) {
+      load_locked(lock, k, e);
+    } else {
+      changed_.wait(lock, [&] { return e.state == State::ready || e.state == State::absent; });
+      if (e.state == State::absent)
+        load_locked(lock, k, e);  // the loader's read failed or was evicted
+    }
+    stats_.wait_us += elapsed_us(start);
+  }
+  if (e.from_disk) {
+    ++stats_.disk_hits;
+    e.from_disk = false;
+  } else {
+    ++stats_.ram_hits;
+  }
+  lru_.splice(lru_.begin(), lru_, e.lru);
+  if (!e.in_use) {
+    e.in_use = true;
+    acquired_.push_back(k);
+  }
+  return e.weights;
+}
+
+void ExpertStore::prefetch(int layer, std::span<const int> experts) {
+  if (all_resident_) return;
+  {
+    std::lock_guard lock(mutex_);
+    for (int expert : experts) {
+      Entry& e = entry(layer, expert);
+      if (e.state != State::absent) continue;
+      e.state = State::queued;
+      queue_.push_back(key(layer, expert));
+    }
+  }
+  changed_.notify_all();
+}
+
+void ExpertStore::release() {
+  std::lock_guard lock(mutex_);
+  for (uint64_t k : acquired_) entries_.at(k).in_use = false;
+  acquired_.clear();
+  evict_locked();
+}
+
+void ExpertStore::wait_idle() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return queue_.empty() && !loader_busy_; });
+}
+
+void ExpertStore::loader_main() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const uint64_t k = queue_.front();
+    queue_.pop_front();
+    Entry& e = entries_.at(k);
+    if (e.state != State::queued) continue;  // read on demand meanwhile
+    loader_busy_ = true;
+    try {
+      load_locked(lock, k, e);
+    } catch (...) {
+      // The acquire that needs this expert reads it again and reports the error.
+    }
+    loader_busy_ = false;
+    changed_.notify_all();
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,102 @@
+// The routed experts a rank owns, held in tiers: pinned (loaded at start, never evicted), a RAM
+// cache bounded by a byte budget with least-recently-used eviction, and the checkpoint on disk.
+// One background loader thread reads prefetched experts while resident ones compute.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace colibri {
+
+// Counters since construction. Start-up loading (pinned and all-resident experts) is not counted.
+struct ExpertStoreStats {
+  uint64_t pinned_hits = 0;  // acquires served from the pinned tier
+  uint64_t ram_hits = 0;     // acquires served from the RAM cache
+  uint64_t disk_hits = 0;    // acquires of an expert read from disk for them (prefetch or demand)
+  uint64_t waits = 0;        // acquires that blocked on a read
+  uint64_t bytes_read = 0;   // weight bytes read from disk after start-up
+  uint64_t load_us = 0;      // time spent reading from disk (loader thread and demand reads)
+  uint64_t wait_us = 0;      // time acquires spent blocked on reads
+};
+
+class ExpertStore {
+ public:
+  // Reads expert `expert` of `layer` from the checkpoint. Called from the loader thread.
+  using LoadFn = std::function<MlpWeights(int layer, int expert)>;
+
+  struct Options {
+    uint64_t ram_bytes = 0;  // budget of the RAM cache; 0 = every owned expert resident
+    uint64_t pin_bytes = 0;  // experts pinned at start, in `owned` order, up to this many bytes
+  };
+
+  // `owned`: the (layer, expert) pairs of this rank. With ram_bytes == 0 all are loaded here.
+  ExpertStore(std::vector<std::pair<int, int>> owned, LoadFn load, Options options);
+  ~ExpertStore();
+  ExpertStore(const ExpertStore&) = delete;
+  ExpertStore& operator=(const ExpertStore&) = delete;
+
+  // The weights of an owned expert, read on a miss; an expert being read is waited for, not
+  // read twice. The reference stays valid until release(): acquired experts are not evicted.
+  const MlpWeights& acquire(int layer, int expert);
+  // Queues reads of the experts not resident; returns at once. Each prefetched expert is meant to
+  // be acquired: until then it is not evicted.
+  void prefetch(int layer, std::span<const int> experts);
+  // Ends a request: the experts acquired since the last release become evictable.
+  void release();
+  // Blocks until the loader has nothing queued or in progress.
+  void wait_idle();
+
+  bool owns(int layer, int expert) const;
+  bool resident(int layer, int expert) const;  // pinned or in the RAM cache
+  uint64_t resident_bytes() const;             // RAM cache, not pinned
+  uint64_t pinned_bytes() const { return pinned_bytes_; }
+  ExpertStoreStats stats() const;
+
+ private:
+  enum class State { absent, queued, loading, ready };
+  struct Entry {
+    MlpWeights weights;
+    State state = State::absent;
+    bool pinned = false;
+    bool in_use = false;     // acquired since the last release()
+    bool from_disk = false;  // read after start-up and not yet acquired; not evicted until then
+    std::list<uint64_t>::iterator lru;  // valid when state == ready and !pinned
+  };
+  static uint64_t key(int layer, int expert) {
+    return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert);
+  }
+  Entry& entry(int layer, int expert);
+  // Reads outside the lock, then stores the result; `lock` is held on entry and exit.
+  void load_locked(std::unique_lock<std::mutex>& lock, uint64_t k, Entry& e);
+  void evict_locked();
+  void loader_main();
+
+  LoadFn load_;
+  Options options_;
+  bool all_resident_;
+  uint64_t pinned_bytes_ = 0;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::unordered_map<uint64_t, Entry> entries_;  // node-based: references stay valid
+  std::list<uint64_t> lru_;                      // front = most recently used, unpinned ready
+  uint64_t cached_bytes_ = 0;
+  std::deque<uint64_t> queue_;
+  bool loader_busy_ = false, stop_ = false;
+  std::vector<uint64_t> acquired_;
+  ExpertStoreStats stats_;
+  std::thread loader_;
+};
+
+}  // namespace colibri
