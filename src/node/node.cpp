@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "model/container.h"
 #include "node/devices.h"
 #include "transport/mpi_check.h"
 
@@ -221,7 +222,20 @@ void Node::open_expert_store() {
 }
 
 uint64_t Node::expert_bytes() const {
-  return 3ull * uint64_t(config_.moe_intermediate_size) * uint64_t(config_.hidden_size) * sizeof(float);
+  const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) * uint64_t(config_.hidden_size) * sizeof(float);
+  // A container's routed experts stay quantized in memory: count their packed bytes and scales.
+  int layer = 0;
+  while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
+  if (!checkpoint_ || layer == config_.num_layers) return fp32;
+  uint64_t bytes = 0;
+  for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+    const std::string name = fmt::format("model.layers.{}.mlp.experts.0.{}.weight", layer, proj);
+    const TensorView* w = checkpoint_->find(name);
+    const TensorView* qs = checkpoint_->find(name + kQuantScaleSuffix);
+    if (!w || w->dtype != Dtype::U8 || !qs) return fp32;
+    bytes += w->nbytes + qs->nbytes;
+  }
+  return bytes;
 }
 
 void Node::handshake(const std::filesystem::path& model_dir) {

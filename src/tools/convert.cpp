@@ -63,13 +63,6 @@ struct Plan {
   }
 };
 
-// One header entry of an output shard, in file order.
-struct Slot {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  uint64_t bytes;
-};
-
 // Tensors written together: a routed expert's gate, up and down (data of all three, then their
 // scales, so that an expert is one contiguous read), or a single tensor.
 using Unit = std::vector<Plan>;
@@ -146,36 +139,19 @@ std::vector<Unit> plan_shard(const Checkpoint& checkpoint, const ConvertOptions&
   return units;
 }
 
-std::vector<Slot> slots_of(const std::vector<Unit>& units) {
-  std::vector<Slot> slots;
+std::vector<ShardSlot> slots_of(const std::vector<Unit>& units) {
+  std::vector<ShardSlot> slots;
   for (const Unit& unit : units) {
     for (const Plan& p : unit) {
       if (p.storage == Storage::kQuant)
-        slots.push_back({p.name, "U8", {p.shape[0], kernels::row_bytes(p.spec.format, p.shape[1])}, p.data_bytes()});
+        slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[0]);
       else
         slots.push_back({p.name, p.storage == Storage::kF32 ? "F32" : "BF16", p.shape, p.data_bytes()});
     }
-    for (const Plan& p : unit) {
-      if (p.storage != Storage::kQuant) continue;
-      std::vector<int64_t> shape = {p.shape[0]};
-      if (p.spec.format == QuantFormat::kInt4Grouped) shape.push_back(int64_t(p.scale_bytes() / 4) / p.shape[0]);
-      slots.push_back({p.name + kQuantScaleSuffix, "F32", shape, p.scale_bytes()});
-    }
+    for (const Plan& p : unit)
+      if (p.storage == Storage::kQuant) slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[1]);
   }
   return slots;
-}
-
-std::string header_of(const std::vector<Slot>& slots) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}, {"colibri.converter", "colibri-convert"}};
-  uint64_t offset = 0;
-  for (const Slot& s : slots) {
-    header[s.name] = {{"dtype", s.dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.bytes}}};
-    offset += s.bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  return text;
 }
 
 uint16_t f32_to_bf16(float value) {
@@ -210,16 +186,6 @@ class OutFile {
   uint64_t written_ = 0;
 };
 
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    OutFile out(partial);
-    out.write(text.data(), text.size());
-    out.finish();
-  }
-  fs::rename(partial, path);
-}
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail("{}: cannot open", path.string());
@@ -238,6 +204,69 @@ json manifest_of(const ConvertOptions& o, const std::vector<fs::path>& shards) {
 }
 
 }  // namespace
+
+std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows, int64_t cols) {
+  const int64_t n_scales = kernels::scale_count(spec.format, rows, cols, spec.group_size);
+  std::vector<int64_t> scale_shape = {rows};
+  if (spec.format == QuantFormat::kInt4Grouped) scale_shape.push_back(n_scales / rows);
+  const uint64_t n_bytes = uint64_t(kernels::packed_bytes(spec.format, rows, cols));
+  return {{name, "U8", {rows, kernels::row_bytes(spec.format, cols)}, n_bytes},
+          {name + kQuantScaleSuffix, "F32", scale_shape, 4 * uint64_t(n_scales)}};
+}
+
+std::string shard_header(const std::vector<ShardSlot>& slots, const std::string& producer) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"colibri.converter", producer}};
+  uint64_t offset = 0;
+  for (const ShardSlot& s : slots) {
+    header[s.name] = {{"dtype", s.dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.bytes}}};
+    offset += s.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+ShardWriter::ShardWriter(const fs::path& path, const std::vector<ShardSlot>& slots, const std::string& producer)
+    : path_(path), partial_(path.string() + ".partial") {
+  fs::remove(partial_);
+  file_ = std::fopen(partial_.c_str(), "wb");
+  if (!file_) fail("{}: cannot create", partial_.string());
+  const std::string header = shard_header(slots, producer);
+  const uint64_t header_bytes = header.size();
+  expected_ = 8 + header_bytes;
+  for (const ShardSlot& s : slots) expected_ += s.bytes;
+  write(&header_bytes, 8);
+  write(header.data(), header.size());
+}
+
+ShardWriter::~ShardWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void ShardWriter::write(const void* data, size_t bytes) {
+  if (bytes && std::fwrite(data, 1, bytes, file_) != bytes) fail("{}: write failed", partial_.string());
+  written_ += bytes;
+}
+
+void ShardWriter::finish() {
+  if (written_ != expected_)
+    fail("{}: wrote {} bytes, the header describes {}", partial_.string(), written_, expected_);
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail("{}: flush failed", partial_.string());
+  std::fclose(file_);
+  file_ = nullptr;
+  fs::rename(partial_, path_);
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path partial = path.string() + ".partial";
+  {
+    OutFile out(partial);
+    out.write(text.data(), text.size());
+    out.finish();
+  }
+  fs::rename(partial, path);
+}
 
 ConvertResult convert_checkpoint(const ConvertOptions& o) {
   if (o.expert_bits != 4 && o.expert_bits != 8) fail("--expert-bits {}: expected 4 or 8", o.expert_bits);
@@ -265,7 +294,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   struct ShardPlan {
     std::string out_name;
     std::vector<Unit> units;
-    std::vector<Slot> slots;
+    std::vector<ShardSlot> slots;
   };
   std::vector<ShardPlan> plans;
   json weight_map = json::object();
@@ -276,7 +305,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     if (plan.units.empty()) continue;
     plan.out_name = fmt::format("out-{:05d}.safetensors", plans.size() + 1);
     plan.slots = slots_of(plan.units);
-    for (const Slot& s : plan.slots) {
+    for (const ShardSlot& s : plan.slots) {
       weight_map[s.name] = plan.out_name;
       total_bytes += s.bytes;
     }
@@ -320,29 +349,24 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
   for (const ShardPlan& plan : plans) {
     const std::string& out_name = plan.out_name;
     const std::vector<Unit>& units = plan.units;
-    const std::vector<Slot>& slots = plan.slots;
+    const std::vector<ShardSlot>& slots = plan.slots;
     const fs::path out_path = o.output_dir / out_name;
 
     if (fs::exists(out_path)) {
       // Complete from an earlier run (only renamed once written): check it holds what we would write.
       const SafetensorsFile done(out_path);
       bool same = done.tensors().size() == slots.size();
-      for (const Slot& s : slots) same = same && done.find(s.name) && done.find(s.name)->nbytes == s.bytes;
+      for (const ShardSlot& s : slots) same = same && done.find(s.name) && done.find(s.name)->nbytes == s.bytes;
       if (!same) fail("{}: exists but does not hold the tensors this conversion writes", out_path.string());
       ++result.shards_skipped;
       report(fmt::format("{}: complete from an earlier run, kept", out_name), true);
       continue;
     }
     const fs::path partial = out_path.string() + ".partial";
-    fs::remove(partial);
-    OutFile out(partial);
-    const std::string header = header_of(slots);
-    const uint64_t header_bytes = header.size();
-    out.write(&header_bytes, 8);
-    out.write(header.data(), header.size());
+    ShardWriter out(out_path, slots, "colibri-convert");
     size_t done_tensors = 0;
     const auto n_tensors = std::count_if(slots.begin(), slots.end(),
-                                         [](const Slot& s) { return !ends_with(s.name, kQuantScaleSuffix); });
+                                         [](const ShardSlot& s) { return !ends_with(s.name, kQuantScaleSuffix); });
     for (const Unit& unit : units) {
       std::vector<QuantMatrix> quantized;
       for (const Plan& p : unit) {
@@ -369,7 +393,6 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     }
     result.bytes_written += out.written();
     out.finish();
-    fs::rename(partial, out_path);
     ++result.shards_written;
     report(fmt::format("{}: {} tensors, {:.1f} MB, complete", out_name, n_tensors, double(out.written()) / 1e6), true);
   }

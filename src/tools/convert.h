@@ -5,11 +5,55 @@
 // keeps the shards already complete.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "model/container.h"
 
 namespace colibri {
+
+// One header entry of a safetensors shard, in file order (tensors lie back to back).
+struct ShardSlot {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  uint64_t bytes;
+};
+
+// The header entries of a quantized [rows, cols] weight: `<name>` (U8 packed bytes) and
+// `<name>.qs` (F32 scales), in that order.
+std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows, int64_t cols);
+
+// The safetensors header text (JSON, padded to 8 bytes) of a shard holding `slots`, with
+// `producer` recorded in its metadata.
+std::string shard_header(const std::vector<ShardSlot>& slots, const std::string& producer);
+
+// Writes one shard as `<path>.partial` (header first, then the caller's tensor bytes in slot
+// order) and renames it to `path` in finish(), once exactly the bytes the header names were
+// written; a writer destroyed before finish() leaves only the partial file.
+class ShardWriter {
+ public:
+  ShardWriter(const std::filesystem::path& path, const std::vector<ShardSlot>& slots, const std::string& producer);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+  void write(const void* data, size_t bytes);
+  // Bytes written so far, header included.
+  uint64_t written() const { return written_; }
+  // Flushes to disk, checks the size, renames.
+  void finish();
+
+ private:
+  std::filesystem::path path_, partial_;
+  std::FILE* file_ = nullptr;
+  uint64_t written_ = 0, expected_ = 0;
+};
+
+// Writes `text` to `<path>.partial`, flushes it and renames it to `path`.
+void write_text_atomically(const std::filesystem::path& path, const std::string& text);
 
 struct ConvertOptions {
   std::filesystem::path input_dir, output_dir;
