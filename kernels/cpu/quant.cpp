@@ -67,11 +67,11 @@ struct Layout {
   bool operator==(const Layout&) const = default;
 };
 
-Layout activation_layout(QuantIsa isa, const QuantMatrixView& w) {
+Layout activation_layout(QuantIsa isa, const QuantMatrixView& w, int64_t n) {
   if (isa == QuantIsa::kScalar || !is_int4(w.format)) return {};
   if (isa == QuantIsa::kAvx2) return {16, 2};
   const int gs = w.format == QuantFormat::kInt4Row ? 128 : w.group_size;
-  if (gs % 128 == 0) return {128, 8};
+  if (gs % 128 == 0 || (n == 1 && 128 % gs == 0)) return {128, 8};
   if (gs % 64 == 0) return {64, 4};
   if (gs % 32 == 0) return {32, 2};
   return {16, 2};
@@ -360,7 +360,7 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
     std::fill(y, y + n * w.rows, 0.0f);
     return;
   }
-  const float* xp = laid_out(x, n, w.cols, activation_layout(isa, w), scratch.x_gate);
+  const float* xp = laid_out(x, n, w.cols, activation_layout(isa, w, n), scratch.x_gate);
   const detail::RowsKernel kernel = rows_kernel(isa);
 #pragma omp parallel if (w.rows * w.cols * n >= kParallelMinMacs)
   {
@@ -398,8 +398,9 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
     return;
   }
 
-  const Layout layout_gate = activation_layout(isa, gate), layout_up = activation_layout(isa, up);
-  const Layout layout_down = activation_layout(isa, down);
+  const Layout layout_gate = activation_layout(isa, gate, n);
+  const Layout layout_up = activation_layout(isa, up, n);
+  const Layout layout_down = activation_layout(isa, down, n);
   const float* x_gate = laid_out(x, n, hidden, layout_gate, scratch.x_gate);
   const float* x_up =
       layout_up == layout_gate ? x_gate : laid_out(x, n, hidden, layout_up, scratch.x_up);

@@ -17,11 +17,13 @@ namespace colibri::kernels::detail {
 // input m of every lane. Within each full block the activations are stored step-major:
 //   xp[k*B + m*(B/P) + lane] = x[k*B + lane*P + m]      (0 <= m < P, 0 <= lane < B/P)
 // which is the order in which the kernel decodes the block's nibbles. Inputs after the last full
-// block keep their natural order; B = 0 means natural order throughout. Group sizes are
-// multiples of the block, so a block never straddles two scale groups. Per ISA and matrix:
+// block keep their natural order; B = 0 means natural order throughout. The block divides the
+// group size (a block never straddles groups) except in the AVX-512 n = 1 kernel for group
+// sizes 16, 32, 64, which scales each lane by its own group's scale. Per ISA and matrix:
 //   scalar, and int8 on every ISA: natural;   AVX2 int4: B 16, P 2;
-//   AVX-512 int4: B 128, P 8 for the per-row format or a group size that is a multiple of 128;
-//     B 64, P 4 for multiples of 64; B 32, P 2 for multiples of 32; else B 16, P 2.
+//   AVX-512 int4: B 128, P 8 for the per-row format, a group size that is a multiple of 128,
+//     or (n = 1 only) a group size of 16, 32 or 64; otherwise B 64, P 4 for multiples of 64;
+//     B 32, P 2 for multiples of 32; else B 16, P 2. The kernels take n and choose the same.
 
 // Rows [row_begin, row_end) of y: y[t * y_stride + o] = sum_i W[o, i] * xp[t * cols + i] for
 // t < n, with xp in the layout above for that ISA and matrix.
