@@ -1,27 +1,27 @@
 // colibri-node: run a Mixture-of-Experts model from a Hugging Face directory, alone or as one
 // rank of `mpirun -np N colibri-node`.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <mpi.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
 #include "common/npy.h"
 #include "coordinator/chat.h"
-#include "model/score.h"
-#include "tokenizer/tokenizer.h"
 #include "model/generate.h"
+#include "model/score.h"
 #include "node/node.h"
+#include "tokenizer/tokenizer.h"
 #include "transport/mpi_check.h"
 
 namespace {
@@ -102,8 +102,10 @@ class TextStream {
 colibri::Tokenizer load_tokenizer(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "tokenizer.json";
   if (!std::filesystem::exists(path))
-    fail("{}: missing; text prompts, --chat and --score need the model's tokenizer (use --prompt-ids)",
-         path.string());
+    fail(
+        "{}: missing; text prompts, --chat and --score need the model's tokenizer (use "
+        "--prompt-ids)",
+        path.string());
   return colibri::Tokenizer::load(path);
 }
 
@@ -138,13 +140,16 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
     if (line.empty()) continue;
     const size_t rendered = messages.size();
     messages.push_back({"user", line});
-    const std::string text = colibri::render_chat(format, messages, true, parse_thinking(args.think), rendered);
+    const std::string text =
+        colibri::render_chat(format, messages, true, parse_thinking(args.think), rendered);
     request.prompt = tokenizer.encode(text);
     const colibri::GenerateResult result = colibri::generate(node.model(), cache, request, stream);
     std::fputs("\n", stdout);
     std::fflush(stdout);
     std::vector<int> reply = result.tokens;
-    if (!reply.empty() && std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back())) reply.pop_back();
+    if (!reply.empty() &&
+        std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back()))
+      reply.pop_back();
     messages.push_back({"assistant", tokenizer.decode(reply, true)});
     if (cache.length() + request.max_new_tokens + 64 > node.config().max_position_embeddings) {
       std::fputs("(context is full; starting a new conversation)\n", stderr);
@@ -160,10 +165,11 @@ void run_score(colibri::Node& node, const Args& args, const colibri::Tokenizer& 
   std::printf("# position\ttoken_id\tnll\ttoken\n");
   for (size_t i = 0; i < score.nll.size(); ++i) {
     const int token[] = {ids[i + 1]};
-    std::printf("%zu\t%d\t%.6f\t%s\n", i + 1, ids[i + 1], score.nll[i], tokenizer.decode(token).c_str());
+    std::printf("%zu\t%d\t%.6f\t%s\n", i + 1, ids[i + 1], score.nll[i],
+                tokenizer.decode(token).c_str());
   }
-  std::printf("perplexity %.4f over %zu tokens (mean nll %.6f) in %s\n", score.perplexity, score.nll.size(),
-              score.mean_nll, args.score_file.c_str());
+  std::printf("perplexity %.4f over %zu tokens (mean nll %.6f) in %s\n", score.perplexity,
+              score.nll.size(), score.mean_nll, args.score_file.c_str());
 }
 
 int run(const Args& args) {
@@ -175,7 +181,9 @@ int run(const Args& args) {
   }
   const colibri::ModelConfig& config = node.config();
   if (args.print_placement)
-    std::fputs(colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(), stderr);
+    std::fputs(
+        colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(),
+        stderr);
 
   colibri::GenerateRequest request;
   request.max_new_tokens = args.ngen;
@@ -243,54 +251,84 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 
   Args args;
-  CLI::App app{"colibri-node: Mixture-of-Experts inference across GPUs and CPU memory.\n"
-               "Run alone or as `mpirun -np N colibri-node ...` (rank 0 coordinates unless --layout says otherwise)."};
+  CLI::App app{
+      "colibri-node: Mixture-of-Experts inference across GPUs and CPU memory.\n"
+      "Run alone or as `mpirun -np N colibri-node ...` (rank 0 coordinates unless --layout says "
+      "otherwise)."};
   args.node.model_dir = COLIBRI_DEFAULT_MODEL;
-  app.add_option("--model", args.node.model_dir, "Hugging Face model directory (default: the embedded tiny GLM-5 model)")
-      ->capture_default_str()->check(CLI::ExistingDirectory);
-  auto* prompt = app.add_option("--prompt", args.prompt, std::string("text to continue (default: \"") + kDefaultPrompt + "\")");
-  auto* prompt_ids = app.add_option("--prompt-ids", args.prompt_ids, "prompt as comma-separated token ids, e.g. 1,2,3");
-  auto* chat = app.add_flag("--chat", args.chat, "interactive chat on the terminal; the KV cache keeps the conversation");
-  auto* score = app.add_option("--score", args.score_file, "print the per-token negative log-likelihood and perplexity of a text file")
-      ->check(CLI::ExistingFile);
+  app.add_option("--model", args.node.model_dir,
+                 "Hugging Face model directory (default: the embedded tiny GLM-5 model)")
+      ->capture_default_str()
+      ->check(CLI::ExistingDirectory);
+  auto* prompt =
+      app.add_option("--prompt", args.prompt,
+                     std::string("text to continue (default: \"") + kDefaultPrompt + "\")");
+  auto* prompt_ids = app.add_option("--prompt-ids", args.prompt_ids,
+                                    "prompt as comma-separated token ids, e.g. 1,2,3");
+  auto* chat = app.add_flag(
+      "--chat", args.chat, "interactive chat on the terminal; the KV cache keeps the conversation");
+  auto* score =
+      app.add_option("--score", args.score_file,
+                     "print the per-token negative log-likelihood and perplexity of a text file")
+          ->check(CLI::ExistingFile);
   prompt->excludes(prompt_ids)->excludes(chat)->excludes(score);
   prompt_ids->excludes(chat)->excludes(score);
   chat->excludes(score);
-  app.add_flag("--chat-format", args.chat_format, "wrap --prompt as one user turn in the model's chat format");
-  app.add_option("--think", args.think, "chat thinking block: on or off (default: the template's choice)");
+  app.add_flag("--chat-format", args.chat_format,
+               "wrap --prompt as one user turn in the model's chat format");
+  app.add_option("--think", args.think,
+                 "chat thinking block: on or off (default: the template's choice)");
   app.add_flag("--quiet", args.quiet, "do not print the per-rank profile table");
-  app.add_option("--ngen", args.ngen, "number of tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  app.add_option("--temp", args.temperature, "sampling temperature; 0 = greedy")->capture_default_str();
+  app.add_option("--ngen", args.ngen, "number of tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--temp", args.temperature, "sampling temperature; 0 = greedy")
+      ->capture_default_str();
   app.add_option("--top-p", args.top_p, "nucleus sampling mass in (0, 1]")->capture_default_str();
   app.add_option("--seed", args.seed, "random seed for sampling")->capture_default_str();
   app.add_flag("--ignore-eos", args.ignore_eos, "keep generating after an end-of-sequence token");
   app.add_option("--logits-out", args.logits_out,
-                 "write the logits of every position (prompt and generated) as float32 .npy [positions, vocab]");
-  app.add_option("--layout", args.layout, "layout file: rank -> role, GPU, NUMA node, budgets (default: rank 0 "
-                                          "coordinates, the others are expert ranks)");
-  app.add_option("--placement", args.placement, "expert placement policy: balanced, round-robin, contiguous")
+                 "write the logits of every position (prompt and generated) as float32 .npy "
+                 "[positions, vocab]");
+  app.add_option("--layout", args.layout,
+                 "layout file: rank -> role, GPU, NUMA node, budgets (default: rank 0 "
+                 "coordinates, the others are expert ranks)");
+  app.add_option("--placement", args.placement,
+                 "expert placement policy: balanced, round-robin, contiguous")
       ->capture_default_str();
-  app.add_flag("--print-placement", args.print_placement, "print the expert placement table at start-up");
-  app.add_option("--rank-timeout", args.node.rank_timeout_s,
-                 "seconds the coordinator waits for an expert rank within one exchange before aborting")
-      ->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-rows", args.node.max_rows, "rows per forward call (prefill chunk); sizes the exchange buffers")
-      ->capture_default_str()->check(CLI::Range(1, 1 << 16));
+  app.add_flag("--print-placement", args.print_placement,
+               "print the expert placement table at start-up");
+  app.add_option(
+         "--rank-timeout", args.node.rank_timeout_s,
+         "seconds the coordinator waits for an expert rank within one exchange before aborting")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-rows", args.node.max_rows,
+                 "rows per forward call (prefill chunk); sizes the exchange buffers")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 16));
   app.add_option("--ram-gb", args.node.ram_gb,
-                 "GiB of RAM per expert rank for routed experts, the rest read from disk on demand; 0 = all "
+                 "GiB of RAM per expert rank for routed experts, the rest read from disk on "
+                 "demand; 0 = all "
                  "resident (the layout's ram_gb column overrides it per rank)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--pin-gb", args.node.pin_gb, "GiB of routed experts per expert rank pinned in RAM at start (with --ram-gb)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--pin-gb", args.node.pin_gb,
+                 "GiB of routed experts per expert rank pinned in RAM at start (with --ram-gb)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--profile-json", args.profile_json, "write the per-rank profile as JSON");
-  app.add_option("--trace", args.trace, "write a Chrome/Perfetto trace-event JSON, one process per rank");
+  app.add_option("--trace", args.trace,
+                 "write a Chrome/Perfetto trace-event JSON, one process per rank");
 
   int code = 0;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0) code = app.exit(e);
-    else code = e.get_exit_code();
+    if (rank == 0)
+      code = app.exit(e);
+    else
+      code = e.get_exit_code();
     MPI_Finalize();
     return code;
   }

@@ -17,13 +17,13 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {Dtype::BOOL, "BOOL", 1, false}, {Dtype::U8, "U8", 1, false},
-    {Dtype::I8, "I8", 1, false},     {Dtype::I16, "I16", 2, false},
-    {Dtype::U16, "U16", 2, false},   {Dtype::I32, "I32", 4, false},
-    {Dtype::U32, "U32", 4, false},   {Dtype::I64, "I64", 8, false},
-    {Dtype::U64, "U64", 8, false},   {Dtype::F16, "F16", 2, true},
-    {Dtype::BF16, "BF16", 2, true},  {Dtype::F32, "F32", 4, true},
-    {Dtype::F64, "F64", 8, true},    {Dtype::F8_E4M3, "F8_E4M3", 1, true},
+    {Dtype::BOOL, "BOOL", 1, false},      {Dtype::U8, "U8", 1, false},
+    {Dtype::I8, "I8", 1, false},          {Dtype::I16, "I16", 2, false},
+    {Dtype::U16, "U16", 2, false},        {Dtype::I32, "I32", 4, false},
+    {Dtype::U32, "U32", 4, false},        {Dtype::I64, "I64", 8, false},
+    {Dtype::U64, "U64", 8, false},        {Dtype::F16, "F16", 2, true},
+    {Dtype::BF16, "BF16", 2, true},       {Dtype::F32, "F32", 4, true},
+    {Dtype::F64, "F64", 8, true},         {Dtype::F8_E4M3, "F8_E4M3", 1, true},
     {Dtype::F8_E5M2, "F8_E5M2", 1, true},
 };
 
@@ -49,11 +49,19 @@ std::optional<Dtype> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
-std::string_view dtype_name(Dtype dtype) { return info(dtype).name; }
-size_t dtype_size(Dtype dtype) { return info(dtype).size; }
-bool is_float_dtype(Dtype dtype) { return info(dtype).is_float; }
+std::string_view dtype_name(Dtype dtype) {
+  return info(dtype).name;
+}
+size_t dtype_size(Dtype dtype) {
+  return info(dtype).size;
+}
+bool is_float_dtype(Dtype dtype) {
+  return info(dtype).is_float;
+}
 
-float bf16_to_f32(uint16_t bits) { return std::bit_cast<float>(uint32_t(bits) << 16); }
+float bf16_to_f32(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t(bits) << 16);
+}
 
 float f16_to_f32(uint16_t bits) {
   const uint32_t sign = uint32_t(bits & 0x8000) << 16;
@@ -82,7 +90,9 @@ float fp8_e4m3_to_f32(uint8_t bits) {
   return negative ? -magnitude : magnitude;
 }
 
-float fp8_e5m2_to_f32(uint8_t bits) { return f16_to_f32(uint16_t(bits) << 8); }
+float fp8_e5m2_to_f32(uint8_t bits) {
+  return f16_to_f32(uint16_t(bits) << 8);
+}
 
 void convert_to_f32(Dtype dtype, const std::byte* src, size_t n, float* dst) {
   switch (dtype) {

@@ -8,7 +8,23 @@
 
 namespace colibri {
 
-enum class Dtype : uint8_t { BOOL, U8, I8, I16, U16, I32, U32, I64, U64, F16, BF16, F32, F64, F8_E4M3, F8_E5M2 };
+enum class Dtype : uint8_t {
+  BOOL,
+  U8,
+  I8,
+  I16,
+  U16,
+  I32,
+  U32,
+  I64,
+  U64,
+  F16,
+  BF16,
+  F32,
+  F64,
+  F8_E4M3,
+  F8_E5M2
+};
 
 std::optional<Dtype> parse_dtype(std::string_view name);
 std::string_view dtype_name(Dtype dtype);

@@ -25,10 +25,10 @@ const char* role_name(Role role);
 struct RankSpec {
   int rank = 0;
   Role role = Role::kCpuExpert;
-  int gpu = -1;           // device index on its host; -1 = none
-  int numa = -1;          // NUMA node to bind to; -1 = unbound
-  double ram_gb = 0;      // expert RAM budget; 0 = unset
-  double vram_gb = 0;     // expert VRAM budget; 0 = unset
+  int gpu = -1;        // device index on its host; -1 = none
+  int numa = -1;       // NUMA node to bind to; -1 = unbound
+  double ram_gb = 0;   // expert RAM budget; 0 = unset
+  double vram_gb = 0;  // expert VRAM budget; 0 = unset
 
   template <class Archive>
   void serialize(Archive& ar) {

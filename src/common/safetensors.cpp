@@ -61,14 +61,16 @@ SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(p
     fail("{}: header length {} exceeds the {} byte limit", path_.string(), header_bytes,
          kMaxHeaderBytes);
   if (header_bytes > file_bytes_ - 8)
-    fail("{}: header length {} runs past the end of the {} byte file (truncated?)",
-         path_.string(), header_bytes, file_bytes_);
+    fail("{}: header length {} runs past the end of the {} byte file (truncated?)", path_.string(),
+         header_bytes, file_bytes_);
   const std::string_view header(reinterpret_cast<const char*>(bytes + 8), header_bytes);
   parse_header(header, bytes + 8 + header_bytes, file_bytes_ - 8 - header_bytes);
   guard.armed = false;
 }
 
-SafetensorsFile::~SafetensorsFile() { release(mapping_, file_bytes_, fd_); }
+SafetensorsFile::~SafetensorsFile() {
+  release(mapping_, file_bytes_, fd_);
+}
 
 const TensorView* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
@@ -78,8 +80,7 @@ const TensorView* SafetensorsFile::find(const std::string& name) const {
 void SafetensorsFile::parse_header(std::string_view header, const std::byte* buffer,
                                    uint64_t buffer_bytes) {
   const std::string file = path_.string();
-  if (header.empty() || header.front() != '{')
-    fail("{}: header does not start with '{{'", file);
+  if (header.empty() || header.front() != '{') fail("{}: header does not start with '{{'", file);
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(header);
@@ -134,7 +135,8 @@ void SafetensorsFile::parse_header(std::string_view header, const std::byte* buf
         fail("{}: tensor '{}': data_offsets must be non-negative integers", file, name);
     const uint64_t begin = (*offsets_it)[0].get<uint64_t>();
     const uint64_t end = (*offsets_it)[1].get<uint64_t>();
-    if (begin > end) fail("{}: tensor '{}': data_offsets begin {} > end {}", file, name, begin, end);
+    if (begin > end)
+      fail("{}: tensor '{}': data_offsets begin {} > end {}", file, name, begin, end);
     if (end > buffer_bytes)
       fail("{}: tensor '{}': data_offsets end {} beyond the {} byte data section (truncated?)",
            file, name, end, buffer_bytes);

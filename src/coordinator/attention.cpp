@@ -28,7 +28,8 @@ void MlaAttention::forward(int layer, const AttentionWeights& w, const float* x,
     linear_f32(x, n, w.q_a_proj.data.data(), c_.q_lora_rank, h, q_lora.data());
     kernels::rms_norm(q_lora.data(), n, c_.q_lora_rank, w.q_a_norm.data(), c_.mla_norm_eps,
                       q_lora.data());
-    linear_f32(q_lora.data(), n, w.q_b_proj.data.data(), int64_t(heads) * dq, c_.q_lora_rank, q.data());
+    linear_f32(q_lora.data(), n, w.q_b_proj.data.data(), int64_t(heads) * dq, c_.q_lora_rank,
+               q.data());
   } else {
     linear_f32(x, n, w.q_proj.data.data(), int64_t(heads) * dq, h, q.data());
   }
@@ -62,7 +63,8 @@ void MlaAttention::forward(int layer, const AttentionWeights& w, const float* x,
     attend_expanded(w, q.data(), n, start, cache, selection, heads_out.data());
   }
   linear_f32(heads_out.data(), n, w.o_proj.data.data(), h, int64_t(heads) * c_.v_head_dim, out);
-  if (profiler_) profiler_->add(Phase::kAttention, layer, start_us, profiler_->now_us() - start_us - indexer_us);
+  if (profiler_)
+    profiler_->add(Phase::kAttention, layer, start_us, profiler_->now_us() - start_us - indexer_us);
 }
 
 std::vector<int> MlaAttention::visible_keys(const KeySelection& selection, int t, int pos) const {
@@ -81,7 +83,8 @@ void MlaAttention::select_keys(const IndexerWeights& w, const float* x, const fl
   linear_f32(q_lora, n, w.wq_b.data.data(), int64_t(heads) * dim, c_.q_lora_rank, q.data());
   std::vector<float> k(size_t(n) * dim);
   linear_f32(x, n, w.wk.data.data(), dim, h, k.data());
-  kernels::layer_norm(k.data(), n, dim, w.k_norm_weight.data(), w.k_norm_bias.data(), 1e-6f, k.data());
+  kernels::layer_norm(k.data(), n, dim, w.k_norm_weight.data(), w.k_norm_bias.data(), 1e-6f,
+                      k.data());
   std::vector<float> head_weights(size_t(n) * heads);
   linear_f32(x, n, w.weights_proj.data.data(), heads, h, head_weights.data());
   const float head_scale = 1.0f / std::sqrt(float(heads));
@@ -105,7 +108,8 @@ void MlaAttention::select_keys(const IndexerWeights& w, const float* x, const fl
     for (int s = 0; s <= pos; ++s) {
       float score = 0.0f;
       for (int head = 0; head < heads; ++head) {
-        const float qk = dot_f32(&q[(size_t(t) * heads + head) * dim], &cache.index_k[size_t(s) * dim], dim);
+        const float qk =
+            dot_f32(&q[(size_t(t) * heads + head) * dim], &cache.index_k[size_t(s) * dim], dim);
         score += head_weights[size_t(t) * heads + head] * std::max(qk * score_scale, 0.0f);
       }
       scores[size_t(s)] = score;
@@ -113,7 +117,8 @@ void MlaAttention::select_keys(const IndexerWeights& w, const float* x, const fl
     std::vector<int> order(scores.size());
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + c_.index_topk, order.end(), [&](int a, int b) {
-      return scores[size_t(a)] > scores[size_t(b)] || (scores[size_t(a)] == scores[size_t(b)] && a < b);
+      return scores[size_t(a)] > scores[size_t(b)] ||
+             (scores[size_t(a)] == scores[size_t(b)] && a < b);
     });
     order.resize(size_t(c_.index_topk));
     std::sort(order.begin(), order.end());
@@ -141,7 +146,8 @@ void MlaAttention::attend_expanded(const AttentionWeights& w, const float* q, in
       for (size_t i = 0; i < keys.size(); ++i) {
         const size_t s = size_t(keys[i]);
         const float* k_nope = &kv[s * kv_width + size_t(head) * (dn + dv)];
-        p[i] = scale * (dot_f32(q_head, k_nope, dn) + dot_f32(q_head + dn, &cache.k_rope[s * dr], dr));
+        p[i] =
+            scale * (dot_f32(q_head, k_nope, dn) + dot_f32(q_head + dn, &cache.k_rope[s * dr], dr));
       }
       kernels::softmax(p.data(), int64_t(p.size()));
       float* o = heads_out + (size_t(t) * heads + head) * dv;

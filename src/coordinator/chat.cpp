@@ -17,8 +17,10 @@ std::string render_chat(ChatFormat format, const std::vector<ChatMessage>& messa
     if (skip == 0) text = "[gMASK]<sop>";
     for (size_t i = skip; i < messages.size(); ++i) {
       const ChatMessage& m = messages[i];
-      if (m.role != "system" && m.role != "user" && m.role != "assistant" && m.role != "observation")
-        fail("chat message {}: role '{}' is not one of system, user, assistant, observation", i, m.role);
+      if (m.role != "system" && m.role != "user" && m.role != "assistant" &&
+          m.role != "observation")
+        fail("chat message {}: role '{}' is not one of system, user, assistant, observation", i,
+             m.role);
       text += "<|" + m.role + "|>\n" + m.content;
     }
     if (add_generation_prompt) {

@@ -1,9 +1,11 @@
 // Chat formats of the supported model families, rendered to text with special-token strings
 // and then encoded with the model's tokenizer (special tokens parsed).
-//   GLM-5:       [gMASK]<sop><|system|>\n{..}<|user|>\n{..}<|assistant|>\n{..}   (+ <|assistant|>\n)
+//   GLM-5:       [gMASK]<sop><|system|>\n{..}<|user|>\n{..}<|assistant|>\n{..}   (+
+//   <|assistant|>\n)
 //                optional thinking block after the generation prompt: <think> (on) or
 //                <think></think> (off)
-//   DeepSeek-V3: <｜begin▁of▁sentence｜>{system}<｜User｜>{..}<｜Assistant｜>{..}<｜end▁of▁sentence｜>
+//   DeepSeek-V3:
+//   <｜begin▁of▁sentence｜>{system}<｜User｜>{..}<｜Assistant｜>{..}<｜end▁of▁sentence｜>
 #pragma once
 
 #include <string>

@@ -28,12 +28,14 @@ Rope::Rope(const RopeConfig& config, int dim) : dim_(dim) {
   if (config.attention_factor) {
     attention_factor_ = float(*config.attention_factor);
   } else if (config.mscale != 0 && config.mscale_all_dim != 0) {
-    attention_factor_ = float(yarn_mscale(factor, config.mscale) / yarn_mscale(factor, config.mscale_all_dim));
+    attention_factor_ =
+        float(yarn_mscale(factor, config.mscale) / yarn_mscale(factor, config.mscale_all_dim));
   } else {
     attention_factor_ = float(yarn_mscale(factor, 1.0));
   }
   const auto correction_dim = [&](double rotations) {
-    return dim * std::log(config.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+    return dim *
+           std::log(config.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
            (2 * std::log(config.theta));
   };
   double low = correction_dim(config.beta_fast);
@@ -50,7 +52,8 @@ Rope::Rope(const RopeConfig& config, int dim) : dim_(dim) {
     const float extrapolation = 1.0f - ramp;
     const float interpolation_freq = 1.0f / (float(factor) * pos_freq[size_t(i)]);
     const float extrapolation_freq = 1.0f / pos_freq[size_t(i)];
-    inv_freq_[size_t(i)] = interpolation_freq * (1.0f - extrapolation) + extrapolation_freq * extrapolation;
+    inv_freq_[size_t(i)] =
+        interpolation_freq * (1.0f - extrapolation) + extrapolation_freq * extrapolation;
   }
 }
 

@@ -20,7 +20,7 @@ class Rope {
 
  private:
   int dim_;
-  std::vector<float> inv_freq_;  // [dim / 2], float32 as transformers computes it
+  std::vector<float> inv_freq_;    // [dim / 2], float32 as transformers computes it
   float attention_factor_ = 1.0f;  // multiplies cos and sin
 };
 

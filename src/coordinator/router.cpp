@@ -37,7 +37,9 @@ Routing route_tokens(const ModelConfig& c, const LayerWeights& layer, const floa
       choice[size_t(e)] = score[size_t(e)] + layer.router_bias[size_t(e)];
     }
     const auto by_choice_desc = [&](const std::vector<float>& v) {
-      return [&v](int a, int b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+      return [&v](int a, int b) {
+        return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b);
+      };
     };
     if (groups > 1) {
       // Group score = sum of the two best biased scores in the group; keep topk_group groups.
@@ -60,10 +62,12 @@ Routing route_tokens(const ModelConfig& c, const LayerWeights& layer, const floa
       std::vector<bool> kept(size_t(groups), false);
       for (int i = 0; i < c.topk_group; ++i) kept[size_t(order[size_t(i)])] = true;
       for (int e = 0; e < experts; ++e)
-        if (!kept[size_t(e / per_group)]) choice[size_t(e)] = -std::numeric_limits<float>::infinity();
+        if (!kept[size_t(e / per_group)])
+          choice[size_t(e)] = -std::numeric_limits<float>::infinity();
     }
     std::iota(order.begin(), order.begin() + experts, 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.begin() + experts, by_choice_desc(choice));
+    std::partial_sort(order.begin(), order.begin() + k, order.begin() + experts,
+                      by_choice_desc(choice));
     std::sort(order.begin(), order.begin() + k);
     float sum = 0.0f;
     for (int i = 0; i < k; ++i) sum += score[size_t(order[size_t(i)])];

@@ -26,7 +26,8 @@ int Sampler::sample(std::span<const float> logits) {
   std::vector<int> order(logits.size());
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+    return logits[size_t(a)] > logits[size_t(b)] ||
+           (logits[size_t(a)] == logits[size_t(b)] && a < b);
   });
   std::vector<double> probs(order.size());
   double total = 0.0;

@@ -18,8 +18,9 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 namespace {
 
-std::vector<std::filesystem::path> shards_from_index(const std::filesystem::path& index_path,
-                                                     std::unordered_map<std::string, std::string>& weight_map) {
+std::vector<std::filesystem::path> shards_from_index(
+    const std::filesystem::path& index_path,
+    std::unordered_map<std::string, std::string>& weight_map) {
   std::ifstream in(index_path);
   if (!in) fail("{}: cannot open", index_path.string());
   nlohmann::json root;
@@ -32,7 +33,8 @@ std::vector<std::filesystem::path> shards_from_index(const std::filesystem::path
     fail("{}: missing object 'weight_map'", index_path.string());
   std::set<std::string> files;
   for (auto& [tensor, file] : root["weight_map"].items()) {
-    if (!file.is_string()) fail("{}: weight_map['{}'] is not a file name", index_path.string(), tensor);
+    if (!file.is_string())
+      fail("{}: weight_map['{}'] is not a file name", index_path.string(), tensor);
     const std::string name = file.get<std::string>();
     if (name.empty() || name.find('/') != std::string::npos || name == "..")
       fail("{}: weight_map['{}'] = '{}' is not a file in the model directory", index_path.string(),
@@ -76,7 +78,8 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
   }
   for (const auto& [tensor, file] : weight_map) {
     const TensorView* view = find(tensor);
-    if (!view) fail("{}: tensor '{}' listed in the index is missing", (dir_ / file).string(), tensor);
+    if (!view)
+      fail("{}: tensor '{}' listed in the index is missing", (dir_ / file).string(), tensor);
     if (view->file->filename() != file)
       fail("{}: tensor '{}' is in {} but the index says {}", index_path.string(), tensor,
            view->file->string(), file);
@@ -102,8 +105,8 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   const std::string file = view->file->string();
   if (view->dtype == Dtype::U8) {
     if (shape.size() != 2)
-      fail("{}: tensor '{}' is quantized (U8) but a float tensor of shape {} is expected", file, name,
-           shape_string(shape));
+      fail("{}: tensor '{}' is quantized (U8) but a float tensor of shape {} is expected", file,
+           name, shape_string(shape));
     const QuantMatrix q = load_quant(name, shape[0], shape[1]);
     std::vector<float> out(size_t(shape[0] * shape[1]));
     kernels::dequantize(q.view(), out.data());
@@ -113,7 +116,8 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
     fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_string(view->shape),
          shape_string(shape));
   if (!is_float_dtype(view->dtype))
-    fail("{}: tensor '{}' has dtype {}, expected a float type", file, name, dtype_name(view->dtype));
+    fail("{}: tensor '{}' has dtype {}, expected a float type", file, name,
+         dtype_name(view->dtype));
   std::vector<float> out(size_t(view->numel()));
   convert_to_f32(view->dtype, view->data, out.size(), out.data());
   bytes_loaded_ += view->nbytes;
@@ -162,8 +166,8 @@ QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_
   const TensorView* scale = find(scale_name);
   if (!scale) fail("{}: quantized tensor '{}' has no scales '{}'", file, name, scale_name);
   if (scale->dtype != Dtype::F32)
-    fail("{}: tensor '{}' has dtype {}, expected F32 scales of '{}'", scale->file->string(), scale_name,
-         dtype_name(scale->dtype), name);
+    fail("{}: tensor '{}' has dtype {}, expected F32 scales of '{}'", scale->file->string(),
+         scale_name, dtype_name(scale->dtype), name);
   const QuantResolution r = resolve_quant_format(int64_t(view->nbytes), scale->numel(), rows, cols);
   if (!r.ok())
     fail("{}: quantized tensor '{}' ({} bytes, {} scales, expected [{}, {}]): {}", file, name,

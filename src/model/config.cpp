@@ -78,7 +78,8 @@ class Fields {
     return int(v);
   }
   double checked_number(const json& value, const char* key, double min, double max) const {
-    if (!value.is_number()) fail("{}: field '{}' must be a number, got {}", source_, key, value.dump());
+    if (!value.is_number())
+      fail("{}: field '{}' must be a number, got {}", source_, key, value.dump());
     const double v = value.get<double>();
     if (!std::isfinite(v) || v < min || v > max)
       fail("{}: field '{}' = {} is out of range [{}, {}]", source_, key, v, min, max);
@@ -93,7 +94,8 @@ constexpr int kMaxDim = 1 << 20;
 
 RopeConfig parse_rope(const Fields& config) {
   RopeConfig rope;
-  // transformers v5 writes rope_parameters (theta inside); v4-era files have rope_theta + rope_scaling.
+  // transformers v5 writes rope_parameters (theta inside); v4-era files have rope_theta +
+  // rope_scaling.
   json params = json::object();
   if (config.has("rope_parameters")) {
     params = config.at("rope_parameters");
@@ -101,12 +103,14 @@ RopeConfig parse_rope(const Fields& config) {
     params = config.at("rope_scaling");
   }
   if (!params.is_object()) fail("{}: field 'rope_parameters' must be an object", config.source());
-  if (config.has("rope_theta") && !params.contains("rope_theta")) params["rope_theta"] = config.at("rope_theta");
+  if (config.has("rope_theta") && !params.contains("rope_theta"))
+    params["rope_theta"] = config.at("rope_theta");
   const Fields p(params, config.source() + " rope_parameters");
   rope.theta = p.number_or("rope_theta", 10000.0, 1.0, 1e12);
   std::string type = p.string_or("rope_type", p.string_or("type", "default"));
   if (type == "default") return rope;
-  if (type != "yarn") fail("{}: rope type '{}' is not supported (default, yarn)", config.source(), type);
+  if (type != "yarn")
+    fail("{}: rope type '{}' is not supported (default, yarn)", config.source(), type);
   rope.yarn = true;
   rope.factor = p.number("factor", 1.0, 1e6);
   rope.original_max_position_embeddings = p.number("original_max_position_embeddings", 1, 1e9);
@@ -168,7 +172,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
   ModelConfig c;
   if (!config.has("architectures")) fail("{}: missing field 'architectures'", source);
   const auto architectures = config.string_list("architectures");
-  if (architectures.size() != 1) fail("{}: field 'architectures' must name one architecture", source);
+  if (architectures.size() != 1)
+    fail("{}: field 'architectures' must name one architecture", source);
   c.architecture_name = architectures[0];
   if (c.architecture_name == "DeepseekV3ForCausalLM") {
     c.arch = Architecture::kDeepseekV3;
@@ -199,11 +204,13 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     fail("{}: num_key_value_heads = {} must equal num_attention_heads = {} for MLA", source,
          kv_heads, c.num_heads);
   c.q_lora_rank = config.integer_or("q_lora_rank", 0, 1, kMaxDim);
-  if (glm && c.q_lora_rank == 0) fail("{}: missing field 'q_lora_rank' (required by GLM-5 DSA)", source);
+  if (glm && c.q_lora_rank == 0)
+    fail("{}: missing field 'q_lora_rank' (required by GLM-5 DSA)", source);
   c.kv_lora_rank = config.integer("kv_lora_rank", 1, kMaxDim);
   c.qk_nope_head_dim = config.integer("qk_nope_head_dim", 1, 65536);
   c.qk_rope_head_dim = config.integer("qk_rope_head_dim", 2, 65536);
-  if (c.qk_rope_head_dim % 2) fail("{}: qk_rope_head_dim = {} must be even", source, c.qk_rope_head_dim);
+  if (c.qk_rope_head_dim % 2)
+    fail("{}: qk_rope_head_dim = {} must be even", source, c.qk_rope_head_dim);
   c.v_head_dim = config.integer("v_head_dim", 1, 65536);
   c.rope = parse_rope(config);
   // transformers hard-codes interleaved RoPE for GLM-5 (MLA and indexer) and reads the flag
@@ -213,7 +220,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
   // MoE
   c.n_routed_experts = config.integer_or("n_routed_experts", 0, 0, 1 << 16);
   const std::string scoring = config.string_or("scoring_func", "sigmoid");
-  if (scoring != "sigmoid") fail("{}: scoring_func '{}' is not supported (sigmoid)", source, scoring);
+  if (scoring != "sigmoid")
+    fail("{}: scoring_func '{}' is not supported (sigmoid)", source, scoring);
   const std::string topk_method = config.string_or("topk_method", "noaux_tc");
   if (topk_method != "noaux_tc")
     fail("{}: topk_method '{}' is not supported (noaux_tc)", source, topk_method);
@@ -233,8 +241,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     c.n_group = config.integer_or("n_group", 1, 1, c.n_routed_experts);
     c.topk_group = config.integer_or("topk_group", 1, 1, c.n_group);
     if (c.n_routed_experts % c.n_group)
-      fail("{}: n_routed_experts = {} is not divisible by n_group = {}", source,
-           c.n_routed_experts, c.n_group);
+      fail("{}: n_routed_experts = {} is not divisible by n_group = {}", source, c.n_routed_experts,
+           c.n_group);
     const int per_group = c.n_routed_experts / c.n_group;
     if (c.n_group > 1 && per_group < 2)
       fail("{}: n_group = {} leaves fewer than 2 experts per group", source, c.n_group);
@@ -254,10 +262,12 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
       fail("{}: index_head_dim = {} is smaller than qk_rope_head_dim = {}", source,
            c.index_head_dim, c.qk_rope_head_dim);
     if (config.has("indexer_types")) {
-      c.indexer_is_full = parse_layer_kinds(config, "indexer_types", c.num_layers, "full", "shared");
+      c.indexer_is_full =
+          parse_layer_kinds(config, "indexer_types", c.num_layers, "full", "shared");
     } else if (config.has("index_topk_pattern")) {
       const std::string pattern = config.string_or("index_topk_pattern", "");
-      if (int(pattern.size()) != c.num_layers || pattern.find_first_not_of("FS") != std::string::npos)
+      if (int(pattern.size()) != c.num_layers ||
+          pattern.find_first_not_of("FS") != std::string::npos)
         fail("{}: field 'index_topk_pattern' must be {} characters of F/S", source, c.num_layers);
       for (char ch : pattern) c.indexer_is_full.push_back(ch == 'F');
     } else {
@@ -280,13 +290,14 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     if (method != "fp8")
       fail("{}: quantization_config.quant_method '{}' is not supported (fp8)", source, method);
     const std::string fmt_name = qf.string_or("fmt", "e4m3");
-    if (fmt_name != "e4m3") fail("{}: quantization_config.fmt '{}' is not supported (e4m3)", source, fmt_name);
+    if (fmt_name != "e4m3")
+      fail("{}: quantization_config.fmt '{}' is not supported (e4m3)", source, fmt_name);
     std::array<int, 2> block{128, 128};
     if (qf.has("weight_block_size")) {
       const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
-          b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1 || b[0].get<int64_t>() > kMaxDim ||
-          b[1].get<int64_t>() > kMaxDim)
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+          !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1 ||
+          b[0].get<int64_t>() > kMaxDim || b[1].get<int64_t>() > kMaxDim)
         fail("{}: quantization_config.weight_block_size must be two positive integers", source);
       block = {b[0].get<int>(), b[1].get<int>()};
     }
@@ -294,7 +305,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
   }
 
   c.generation.eos_token_ids = config.int_or_list("eos_token_id");
-  if (config.has("bos_token_id")) c.generation.bos_token_id = config.integer("bos_token_id", 0, 1 << 30);
+  if (config.has("bos_token_id"))
+    c.generation.bos_token_id = config.integer("bos_token_id", 0, 1 << 30);
   return c;
 }
 

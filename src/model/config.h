@@ -71,7 +71,7 @@ struct ModelConfig {
   int index_head_dim = 0;
   std::vector<bool> indexer_is_full;  // [num_layers]; false = reuse previous full layer's top-k
 
-  int num_nextn_predict_layers = 0;  // MTP layers stored after the main layers
+  int num_nextn_predict_layers = 0;             // MTP layers stored after the main layers
   std::optional<std::array<int, 2>> fp8_block;  // weight_block_size of fp8 checkpoints
 
   GenerationDefaults generation;

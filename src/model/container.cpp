@@ -10,20 +10,26 @@ namespace {
 
 constexpr int kGroupCandidates[] = {16, 32, 48, 64, 96, 128, 192, 256};
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
 std::string quant_spec_name(QuantSpec spec) {
   switch (spec.format) {
-    case kernels::QuantFormat::kInt8Row: return "int8-row";
-    case kernels::QuantFormat::kInt4Row: return "int4-row";
-    case kernels::QuantFormat::kInt4Grouped: return fmt::format("int4-g{}", spec.group_size);
+    case kernels::QuantFormat::kInt8Row:
+      return "int8-row";
+    case kernels::QuantFormat::kInt4Row:
+      return "int4-row";
+    case kernels::QuantFormat::kInt4Grouped:
+      return fmt::format("int4-g{}", spec.group_size);
   }
   return "unknown";
 }
 
-QuantResolution resolve_quant_format(int64_t n_bytes, int64_t n_scales, int64_t rows, int64_t cols) {
+QuantResolution resolve_quant_format(int64_t n_bytes, int64_t n_scales, int64_t rows,
+                                     int64_t cols) {
   QuantResolution r;
   if (rows <= 0 || cols <= 0) {
     r.error = fmt::format("expected shape [{}, {}] cannot hold a quantized matrix", rows, cols);
@@ -44,8 +50,8 @@ QuantResolution resolve_quant_format(int64_t n_bytes, int64_t n_scales, int64_t 
     if (n_scales == rows) {
       r.spec = {kernels::QuantFormat::kInt8Row, 0};
     } else {
-      r.error = fmt::format("{} scales for int8 [{}, {}], expected {} (one per row)", n_scales, rows,
-                            cols, rows);
+      r.error = fmt::format("{} scales for int8 [{}, {}], expected {} (one per row)", n_scales,
+                            rows, cols, rows);
     }
     return r;
   }
@@ -63,11 +69,12 @@ QuantResolution resolve_quant_format(int64_t n_bytes, int64_t n_scales, int64_t 
   if (fits.size() == 1) {
     r.spec = {kernels::QuantFormat::kInt4Grouped, fits[0]};
   } else if (fits.empty()) {
-    r.error = fmt::format("{} scales for int4 [{}, {}] fit neither per-row ({}) nor a group size ({})",
-                          n_scales, rows, cols, rows, expected);
+    r.error =
+        fmt::format("{} scales for int4 [{}, {}] fit neither per-row ({}) nor a group size ({})",
+                    n_scales, rows, cols, rows, expected);
   } else {
-    r.error = fmt::format("{} scales for int4 [{}, {}] are ambiguous: group sizes {} all fit", n_scales,
-                          rows, cols, fmt::join(fits, ", "));
+    r.error = fmt::format("{} scales for int4 [{}, {}] are ambiguous: group sizes {} all fit",
+                          n_scales, rows, cols, fmt::join(fits, ", "));
   }
   return r;
 }
@@ -89,10 +96,12 @@ QuantMatrix quantize_matrix(const std::string& name, QuantSpec spec, const float
   q.data.resize(size_t(kernels::packed_bytes(spec.format, rows, cols)));
   q.scales.resize(size_t(kernels::scale_count(spec.format, rows, cols, spec.group_size)));
   kernels::quantize(spec.format, spec.group_size, w, rows, cols, q.data.data(), q.scales.data());
-  const QuantResolution back = resolve_quant_format(int64_t(q.data.size()), int64_t(q.scales.size()), rows, cols);
+  const QuantResolution back =
+      resolve_quant_format(int64_t(q.data.size()), int64_t(q.scales.size()), rows, cols);
   if (!back.ok() || back.spec.format != spec.format || back.spec.group_size != spec.group_size)
     fail("{}: {} of [{}, {}] would not be readable unambiguously ({}); choose another group size",
-         name, quant_spec_name(spec), rows, cols, back.ok() ? quant_spec_name(back.spec) : back.error);
+         name, quant_spec_name(spec), rows, cols,
+         back.ok() ? quant_spec_name(back.spec) : back.error);
   return q;
 }
 

@@ -20,9 +20,9 @@ inline constexpr const char* kQuantScaleSuffix = ".qs";
 struct QuantMatrix {
   kernels::QuantFormat format = kernels::QuantFormat::kInt8Row;
   int64_t rows = 0, cols = 0;
-  int group_size = 0;          // 0 for the per-row formats
-  std::vector<uint8_t> data;   // [rows, row_bytes(format, cols)]
-  std::vector<float> scales;   // [scale_count(format, rows, cols, group_size)]
+  int group_size = 0;         // 0 for the per-row formats
+  std::vector<uint8_t> data;  // [rows, row_bytes(format, cols)]
+  std::vector<float> scales;  // [scale_count(format, rows, cols, group_size)]
 
   bool empty() const { return data.empty(); }
   uint64_t bytes() const { return data.size() + 4 * scales.size(); }

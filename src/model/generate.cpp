@@ -31,7 +31,8 @@ GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateReq
   for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
     const auto part = prompt.subspan(begin, std::min(chunk, prompt.size() - begin));
     logits = model.forward(part, cache, request.keep_logits);
-    if (request.keep_logits) result.logits.insert(result.logits.end(), logits.begin(), logits.end());
+    if (request.keep_logits)
+      result.logits.insert(result.logits.end(), logits.begin(), logits.end());
   }
   const auto prefill_end = clock::now();
   result.prefill_seconds = seconds(start, prefill_end);
@@ -57,7 +58,8 @@ GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateReq
     if (done && !request.keep_logits) break;
     const int next[] = {token};
     logits = model.forward(next, cache, false);
-    if (request.keep_logits) result.logits.insert(result.logits.end(), logits.begin(), logits.end());
+    if (request.keep_logits)
+      result.logits.insert(result.logits.end(), logits.begin(), logits.end());
     last = std::span<const float>(logits.data(), size_t(vocab));
     if (done) break;
   }

@@ -19,8 +19,8 @@ struct GenerateRequest {
 };
 
 struct GenerateResult {
-  std::vector<int> tokens;     // generated ids
-  std::vector<float> logits;   // [prompt + generated, vocab] when keep_logits: row i follows token i
+  std::vector<int> tokens;    // generated ids
+  std::vector<float> logits;  // [prompt + generated, vocab] when keep_logits: row i follows token i
   double prefill_seconds = 0;
   double ttft_seconds = 0;    // start to the first generated token
   double decode_seconds = 0;  // first to last generated token: tokens.size() - 1 decode steps

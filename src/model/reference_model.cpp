@@ -28,7 +28,10 @@ namespace {
 class MaybeScope {
  public:
   MaybeScope(Profiler* profiler, Phase phase, int layer)
-      : profiler_(profiler), phase_(phase), layer_(layer), start_us_(profiler ? profiler->now_us() : 0) {}
+      : profiler_(profiler),
+        phase_(phase),
+        layer_(layer),
+        start_us_(profiler ? profiler->now_us() : 0) {}
   ~MaybeScope() {
     if (profiler_) profiler_->add(phase_, layer_, start_us_, profiler_->now_us() - start_us_);
   }
@@ -56,15 +59,18 @@ std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache&
   {
     MaybeScope scope(profiler_, Phase::kEmbed, -1);
     for (int t = 0; t < n; ++t)
-      std::copy_n(&weights_.embed.data[size_t(tokens[size_t(t)]) * hidden], hidden, &h[size_t(t) * hidden]);
+      std::copy_n(&weights_.embed.data[size_t(tokens[size_t(t)]) * hidden], hidden,
+                  &h[size_t(t) * hidden]);
   }
 
   std::vector<float> normed(h.size()), delta(h.size()), shared(h.size());
   KeySelection selection;  // carried from full to shared indexer layers
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
-    kernels::rms_norm(h.data(), n, hidden, layer.input_norm.data(), config_.rms_norm_eps, normed.data());
-    attention_.forward(l, layer.attn, normed.data(), n, start, cache.layer(l), selection, delta.data());
+    kernels::rms_norm(h.data(), n, hidden, layer.input_norm.data(), config_.rms_norm_eps,
+                      normed.data());
+    attention_.forward(l, layer.attn, normed.data(), n, start, cache.layer(l), selection,
+                       delta.data());
     for (size_t i = 0; i < h.size(); ++i) h[i] += delta[i];
 
     kernels::rms_norm(h.data(), n, hidden, layer.post_attention_norm.data(), config_.rms_norm_eps,

@@ -6,7 +6,9 @@
 
 namespace colibri {
 
-std::string layer_prefix(int layer) { return fmt::format("model.layers.{}.", layer); }
+std::string layer_prefix(int layer) {
+  return fmt::format("model.layers.{}.", layer);
+}
 std::string expert_prefix(int layer, int expert) {
   return fmt::format("model.layers.{}.mlp.experts.{}.", layer, expert);
 }
@@ -47,8 +49,10 @@ class Loader {
         if (!checkpoint_.is_quantized(name)) {
           const TensorView* view = checkpoint_.find(name);
           if (!view) fail("{}: tensor '{}' is missing", checkpoint_.dir().string(), name);
-          fail("{}: tensor '{}' has dtype {} but the other matrices of its expert are quantized (U8)",
-               view->file->string(), name, dtype_name(view->dtype));
+          fail(
+              "{}: tensor '{}' has dtype {} but the other matrices of its expert are quantized "
+              "(U8)",
+              view->file->string(), name, dtype_name(view->dtype));
         }
     }
     const int64_t h = c_.hidden_size;
@@ -78,7 +82,8 @@ class Loader {
     if (with_indexer) {
       const std::string ip = p + "indexer.";
       IndexerWeights idx;
-      idx.wq_b = matrix(ip + "wq_b.weight", int64_t(c_.index_n_heads) * c_.index_head_dim, c_.q_lora_rank);
+      idx.wq_b =
+          matrix(ip + "wq_b.weight", int64_t(c_.index_n_heads) * c_.index_head_dim, c_.q_lora_rank);
       idx.wk = matrix(ip + "wk.weight", c_.index_head_dim, h);
       idx.weights_proj = matrix(ip + "weights_proj.weight", c_.index_n_heads, h);
       idx.k_norm_weight = vector(ip + "k_norm.weight", c_.index_head_dim);
@@ -103,8 +108,8 @@ class Loader {
       w.router = matrix(p + "mlp.gate.weight", c_.n_routed_experts, c_.hidden_size);
       w.router_bias = vector(p + "mlp.gate.e_score_correction_bias", c_.n_routed_experts);
       if (c_.n_shared_experts > 0)
-        w.shared_experts = mlp(p + "mlp.shared_experts.",
-                               int64_t(c_.moe_intermediate_size) * c_.n_shared_experts);
+        w.shared_experts =
+            mlp(p + "mlp.shared_experts.", int64_t(c_.moe_intermediate_size) * c_.n_shared_experts);
     }
     w.experts.resize(size_t(c_.n_routed_experts));
     for (int e = 0; e < c_.n_routed_experts; ++e)
@@ -122,7 +127,8 @@ class Loader {
 
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
                               int expert) {
-  return Loader(config, checkpoint).expert(expert_prefix(layer, expert), config.moe_intermediate_size);
+  return Loader(config, checkpoint)
+      .expert(expert_prefix(layer, expert), config.moe_intermediate_size);
 }
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
@@ -150,11 +156,13 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& che
     const std::string p = layer_prefix(l);
     if (!checkpoint.contains(p + "eh_proj.weight")) continue;
     MtpWeights mtp;
-    mtp.eh_proj = load.matrix(p + "eh_proj.weight", config.hidden_size, 2 * int64_t(config.hidden_size));
+    mtp.eh_proj =
+        load.matrix(p + "eh_proj.weight", config.hidden_size, 2 * int64_t(config.hidden_size));
     mtp.enorm = load.vector(p + "enorm.weight", config.hidden_size);
     mtp.hnorm = load.vector(p + "hnorm.weight", config.hidden_size);
     mtp.head_norm = load.vector(p + "shared_head.norm.weight", config.hidden_size);
-    const bool full_indexer = config.has_indexer() && checkpoint.contains(p + "self_attn.indexer.wk.weight");
+    const bool full_indexer =
+        config.has_indexer() && checkpoint.contains(p + "self_attn.indexer.wk.weight");
     mtp.layer = load.layer(l, config.n_routed_experts > 0, full_indexer, options);
     w.mtp.push_back(std::move(mtp));
   }

@@ -39,21 +39,21 @@ struct MlpWeights {
 };
 
 struct IndexerWeights {
-  Matrix wq_b;          // [index_n_heads * index_head_dim, q_lora_rank]
-  Matrix wk;            // [index_head_dim, hidden]
-  Matrix weights_proj;  // [index_n_heads, hidden]
+  Matrix wq_b;                                    // [index_n_heads * index_head_dim, q_lora_rank]
+  Matrix wk;                                      // [index_head_dim, hidden]
+  Matrix weights_proj;                            // [index_n_heads, hidden]
   std::vector<float> k_norm_weight, k_norm_bias;  // LayerNorm [index_head_dim], eps 1e-6
 };
 
 struct AttentionWeights {
-  Matrix q_a_proj;               // [q_lora_rank, hidden]   (q_lora_rank > 0)
-  std::vector<float> q_a_norm;   // [q_lora_rank]
-  Matrix q_b_proj;               // [H * qk_head_dim, q_lora_rank]
-  Matrix q_proj;                 // [H * qk_head_dim, hidden]  (q_lora_rank == 0)
-  Matrix kv_a_proj;              // [kv_lora_rank + qk_rope_head_dim, hidden]
-  std::vector<float> kv_a_norm;  // [kv_lora_rank]
-  Matrix kv_b_proj;              // [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
-  Matrix o_proj;                 // [hidden, H * v_head_dim]
+  Matrix q_a_proj;                        // [q_lora_rank, hidden]   (q_lora_rank > 0)
+  std::vector<float> q_a_norm;            // [q_lora_rank]
+  Matrix q_b_proj;                        // [H * qk_head_dim, q_lora_rank]
+  Matrix q_proj;                          // [H * qk_head_dim, hidden]  (q_lora_rank == 0)
+  Matrix kv_a_proj;                       // [kv_lora_rank + qk_rope_head_dim, hidden]
+  std::vector<float> kv_a_norm;           // [kv_lora_rank]
+  Matrix kv_b_proj;                       // [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  Matrix o_proj;                          // [hidden, H * v_head_dim]
   std::optional<IndexerWeights> indexer;  // full DSA layers only
 };
 
@@ -61,10 +61,10 @@ struct LayerWeights {
   std::vector<float> input_norm, post_attention_norm;  // [hidden]
   AttentionWeights attn;
   bool is_moe = false;
-  MlpWeights dense_mlp;            // dense layers
-  Matrix router;                   // [n_routed_experts, hidden]
-  std::vector<float> router_bias;  // [n_routed_experts] e_score_correction_bias
-  MlpWeights shared_experts;       // I = moe_intermediate_size * n_shared_experts
+  MlpWeights dense_mlp;             // dense layers
+  Matrix router;                    // [n_routed_experts, hidden]
+  std::vector<float> router_bias;   // [n_routed_experts] e_score_correction_bias
+  MlpWeights shared_experts;        // I = moe_intermediate_size * n_shared_experts
   std::vector<MlpWeights> experts;  // [n_routed_experts]; empty entries are owned elsewhere
 };
 

@@ -65,7 +65,8 @@ std::vector<std::string> gather_bytes(MPI_Comm comm, int root, const std::string
                         MPI_BYTE, root, comm));
   std::vector<std::string> out;
   if (rank == root)
-    for (int r = 0; r < size; ++r) out.push_back(all.substr(size_t(offsets[size_t(r)]), size_t(lengths[size_t(r)])));
+    for (int r = 0; r < size; ++r)
+      out.push_back(all.substr(size_t(offsets[size_t(r)]), size_t(lengths[size_t(r)])));
   return out;
 }
 
@@ -108,7 +109,8 @@ uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& ch
   uint64_t hash = fnv1a(14695981039346656037ull, text.str());
   for (const std::string& name : checkpoint.names()) {
     const TensorView* view = checkpoint.find(name);
-    hash = fnv1a(hash, fmt::format("{}|{}|{};", name, dtype_name(view->dtype), fmt::join(view->shape, ",")));
+    hash = fnv1a(
+        hash, fmt::format("{}|{}|{};", name, dtype_name(view->dtype), fmt::join(view->shape, ",")));
   }
   return hash;
 }
@@ -129,8 +131,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   handshake(options_.model_dir);
 
   const int coordinator = layout_.coordinator();
-  profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(layout_.ranks[size_t(rank_)].role),
-                                         config_.num_layers, options_.keep_trace);
+  profiler_ =
+      std::make_unique<Profiler>(rank_, me.host, role_name(layout_.ranks[size_t(rank_)].role),
+                                 config_.num_layers, options_.keep_trace);
   LoadOptions load;
   if (is_coordinator()) {
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
@@ -149,7 +152,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     MpiTransportOptions transport_options;
     transport_options.rank_timeout_s = options_.rank_timeout_s;
     transport_options.corrupt_reply_at_layer = options_.corrupt_reply_at_layer;
-    transport_ = std::make_unique<MpiTransport>(comm_, placement_, shape, coordinator, *profiler_, transport_options);
+    transport_ = std::make_unique<MpiTransport>(comm_, placement_, shape, coordinator, *profiler_,
+                                                transport_options);
   }
   if (is_coordinator()) {
     if (transport_) remote_experts_ = std::make_unique<RemoteExperts>(*transport_);
@@ -177,7 +181,9 @@ uint64_t available_memory_bytes() {
   return 0;
 }
 
-uint64_t gib_to_bytes(double gib) { return uint64_t(gib * double(1ull << 30)); }
+uint64_t gib_to_bytes(double gib) {
+  return uint64_t(gib * double(1ull << 30));
+}
 
 }  // namespace
 
@@ -187,7 +193,8 @@ void Node::open_expert_store() {
   std::vector<std::pair<int, int>> owned;
   for (int l = 0; has_store && l < config_.num_layers; ++l)
     for (int e = 0; e < config_.n_routed_experts; ++e)
-      if (config_.layer_is_moe[size_t(l)] && placement_.owner_of(l, e) == rank_) owned.emplace_back(l, e);
+      if (config_.layer_is_moe[size_t(l)] && placement_.owner_of(l, e) == rank_)
+        owned.emplace_back(l, e);
   const double layout_ram_gb = layout_.ranks[size_t(rank_)].ram_gb;
   ExpertStore::Options store_options;
   store_options.ram_bytes = gib_to_bytes(layout_ram_gb > 0 ? layout_ram_gb : options_.ram_gb);
@@ -198,7 +205,8 @@ void Node::open_expert_store() {
   if (has_store && store_options.ram_bytes > 0 && !owned.empty()) {
     std::vector<uint64_t> per_layer(size_t(config_.num_layers), 0);
     for (const auto& [l, e] : owned) ++per_layer[size_t(l)];
-    const uint64_t in_flight = *std::max_element(per_layer.begin(), per_layer.end()) * expert_bytes();
+    const uint64_t in_flight =
+        *std::max_element(per_layer.begin(), per_layer.end()) * expert_bytes();
     const uint64_t peak = store_options.pin_bytes + store_options.ram_bytes + in_flight;
     const uint64_t available = available_memory_bytes();
     const double gib = double(1ull << 30);
@@ -217,12 +225,15 @@ void Node::open_expert_store() {
 
   expert_store_ = std::make_unique<ExpertStore>(
       std::move(owned),
-      [this](int layer, int expert) { return load_routed_expert(config_, *checkpoint_, layer, expert); },
+      [this](int layer, int expert) {
+        return load_routed_expert(config_, *checkpoint_, layer, expert);
+      },
       store_options);
 }
 
 uint64_t Node::expert_bytes() const {
-  const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) * uint64_t(config_.hidden_size) * sizeof(float);
+  const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) *
+                        uint64_t(config_.hidden_size) * sizeof(float);
   // A container's routed experts stay quantized in memory: count their packed bytes and scales.
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
@@ -269,11 +280,13 @@ void Node::handshake(const std::filesystem::path& model_dir) {
     }
     for (const Hello& h : all) {
       if (h.protocol_version != wire::kProtocolVersion && plan.error.empty())
-        plan.error = fmt::format("rank {}@{} speaks protocol version {}, rank {}@{} speaks {}", h.rank, h.host,
-                                 h.protocol_version, rank_, all[0].host, wire::kProtocolVersion);
+        plan.error =
+            fmt::format("rank {}@{} speaks protocol version {}, rank {}@{} speaks {}", h.rank,
+                        h.host, h.protocol_version, rank_, all[0].host, wire::kProtocolVersion);
       if (h.model_hash != hello.model_hash && plan.error.empty())
         plan.error = fmt::format(
-            "rank {}@{} loaded a different model than rank {}@{} (config or tensor index differ: {:016x} vs {:016x}) "
+            "rank {}@{} loaded a different model than rank {}@{} (config or tensor index differ: "
+            "{:016x} vs {:016x}) "
             "from {}",
             h.rank, h.host, rank_, all[0].host, h.model_hash, hello.model_hash, model_dir.string());
     }
@@ -287,7 +300,8 @@ void Node::handshake(const std::filesystem::path& model_dir) {
       }
     }
   }
-  plan = from_bytes<StartupPlan>(broadcast_bytes(comm_, root, rank_ == root ? to_bytes(plan) : std::string()));
+  plan = from_bytes<StartupPlan>(
+      broadcast_bytes(comm_, root, rank_ == root ? to_bytes(plan) : std::string()));
   rank_identity().hosts = plan.hosts;
   if (!plan.error.empty()) throw StartupRefused(plan.error);
   layout_ = std::move(plan.layout);
@@ -321,11 +335,16 @@ void Node::serve() {
       for (const RoutedPair& pair : pairs) requested.push_back(int(pair.expert));
       std::sort(requested.begin(), requested.end());
       requested.erase(std::unique(requested.begin(), requested.end()), requested.end());
-      if (!requested.empty() && (requested.front() < 0 || requested.back() >= config_.n_routed_experts))
-        fail("layer {}: routed expert out of range [0, {})", request.layer, config_.n_routed_experts);
+      if (!requested.empty() &&
+          (requested.front() < 0 || requested.back() >= config_.n_routed_experts))
+        fail("layer {}: routed expert out of range [0, {})", request.layer,
+             config_.n_routed_experts);
       expert_store_->prefetch(request.layer, requested);
-      run_expert_pairs([&](uint32_t e) -> const MlpWeights& { return expert_store_->acquire(request.layer, int(e)); },
-                       hidden, request.rows, request.n_rows, pairs, partial.data());
+      run_expert_pairs(
+          [&](uint32_t e) -> const MlpWeights& {
+            return expert_store_->acquire(request.layer, int(e));
+          },
+          hidden, request.rows, request.n_rows, pairs, partial.data());
       expert_store_->release();
     }
     transport_->reply(partial.data());
@@ -347,7 +366,8 @@ std::vector<RankReport> Node::gather_reports() {
   std::vector<RankReport> reports;
   for (const auto& bytes : all) reports.push_back(from_bytes<RankReport>(bytes));
   if (transport_ && is_coordinator())
-    for (RankReport& report : reports) report.slowest_count = transport_->slowest_counts()[size_t(report.rank)];
+    for (RankReport& report : reports)
+      report.slowest_count = transport_->slowest_counts()[size_t(report.rank)];
   return reports;
 }
 

@@ -69,7 +69,8 @@ class Node {
   const Layout& layout() const { return layout_; }
   const PlacementTable& placement() const { return placement_; }
   Profiler& profiler() { return *profiler_; }
-  uint64_t expert_bytes() const;  // in-memory bytes of one routed expert (quantized in a container, else fp32)
+  uint64_t expert_bytes()
+      const;  // in-memory bytes of one routed expert (quantized in a container, else fp32)
 
   // Coordinator: the model whose routed experts run on their owners.
   ReferenceModel& model();

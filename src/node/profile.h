@@ -55,18 +55,18 @@ struct TraceEvent {
 struct RankReport {
   int rank = 0;
   std::string host;
-  std::string role;  // "coordinator" or "expert"; print_profile splits busy/wait by it
-  double wall_us = 0;                                // profiler lifetime
-  std::array<double, kPhaseCount> phase_us{};        // totals
+  std::string role;    // "coordinator" or "expert"; print_profile splits busy/wait by it
+  double wall_us = 0;  // profiler lifetime
+  std::array<double, kPhaseCount> phase_us{};                   // totals
   std::vector<std::array<double, kPhaseCount>> layer_phase_us;  // [layer][phase]
-  uint64_t rows = 0;             // token rows served (expert ranks) or dispatched (coordinator)
-  uint64_t experts = 0;          // (row, expert) pairs computed
+  uint64_t rows = 0;     // token rows served (expert ranks) or dispatched (coordinator)
+  uint64_t experts = 0;  // (row, expert) pairs computed
   uint64_t bytes_in = 0, bytes_out = 0;
   std::map<int, uint64_t> bytes_to_rank;  // per link, bytes sent to each peer
-  uint64_t slowest_count = 0;    // times this rank's partial arrived last in a layer exchange
+  uint64_t slowest_count = 0;      // times this rank's partial arrived last in a layer exchange
   uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
   std::vector<TraceEvent> events;
-  uint64_t dropped_events = 0;   // trace events not kept once events reached the cap
+  uint64_t dropped_events = 0;  // trace events not kept once events reached the cap
   // Expert tiers (expert ranks): acquires served per tier, bytes read from disk after start-up,
   // time the loader spent reading and time compute waited for it.
   uint64_t pinned_hits = 0, ram_hits = 0, disk_hits = 0;
@@ -76,8 +76,8 @@ struct RankReport {
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
-       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events, pinned_hits, ram_hits,
-       disk_hits, disk_bytes_read, loader_us, loader_wait_us);
+       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events, pinned_hits,
+       ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us);
   }
 };
 

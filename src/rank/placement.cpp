@@ -17,9 +17,12 @@ PlacementPolicy parse_placement_policy(const std::string& name) {
 
 const char* placement_policy_name(PlacementPolicy policy) {
   switch (policy) {
-    case PlacementPolicy::kBalanced: return "balanced";
-    case PlacementPolicy::kRoundRobin: return "round-robin";
-    case PlacementPolicy::kContiguous: return "contiguous";
+    case PlacementPolicy::kBalanced:
+      return "balanced";
+    case PlacementPolicy::kRoundRobin:
+      return "round-robin";
+    case PlacementPolicy::kContiguous:
+      return "contiguous";
   }
   return "?";
 }
@@ -68,7 +71,8 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
           double best = 0;
           for (int j = 0; j < r; ++j) {
             const int candidate = (j + moe_index) % r;
-            const double fill = (assigned[size_t(candidate)] + double(bytes_per_expert)) / capacity[size_t(candidate)];
+            const double fill = (assigned[size_t(candidate)] + double(bytes_per_expert)) /
+                                capacity[size_t(candidate)];
             if (j == 0 || fill < best) {
               best = fill;
               pick = candidate;
@@ -92,7 +96,8 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
     out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB\n", spec.rank,
-                       role_name(spec.role), owned, double(owned) * double(bytes_per_expert) / (1 << 20));
+                       role_name(spec.role), owned,
+                       double(owned) * double(bytes_per_expert) / (1 << 20));
   }
   for (int l = 0; l < table.num_layers; ++l) {
     if (table.num_experts == 0 || table.owner_of(l, 0) < 0) continue;

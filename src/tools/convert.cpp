@@ -26,16 +26,17 @@ namespace colibri {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using kernels::QuantFormat;
+using nlohmann::json;
 
 // Files copied unchanged from the source directory when present.
-constexpr const char* kCopiedFiles[] = {"config.json",           "generation_config.json",
-                                        "tokenizer.json",        "tokenizer_config.json",
-                                        "special_tokens_map.json", "chat_template.jinja"};
+constexpr const char* kCopiedFiles[] = {
+    "config.json",           "generation_config.json",  "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"};
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 enum class Storage { kF32, kBF16, kQuant };
@@ -67,30 +68,36 @@ struct Plan {
 // scales, so that an expert is one contiguous read), or a single tensor.
 using Unit = std::vector<Plan>;
 
-Storage storage_for_bits(int bits) { return bits == 32 ? Storage::kF32 : bits == 16 ? Storage::kBF16 : Storage::kQuant; }
+Storage storage_for_bits(int bits) {
+  return bits == 32 ? Storage::kF32 : bits == 16 ? Storage::kBF16 : Storage::kQuant;
+}
 
 QuantSpec spec_for_bits(int bits, int group_size, int64_t cols) {
   if (bits == 8) return {QuantFormat::kInt8Row, 0};
-  if (group_size == 0 || (cols + group_size - 1) / group_size <= 1) return {QuantFormat::kInt4Row, 0};
+  if (group_size == 0 || (cols + group_size - 1) / group_size <= 1)
+    return {QuantFormat::kInt4Row, 0};
   return {QuantFormat::kInt4Grouped, group_size};
 }
 
-std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o, const TensorView& view) {
+std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o,
+                                const TensorView& view) {
   const std::string& name = view.name;
   if (ends_with(name, "_scale_inv")) {
-    const TensorView* base = checkpoint.find(name.substr(0, name.size() - std::string_view("_scale_inv").size()));
+    const TensorView* base =
+        checkpoint.find(name.substr(0, name.size() - std::string_view("_scale_inv").size()));
     if (base && base->dtype == Dtype::F8_E4M3) return std::nullopt;  // folded into its weight
   }
   if (view.dtype == Dtype::U8)
     fail("{}: tensor '{}' is U8: the source is already quantized", view.file->string(), name);
   if (!is_float_dtype(view.dtype))
-    fail("{}: tensor '{}' has dtype {}, expected a float type", view.file->string(), name, dtype_name(view.dtype));
+    fail("{}: tensor '{}' has dtype {}, expected a float type", view.file->string(), name,
+         dtype_name(view.dtype));
   Plan p;
   p.name = name;
   p.shape = view.shape;
   // Norms, the router and its bias, biases and anything not a 2-D weight stay F32.
-  if (view.shape.size() != 2 || !ends_with(name, ".weight") || name.find("norm") != std::string::npos ||
-      ends_with(name, "mlp.gate.weight"))
+  if (view.shape.size() != 2 || !ends_with(name, ".weight") ||
+      name.find("norm") != std::string::npos || ends_with(name, "mlp.gate.weight"))
     return p;
   int bits = o.dense_bits;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
@@ -103,12 +110,14 @@ std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptio
   p.storage = storage_for_bits(bits);
   if (p.storage != Storage::kQuant) return p;
   p.spec = spec_for_bits(bits, o.group_size, view.shape[1]);
-  const QuantResolution back = resolve_quant_format(int64_t(p.data_bytes()), int64_t(p.scale_bytes() / 4),
-                                                    view.shape[0], view.shape[1]);
+  const QuantResolution back = resolve_quant_format(
+      int64_t(p.data_bytes()), int64_t(p.scale_bytes() / 4), view.shape[0], view.shape[1]);
   if (!back.ok() || back.spec.format != p.spec.format || back.spec.group_size != p.spec.group_size)
-    fail("{}: tensor '{}' {}: {} would not be readable unambiguously ({}); choose another --group-size",
-         view.file->string(), name, shape_string(view.shape), quant_spec_name(p.spec),
-         back.ok() ? "reads as " + quant_spec_name(back.spec) : back.error);
+    fail(
+        "{}: tensor '{}' {}: {} would not be readable unambiguously ({}); choose another "
+        "--group-size",
+        view.file->string(), name, shape_string(view.shape), quant_spec_name(p.spec),
+        back.ok() ? "reads as " + quant_spec_name(back.spec) : back.error);
   return p;
 }
 
@@ -134,8 +143,9 @@ std::vector<Unit> plan_shard(const Checkpoint& checkpoint, const ConvertOptions&
     units[it->second].push_back(std::move(*p));
   }
   for (Unit& unit : units)
-    std::stable_sort(unit.begin(), unit.end(),
-                     [](const Plan& a, const Plan& b) { return proj_rank(a.name) < proj_rank(b.name); });
+    std::stable_sort(unit.begin(), unit.end(), [](const Plan& a, const Plan& b) {
+      return proj_rank(a.name) < proj_rank(b.name);
+    });
   return units;
 }
 
@@ -146,10 +156,12 @@ std::vector<ShardSlot> slots_of(const std::vector<Unit>& units) {
       if (p.storage == Storage::kQuant)
         slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[0]);
       else
-        slots.push_back({p.name, p.storage == Storage::kF32 ? "F32" : "BF16", p.shape, p.data_bytes()});
+        slots.push_back(
+            {p.name, p.storage == Storage::kF32 ? "F32" : "BF16", p.shape, p.data_bytes()});
     }
     for (const Plan& p : unit)
-      if (p.storage == Storage::kQuant) slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[1]);
+      if (p.storage == Storage::kQuant)
+        slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[1]);
   }
   return slots;
 }
@@ -169,12 +181,14 @@ class OutFile {
     if (file_) std::fclose(file_);
   }
   void write(const void* data, size_t bytes) {
-    if (bytes && std::fwrite(data, 1, bytes, file_) != bytes) fail("{}: write failed", path_.string());
+    if (bytes && std::fwrite(data, 1, bytes, file_) != bytes)
+      fail("{}: write failed", path_.string());
     written_ += bytes;
   }
   // Flushes to disk and closes.
   void finish() {
-    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail("{}: flush failed", path_.string());
+    if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0)
+      fail("{}: flush failed", path_.string());
     std::fclose(file_);
     file_ = nullptr;
   }
@@ -205,7 +219,8 @@ json manifest_of(const ConvertOptions& o, const std::vector<fs::path>& shards) {
 
 }  // namespace
 
-std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows, int64_t cols) {
+std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows,
+                                   int64_t cols) {
   const int64_t n_scales = kernels::scale_count(spec.format, rows, cols, spec.group_size);
   std::vector<int64_t> scale_shape = {rows};
   if (spec.format == QuantFormat::kInt4Grouped) scale_shape.push_back(n_scales / rows);
@@ -219,7 +234,8 @@ std::string shard_header(const std::vector<ShardSlot>& slots, const std::string&
   header["__metadata__"] = {{"format", "pt"}, {"colibri.converter", producer}};
   uint64_t offset = 0;
   for (const ShardSlot& s : slots) {
-    header[s.name] = {{"dtype", s.dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.bytes}}};
+    header[s.name] = {
+        {"dtype", s.dtype}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.bytes}}};
     offset += s.bytes;
   }
   std::string text = header.dump();
@@ -227,7 +243,8 @@ std::string shard_header(const std::vector<ShardSlot>& slots, const std::string&
   return text;
 }
 
-ShardWriter::ShardWriter(const fs::path& path, const std::vector<ShardSlot>& slots, const std::string& producer)
+ShardWriter::ShardWriter(const fs::path& path, const std::vector<ShardSlot>& slots,
+                         const std::string& producer)
     : path_(path), partial_(path.string() + ".partial") {
   fs::remove(partial_);
   file_ = std::fopen(partial_.c_str(), "wb");
@@ -245,14 +262,16 @@ ShardWriter::~ShardWriter() {
 }
 
 void ShardWriter::write(const void* data, size_t bytes) {
-  if (bytes && std::fwrite(data, 1, bytes, file_) != bytes) fail("{}: write failed", partial_.string());
+  if (bytes && std::fwrite(data, 1, bytes, file_) != bytes)
+    fail("{}: write failed", partial_.string());
   written_ += bytes;
 }
 
 void ShardWriter::finish() {
   if (written_ != expected_)
     fail("{}: wrote {} bytes, the header describes {}", partial_.string(), written_, expected_);
-  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0) fail("{}: flush failed", partial_.string());
+  if (std::fflush(file_) != 0 || ::fsync(::fileno(file_)) != 0)
+    fail("{}: flush failed", partial_.string());
   std::fclose(file_);
   file_ = nullptr;
   fs::rename(partial_, path_);
@@ -269,12 +288,14 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 }
 
 ConvertResult convert_checkpoint(const ConvertOptions& o) {
-  if (o.expert_bits != 4 && o.expert_bits != 8) fail("--expert-bits {}: expected 4 or 8", o.expert_bits);
+  if (o.expert_bits != 4 && o.expert_bits != 8)
+    fail("--expert-bits {}: expected 4 or 8", o.expert_bits);
   if (o.group_size != 0 && !kernels::is_valid_group_size(o.group_size))
     fail("--group-size {}: expected 0 or one of 16, 32, 48, 64, 96, 128, 192, 256", o.group_size);
   if (o.dense_bits != 4 && o.dense_bits != 8 && o.dense_bits != 16 && o.dense_bits != 32)
     fail("--dense-bits {}: expected 4, 8, 16 or 32", o.dense_bits);
-  if (o.io_bits != 8 && o.io_bits != 16 && o.io_bits != 32) fail("--io-bits {}: expected 8, 16 or 32", o.io_bits);
+  if (o.io_bits != 8 && o.io_bits != 16 && o.io_bits != 32)
+    fail("--io-bits {}: expected 8, 16 or 32", o.io_bits);
   if (fs::exists(o.output_dir) && fs::equivalent(o.input_dir, o.output_dir))
     fail("{}: output directory is the input directory", o.output_dir.string());
 
@@ -323,9 +344,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       fail("{}: not valid JSON: {}", manifest_path.string(), e.what());
     }
     if (previous != manifest)
-      fail("{}: this directory was started with other parameters or another source ({} now {}); use a new "
-           "output directory",
-           manifest_path.string(), previous.dump(), manifest.dump());
+      fail(
+          "{}: this directory was started with other parameters or another source ({} now {}); use "
+          "a new "
+          "output directory",
+          manifest_path.string(), previous.dump(), manifest.dump());
   } else {
     for (const auto& entry : fs::directory_iterator(o.output_dir))
       if (entry.path().extension() == ".safetensors")
@@ -353,11 +376,14 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     const fs::path out_path = o.output_dir / out_name;
 
     if (fs::exists(out_path)) {
-      // Complete from an earlier run (only renamed once written): check it holds what we would write.
+      // Complete from an earlier run (only renamed once written): check it holds what we would
+      // write.
       const SafetensorsFile done(out_path);
       bool same = done.tensors().size() == slots.size();
-      for (const ShardSlot& s : slots) same = same && done.find(s.name) && done.find(s.name)->nbytes == s.bytes;
-      if (!same) fail("{}: exists but does not hold the tensors this conversion writes", out_path.string());
+      for (const ShardSlot& s : slots)
+        same = same && done.find(s.name) && done.find(s.name)->nbytes == s.bytes;
+      if (!same)
+        fail("{}: exists but does not hold the tensors this conversion writes", out_path.string());
       ++result.shards_skipped;
       report(fmt::format("{}: complete from an earlier run, kept", out_name), true);
       continue;
@@ -365,14 +391,16 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     const fs::path partial = out_path.string() + ".partial";
     ShardWriter out(out_path, slots, "colibri-convert");
     size_t done_tensors = 0;
-    const auto n_tensors = std::count_if(slots.begin(), slots.end(),
-                                         [](const ShardSlot& s) { return !ends_with(s.name, kQuantScaleSuffix); });
+    const auto n_tensors = std::count_if(slots.begin(), slots.end(), [](const ShardSlot& s) {
+      return !ends_with(s.name, kQuantScaleSuffix);
+    });
     for (const Unit& unit : units) {
       std::vector<QuantMatrix> quantized;
       for (const Plan& p : unit) {
         if (o.stop_after_tensors >= 0 && written_tensors >= o.stop_after_tensors)
           fail("{}: stopped after {} tensors as asked", partial.string(), written_tensors);
-        const std::vector<float> w = checkpoint.load_f32(p.name, p.shape);  // [shape], one tensor at a time
+        const std::vector<float> w =
+            checkpoint.load_f32(p.name, p.shape);  // [shape], one tensor at a time
         if (p.storage == Storage::kF32) {
           out.write(w.data(), w.size() * 4);
         } else if (p.storage == Storage::kBF16) {
@@ -394,10 +422,13 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     result.bytes_written += out.written();
     out.finish();
     ++result.shards_written;
-    report(fmt::format("{}: {} tensors, {:.1f} MB, complete", out_name, n_tensors, double(out.written()) / 1e6), true);
+    report(fmt::format("{}: {} tensors, {:.1f} MB, complete", out_name, n_tensors,
+                       double(out.written()) / 1e6),
+           true);
   }
-  write_text_atomically(o.output_dir / "model.safetensors.index.json",
-                        json{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}}.dump(2));
+  write_text_atomically(
+      o.output_dir / "model.safetensors.index.json",
+      json{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}}.dump(2));
   return result;
 }
 

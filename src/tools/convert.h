@@ -25,7 +25,8 @@ struct ShardSlot {
 
 // The header entries of a quantized [rows, cols] weight: `<name>` (U8 packed bytes) and
 // `<name>.qs` (F32 scales), in that order.
-std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows, int64_t cols);
+std::vector<ShardSlot> quant_slots(const std::string& name, QuantSpec spec, int64_t rows,
+                                   int64_t cols);
 
 // The safetensors header text (JSON, padded to 8 bytes) of a shard holding `slots`, with
 // `producer` recorded in its metadata.
@@ -36,7 +37,8 @@ std::string shard_header(const std::vector<ShardSlot>& slots, const std::string&
 // written; a writer destroyed before finish() leaves only the partial file.
 class ShardWriter {
  public:
-  ShardWriter(const std::filesystem::path& path, const std::vector<ShardSlot>& slots, const std::string& producer);
+  ShardWriter(const std::filesystem::path& path, const std::vector<ShardSlot>& slots,
+              const std::string& producer);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
@@ -59,8 +61,9 @@ struct ConvertOptions {
   std::filesystem::path input_dir, output_dir;
   int expert_bits = 4;  // routed experts: 4 or 8
   int group_size = 64;  // int4 group size (a container candidate), 0 = per row
-  int dense_bits = 8;   // attention, dense MLPs, shared experts, indexer: 4, 8, 16 (BF16) or 32 (F32)
-  int io_bits = 8;      // embeddings and lm_head: 8, 16 (BF16) or 32 (F32)
+  int dense_bits =
+      8;            // attention, dense MLPs, shared experts, indexer: 4, 8, 16 (BF16) or 32 (F32)
+  int io_bits = 8;  // embeddings and lm_head: 8, 16 (BF16) or 32 (F32)
   // Called once per tensor written, and once per shard skipped because it was already complete.
   std::function<void(const std::string& line)> progress;
   // For tests: stop (throwing Error) after writing this many tensors in this run; < 0 = never.

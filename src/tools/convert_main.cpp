@@ -1,6 +1,6 @@
 // colibri-convert: a Hugging Face checkpoint directory to colibri's int4/int8 container.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <string>
@@ -12,13 +12,19 @@ int main(int argc, char** argv) {
   colibri::ConvertOptions options;
   std::string input, output;
   CLI::App app{
-      "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, or FP8 with block scales) to "
-      "colibri's int4/int8 container: U8 packed weights with F32 '.qs' scales, HF tensor names, one output "
-      "shard per input shard. Interrupted runs resume: shards are written as '.partial' and renamed when "
+      "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, or FP8 with block "
+      "scales) to "
+      "colibri's int4/int8 container: U8 packed weights with F32 '.qs' scales, HF tensor names, "
+      "one output "
+      "shard per input shard. Interrupted runs resume: shards are written as '.partial' and "
+      "renamed when "
       "complete; the parameters are recorded in " +
       std::string(colibri::kConvertManifest) + " and a resume with other parameters is refused."};
-  app.add_option("input", input, "Hugging Face model directory (config.json + safetensors)")->required();
-  app.add_option("output", output, "output directory (created; config and tokenizer files are copied)")->required();
+  app.add_option("input", input, "Hugging Face model directory (config.json + safetensors)")
+      ->required();
+  app.add_option("output", output,
+                 "output directory (created; config and tokenizer files are copied)")
+      ->required();
   app.add_option("--expert-bits", options.expert_bits, "routed experts: 4 (int4) or 8 (int8-row)")
       ->capture_default_str();
   app.add_option("--group-size", options.group_size,
@@ -33,11 +39,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   options.input_dir = input;
   options.output_dir = output;
-  options.progress = [](const std::string& line) { std::fprintf(stderr, "[colibri-convert] %s\n", line.c_str()); };
+  options.progress = [](const std::string& line) {
+    std::fprintf(stderr, "[colibri-convert] %s\n", line.c_str());
+  };
   try {
     const colibri::ConvertResult r = colibri::convert_checkpoint(options);
-    std::fprintf(stderr, "[colibri-convert] done: %d shards written, %d kept, %.1f MB written\n", r.shards_written,
-                 r.shards_skipped, double(r.bytes_written) / 1e6);
+    std::fprintf(stderr, "[colibri-convert] done: %d shards written, %d kept, %.1f MB written\n",
+                 r.shards_written, r.shards_skipped, double(r.bytes_written) / 1e6);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "colibri-convert: %s\n", e.what());
     return 1;

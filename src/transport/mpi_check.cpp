@@ -39,7 +39,8 @@ void check_mpi(int code, const char* call, const char* file, int line) {
   char message[MPI_MAX_ERROR_STRING];
   int length = 0;
   MPI_Error_string(code, message, &length);
-  abort_job(fmt::format("{} failed at {}:{}: {}", call, file, line, std::string(message, size_t(length))));
+  abort_job(fmt::format("{} failed at {}:{}: {}", call, file, line,
+                        std::string(message, size_t(length))));
 }
 
 }  // namespace colibri

@@ -13,7 +13,7 @@ struct RankIdentity {
   int rank = 0;
   int size = 1;
   std::string host;
-  std::vector<std::string> hosts;  // [size], filled after start-up
+  std::vector<std::string> hosts;    // [size], filled after start-up
   std::string name_of(int r) const;  // "rank r@host"
 };
 

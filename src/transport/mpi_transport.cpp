@@ -71,8 +71,10 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
   CHECK_MPI(MPI_Comm_size(comm_, &size));
   const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
   const size_t request_bytes =
-      kHeaderBytes + wire::request_payload_bytes(uint32_t(shape_.max_rows), uint32_t(max_pairs), shape_.hidden);
-  const size_t reply_bytes = kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden);
+      kHeaderBytes +
+      wire::request_payload_bytes(uint32_t(shape_.max_rows), uint32_t(max_pairs), shape_.hidden);
+  const size_t reply_bytes =
+      kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden);
   if (rank_ == coordinator_) {
     owner_peer_.assign(size_t(size), -1);
     slowest_.assign(size_t(size), 0);
@@ -126,8 +128,9 @@ int MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vecto
     if (seconds_since(start) > options_.rank_timeout_s) {
       for (size_t i = 0; i < requests.size(); ++i)
         if (*requests[i] != MPI_REQUEST_NULL)
-          abort_job(fmt::format("{} is silent: no {} within {:.1f} s in the layer {} exchange (--rank-timeout)",
-                                rank_identity().name_of(peer_ranks[i]), what, options_.rank_timeout_s, layer));
+          abort_job(fmt::format(
+              "{} is silent: no {} within {:.1f} s in the layer {} exchange (--rank-timeout)",
+              rank_identity().name_of(peer_ranks[i]), what, options_.rank_timeout_s, layer));
     }
     backoff.pause();
   }
@@ -171,13 +174,19 @@ void MpiTransport::dispatch(int layer, const float* x, int n, const Routing& rou
       std::memcpy(payload + r * row_bytes, x + size_t(peer.rows[r]) * hidden, row_bytes);
     std::memcpy(payload + n_rows * row_bytes, pairs[p].data(), n_pairs * sizeof(wire::Pair));
     const size_t payload_bytes = wire::request_payload_bytes(n_rows, n_pairs, hidden);
-    const wire::Header header{wire::kMagic, wire::kProtocolVersion,
-                              uint16_t(wire::Opcode::kExpertRequest), ++peer.sequence, layer, n_rows, n_pairs,
-                              uint32_t(payload_bytes), wire::checksum(payload, payload_bytes)};
+    const wire::Header header{wire::kMagic,
+                              wire::kProtocolVersion,
+                              uint16_t(wire::Opcode::kExpertRequest),
+                              ++peer.sequence,
+                              layer,
+                              n_rows,
+                              n_pairs,
+                              uint32_t(payload_bytes),
+                              wire::checksum(payload, payload_bytes)};
     std::memcpy(peer.send.data(), &header, kHeaderBytes);
     // The reply receive is posted before the request leaves.
-    CHECK_MPI(MPI_Irecv(peer.recv.data(), int(peer.recv.size()), MPI_BYTE, peer.rank, wire::kTagReply,
-                        comm_, &peer.recv_request));
+    CHECK_MPI(MPI_Irecv(peer.recv.data(), int(peer.recv.size()), MPI_BYTE, peer.rank,
+                        wire::kTagReply, comm_, &peer.recv_request));
     CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, peer.rank,
                         wire::kTagRequest, comm_, &peer.send_request));
     counters.rows += n_rows;
@@ -190,7 +199,8 @@ void MpiTransport::dispatch(int layer, const float* x, int n, const Routing& rou
 void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   const std::string from = rank_identity().name_of(peer.rank);
   if (count_bytes < int(kHeaderBytes))
-    abort_job(fmt::format("corrupted reply from {}: {} bytes, shorter than a header", from, count_bytes));
+    abort_job(
+        fmt::format("corrupted reply from {}: {} bytes, shorter than a header", from, count_bytes));
   wire::Header h;
   std::memcpy(&h, peer.recv.data(), kHeaderBytes);
   const size_t expected = wire::reply_payload_bytes(uint32_t(peer.rows.size()), shape_.hidden);
@@ -202,7 +212,8 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   } else if (h.opcode != uint16_t(wire::Opcode::kExpertReply)) {
     problem = fmt::format("opcode {} where a reply was expected", h.opcode);
   } else if (h.sequence != peer.sequence || h.layer != layer_) {
-    problem = fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer, peer.sequence, layer_);
+    problem = fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
+                          peer.sequence, layer_);
   } else if (h.n_rows != peer.rows.size() || h.payload_bytes != expected ||
              size_t(count_bytes) != kHeaderBytes + expected) {
     problem = fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, count_bytes,
@@ -210,7 +221,8 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   } else if (wire::checksum(peer.recv.data() + kHeaderBytes, expected) != h.checksum) {
     problem = "payload checksum mismatch";
   }
-  if (!problem.empty()) abort_job(fmt::format("corrupted reply from {} in layer {}: {}", from, layer_, problem));
+  if (!problem.empty())
+    abort_job(fmt::format("corrupted reply from {} in layer {}: {}", from, layer_, problem));
 }
 
 void MpiTransport::combine(float* out) {
@@ -267,7 +279,8 @@ void MpiTransport::combine(float* out) {
       const float* src = partial + r * size_t(hidden);
       for (int j = 0; j < hidden; ++j) dst[j] += src[j];
     }
-    counters.bytes_in += kHeaderBytes + wire::reply_payload_bytes(uint32_t(peer.rows.size()), hidden);
+    counters.bytes_in +=
+        kHeaderBytes + wire::reply_payload_bytes(uint32_t(peer.rows.size()), hidden);
   }
   std::vector<MPI_Request*> sends;
   for (size_t p : active) sends.push_back(&peers_[p].send_request);
@@ -278,8 +291,15 @@ void MpiTransport::shutdown() {
   std::vector<MPI_Request*> sends;
   std::vector<int> ranks;
   for (Peer& peer : peers_) {
-    const wire::Header header{wire::kMagic, wire::kProtocolVersion, uint16_t(wire::Opcode::kShutdown),
-                              ++peer.sequence, -1, 0, 0, 0, wire::checksum(nullptr, 0)};
+    const wire::Header header{wire::kMagic,
+                              wire::kProtocolVersion,
+                              uint16_t(wire::Opcode::kShutdown),
+                              ++peer.sequence,
+                              -1,
+                              0,
+                              0,
+                              0,
+                              wire::checksum(nullptr, 0)};
     std::memcpy(peer.send.data(), &header, kHeaderBytes);
     CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes), MPI_BYTE, peer.rank, wire::kTagRequest,
                         comm_, &peer.send_request));
@@ -305,7 +325,8 @@ bool MpiTransport::receive(ExpertRequest& request) {
   CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
   const std::string from = rank_identity().name_of(coordinator_);
   if (count < int(kHeaderBytes))
-    abort_job(fmt::format("corrupted request from {}: {} bytes, shorter than a header", from, count));
+    abort_job(
+        fmt::format("corrupted request from {}: {} bytes, shorter than a header", from, count));
   wire::Header& h = request_header_;
   std::memcpy(&h, request_buffer_.data(), kHeaderBytes);
   const auto bad = [&](const std::string& problem) {
@@ -313,11 +334,14 @@ bool MpiTransport::receive(ExpertRequest& request) {
   };
   if (h.magic != wire::kMagic) bad(fmt::format("bad magic {:#x}", h.magic));
   if (h.version != wire::kProtocolVersion) bad(fmt::format("protocol version {}", h.version));
-  if (h.sequence != sequence_ + 1) bad(fmt::format("sequence {} (expected {})", h.sequence, sequence_ + 1));
+  if (h.sequence != sequence_ + 1)
+    bad(fmt::format("sequence {} (expected {})", h.sequence, sequence_ + 1));
   sequence_ = h.sequence;
   if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return false;
-  if (h.opcode != uint16_t(wire::Opcode::kExpertRequest)) bad(fmt::format("unknown opcode {}", h.opcode));
-  if (h.layer < 0 || h.layer >= placement_.num_layers) bad(fmt::format("layer {} out of range", h.layer));
+  if (h.opcode != uint16_t(wire::Opcode::kExpertRequest))
+    bad(fmt::format("unknown opcode {}", h.opcode));
+  if (h.layer < 0 || h.layer >= placement_.num_layers)
+    bad(fmt::format("layer {} out of range", h.layer));
   if (h.n_rows == 0 || h.n_rows > uint32_t(shape_.max_rows))
     bad(fmt::format("{} rows (at most {})", h.n_rows, shape_.max_rows));
   if (h.n_pairs < h.n_rows || h.n_pairs > h.n_rows * uint32_t(shape_.top_k))
@@ -332,11 +356,14 @@ bool MpiTransport::receive(ExpertRequest& request) {
   request.n_rows = int(h.n_rows);
   request.rows = reinterpret_cast<const float*>(payload);
   request.n_pairs = int(h.n_pairs);
-  request.pairs = reinterpret_cast<const wire::Pair*>(payload + size_t(h.n_rows) * shape_.hidden * sizeof(float));
+  request.pairs = reinterpret_cast<const wire::Pair*>(payload + size_t(h.n_rows) * shape_.hidden *
+                                                                    sizeof(float));
   for (int i = 0; i < request.n_pairs; ++i) {
     const wire::Pair& pair = request.pairs[i];
-    if (pair.row >= h.n_rows || pair.expert >= uint32_t(placement_.num_experts) || !std::isfinite(pair.weight))
-      bad(fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row, pair.expert, pair.weight));
+    if (pair.row >= h.n_rows || pair.expert >= uint32_t(placement_.num_experts) ||
+        !std::isfinite(pair.weight))
+      bad(fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
+                      pair.expert, pair.weight));
     if (placement_.owner_of(h.layer, int(pair.expert)) != rank_)
       bad(fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer));
   }
@@ -355,13 +382,20 @@ void MpiTransport::reply(const float* partial) {
   const size_t payload_bytes = wire::reply_payload_bytes(request.n_rows, shape_.hidden);
   std::byte* payload = reply_buffer_.data() + kHeaderBytes;
   std::memcpy(payload, partial, payload_bytes);
-  const wire::Header header{wire::kMagic, wire::kProtocolVersion, uint16_t(wire::Opcode::kExpertReply),
-                            request.sequence, request.layer, request.n_rows, 0, uint32_t(payload_bytes),
+  const wire::Header header{wire::kMagic,
+                            wire::kProtocolVersion,
+                            uint16_t(wire::Opcode::kExpertReply),
+                            request.sequence,
+                            request.layer,
+                            request.n_rows,
+                            0,
+                            uint32_t(payload_bytes),
                             wire::checksum(payload, payload_bytes)};
   std::memcpy(reply_buffer_.data(), &header, kHeaderBytes);
-  if (request.layer == options_.corrupt_reply_at_layer) payload[payload_bytes / 2] ^= std::byte{0x5a};
-  CHECK_MPI(MPI_Isend(reply_buffer_.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, coordinator_,
-                      wire::kTagReply, comm_, &reply_send_));
+  if (request.layer == options_.corrupt_reply_at_layer)
+    payload[payload_bytes / 2] ^= std::byte{0x5a};
+  CHECK_MPI(MPI_Isend(reply_buffer_.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE,
+                      coordinator_, wire::kTagReply, comm_, &reply_send_));
   RankReport& counters = profiler_.counters();
   counters.bytes_out += kHeaderBytes + payload_bytes;
   counters.bytes_to_rank[coordinator_] += kHeaderBytes + payload_bytes;

@@ -65,9 +65,9 @@ class MpiTransport final : public Transport {
   int n_rows_ = 0;
 
   // coordinator side
-  std::vector<Peer> peers_;            // one per expert rank
-  std::vector<int> owner_peer_;        // rank -> index in peers_ (-1 if none)
-  std::vector<uint64_t> slowest_;      // [world size]
+  std::vector<Peer> peers_;        // one per expert rank
+  std::vector<int> owner_peer_;    // rank -> index in peers_ (-1 if none)
+  std::vector<uint64_t> slowest_;  // [world size]
 
   // expert side
   std::vector<std::byte> request_buffer_;

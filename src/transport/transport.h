@@ -22,8 +22,8 @@ struct ExchangeShape {
 struct ExpertRequest {
   int layer = 0;
   int n_rows = 0;
-  const float* rows = nullptr;             // [n_rows, hidden]
-  const wire::Pair* pairs = nullptr;       // [n_pairs], grouped by nothing in particular
+  const float* rows = nullptr;        // [n_rows, hidden]
+  const wire::Pair* pairs = nullptr;  // [n_pairs], grouped by nothing in particular
   int n_pairs = 0;
 };
 

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "container_writer.h"
 #include "coordinator/kv_cache.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/container.h"
 #include "model/reference_model.h"
 #include "model/weights.h"
-#include "container_writer.h"
 
 namespace colibri {
 namespace {
@@ -77,7 +77,8 @@ Container make_container(QuantSpec expert_spec, bool flat = false) {
     const test::Tensor& t = c.model.tensor(name);
     if (t.shape.size() != 2 || name.find("mlp.gate.weight") != std::string::npos) continue;
     const bool routed = name.find("mlp.experts.") != std::string::npos;
-    test::quantize_in_place(c.model, c.twin, name, routed ? expert_spec : QuantSpec{QuantFormat::kInt8Row, 0}, flat);
+    test::quantize_in_place(c.model, c.twin, name,
+                            routed ? expert_spec : QuantSpec{QuantFormat::kInt8Row, 0}, flat);
   }
   return c;
 }
@@ -186,7 +187,8 @@ std::string load_error(const Container& c) {
   return "(loaded without error)";
 }
 
-void expect_one_line_naming(const std::string& error, const TinyModel& m, const std::string& tensor) {
+void expect_one_line_naming(const std::string& error, const TinyModel& m,
+                            const std::string& tensor) {
   EXPECT_THAT(error, HasSubstr(tensor));
   EXPECT_THAT(error, HasSubstr(m.shard_file(tensor)));
   EXPECT_THAT(error, Not(HasSubstr("\n")));
@@ -230,8 +232,10 @@ TEST(ContainerRefusal, AmbiguousGroupSize) {
   const std::vector<float> scales(16 * 2, 0.1f);
   qs = test::f32_tensor(qs.name, {16, 2}, scales);
   // The gate and up of expert 2 are quantized too, so that only down_proj is at fault.
-  test::quantize_in_place(c.model, c.twin, "model.layers.1.mlp.experts.2.gate_proj.weight", {QuantFormat::kInt4Row, 0});
-  test::quantize_in_place(c.model, c.twin, "model.layers.1.mlp.experts.2.up_proj.weight", {QuantFormat::kInt4Row, 0});
+  test::quantize_in_place(c.model, c.twin, "model.layers.1.mlp.experts.2.gate_proj.weight",
+                          {QuantFormat::kInt4Row, 0});
+  test::quantize_in_place(c.model, c.twin, "model.layers.1.mlp.experts.2.up_proj.weight",
+                          {QuantFormat::kInt4Row, 0});
   const std::string error = load_error(c);
   expect_one_line_naming(error, c.model, kDown);
   EXPECT_THAT(error, HasSubstr("ambiguous"));

@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "container_writer.h"
 #include "coordinator/kv_cache.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/reference_model.h"
 #include "model/weights.h"
 #include "tools/convert.h"
-#include "container_writer.h"
 
 namespace colibri {
 namespace {
@@ -52,7 +52,9 @@ ConvertOptions options_for(const fs::path& in, const fs::path& out) {
   return o;
 }
 
-int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
+int argmax(const float* v, int n) {
+  return int(std::max_element(v, v + n) - v);
+}
 
 // The parity fixture has random weights, so its greedy continuation is fragile: compare the
 // first greedy token and the teacher-forced logits of the prompt instead, with a stated bound.
@@ -70,7 +72,11 @@ TEST(Convert, ParityFixtureLogitsStayClose) {
   // The fixture's random weights make its logits very sensitive to rounding (measured: int4-g64
   // experts + int8 dense 5.4 of 13.1 max |logit|, argmax 15/20; int8 experts only 2.0, 18/20), so
   // the bounds are loose; the embedded model's perplexity below is the quality check.
-  struct Case { int expert_bits, dense_bits, io_bits; float rel_bound; int min_same_argmax; };
+  struct Case {
+    int expert_bits, dense_bits, io_bits;
+    float rel_bound;
+    int min_same_argmax;
+  };
   for (const Case c : {Case{4, 8, 8, 0.6f, 12}, Case{8, 32, 32, 0.3f, 15}}) {
     TempDir out;
     ConvertOptions o = options_for(source, out.path());
@@ -91,10 +97,12 @@ TEST(Convert, ParityFixtureLogitsStayClose) {
       max_abs = std::max(max_abs, std::abs(want[i]));
     }
     for (size_t r = 0; r < prompt.size(); ++r)
-      same_argmax += argmax(&got[r * size_t(vocab)], vocab) == argmax(&want[r * size_t(vocab)], vocab);
-    std::printf("parity glm5, experts %d bits, dense %d, io %d: max |logit diff| %.4g of max |logit| %.4g, "
-                "argmax equal at %d/%zu positions\n",
-                c.expert_bits, c.dense_bits, c.io_bits, max_diff, max_abs, same_argmax, prompt.size());
+      same_argmax +=
+          argmax(&got[r * size_t(vocab)], vocab) == argmax(&want[r * size_t(vocab)], vocab);
+    std::printf(
+        "parity glm5, experts %d bits, dense %d, io %d: max |logit diff| %.4g of max |logit| %.4g, "
+        "argmax equal at %d/%zu positions\n",
+        c.expert_bits, c.dense_bits, c.io_bits, max_diff, max_abs, same_argmax, prompt.size());
     EXPECT_GT(max_diff, 0.0f);  // the weights really were quantized
     EXPECT_LE(max_diff, c.rel_bound * max_abs);
     EXPECT_GE(same_argmax, c.min_same_argmax);
@@ -116,7 +124,8 @@ TEST(Convert, LosslessSettingsReproduceTheSourceLogits) {
   EXPECT_EQ(a->weights.embed.data, b->weights.embed.data);
   EXPECT_EQ(a->weights.layers[0].attn.q_b_proj.data, b->weights.layers[0].attn.q_b_proj.data);
   EXPECT_EQ(b->weights.layers[1].experts[0].quant.down.format, QuantFormat::kInt8Row);
-  // Pattern values are multiples of 1/8 up to 7/8: int8 with scale amax/127 reproduces them to 1/254 of amax.
+  // Pattern values are multiples of 1/8 up to 7/8: int8 with scale amax/127 reproduces them to
+  // 1/254 of amax.
   std::vector<float> deq(size_t(TinyModel::kHidden * TinyModel::kMoeIntermediate));
   kernels::dequantize(b->weights.layers[1].experts[0].quant.down.view(), deq.data());
   const auto& want = source_model.tensor("model.layers.1.mlp.experts.0.down_proj.weight").values;
@@ -161,7 +170,8 @@ TEST(Convert, InterruptedConversionIsNotLoadedAndIsRedone) {
   EXPECT_FALSE(fs::exists(out.path() / "model.safetensors.index.json"));
   EXPECT_THROW(load(out.path()), Error);  // the half-written shard is never read
 
-  // A rerun with other parameters is refused; with the same ones it keeps shard 1 and redoes shard 2.
+  // A rerun with other parameters is refused; with the same ones it keeps shard 1 and redoes
+  // shard 2.
   ConvertOptions other = options_for(source.path(), out.path());
   other.expert_bits = 8;
   try {
@@ -175,7 +185,9 @@ TEST(Convert, InterruptedConversionIsNotLoadedAndIsRedone) {
   EXPECT_EQ(r.shards_written, 1);
   EXPECT_FALSE(fs::exists(out.path() / "out-00002.safetensors.partial"));
   for (const char* shard : {"out-00001.safetensors", "out-00002.safetensors"})
-    EXPECT_EQ(test::read_file_bytes(out.path() / shard), test::read_file_bytes(reference.path() / shard)) << shard;
+    EXPECT_EQ(test::read_file_bytes(out.path() / shard),
+              test::read_file_bytes(reference.path() / shard))
+        << shard;
   EXPECT_NO_THROW(load(out.path()));
   const ConvertResult again = convert_checkpoint(options_for(source.path(), out.path()));
   EXPECT_EQ(again.shards_skipped, 2);
@@ -204,8 +216,8 @@ TEST(Convert, RefusesAGroupSizeTheReaderCouldNotResolve) {
 
 double perplexity(const fs::path& model) {
   const fs::path heldout = kData / "embedded" / "heldout.txt";
-  const std::string command = std::string(COLIBRI_NODE_BINARY) + " --model '" + model.string() + "' --score '" +
-                              heldout.string() + "' 2>/dev/null";
+  const std::string command = std::string(COLIBRI_NODE_BINARY) + " --model '" + model.string() +
+                              "' --score '" + heldout.string() + "' 2>/dev/null";
   FILE* pipe = ::popen(command.c_str(), "r");
   if (!pipe) return -1;
   char line[4096];
@@ -222,12 +234,16 @@ TEST(Convert, EmbeddedModelInt4G64PerplexityWithin3Percent) {
   const fs::path source = COLIBRI_EMBEDDED_MODEL;
   if (!fs::exists(kData / "embedded" / "heldout.txt")) GTEST_SKIP() << "no held-out text";
   TempDir out;
-  convert_checkpoint(options_for(source, out.path()));  // defaults: experts int4-g64, dense and io int8
+  convert_checkpoint(
+      options_for(source, out.path()));  // defaults: experts int4-g64, dense and io int8
   const auto conv = load(out.path());
-  EXPECT_EQ(conv->weights.layers.back().experts.front().quant.gate.format, QuantFormat::kInt4Grouped);
+  EXPECT_EQ(conv->weights.layers.back().experts.front().quant.gate.format,
+            QuantFormat::kInt4Grouped);
   const double base = perplexity(source), quant = perplexity(out.path());
-  std::printf("embedded held-out perplexity: source %.4f, int4-g64 experts + int8 dense/io %.4f (%+.2f %%)\n", base,
-              quant, 100 * (quant / base - 1));
+  std::printf(
+      "embedded held-out perplexity: source %.4f, int4-g64 experts + int8 dense/io %.4f (%+.2f "
+      "%%)\n",
+      base, quant, 100 * (quant / base - 1));
   ASSERT_GT(base, 1.0);
   ASSERT_GT(quant, 1.0);
   EXPECT_LE(quant, base * 1.03);

@@ -86,7 +86,8 @@ TEST(MlaAttention, DecodeEqualsPrefillOfTheSameTokens) {
   attention.forward(0, s.weights, x.data(), tokens, 0, prefill_cache, selection, prefill.data());
   LayerKvCache decode_cache;
   for (int t = 0; t < tokens; ++t)
-    attention.forward(0, s.weights, &x[size_t(t) * 48], 1, t, decode_cache, selection, &decode[size_t(t) * 48]);
+    attention.forward(0, s.weights, &x[size_t(t) * 48], 1, t, decode_cache, selection,
+                      &decode[size_t(t) * 48]);
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(prefill[i], decode[i], 1e-4f) << i;
   EXPECT_EQ(prefill_cache.latent, decode_cache.latent);
 }

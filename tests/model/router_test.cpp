@@ -11,7 +11,8 @@ namespace {
 struct RouterSetup {
   ModelConfig config;
   LayerWeights layer;
-  RouterSetup(std::vector<float> logits, std::vector<float> bias, int groups, int topk_group, int k) {
+  RouterSetup(std::vector<float> logits, std::vector<float> bias, int groups, int topk_group,
+              int k) {
     config.hidden_size = 1;
     config.n_routed_experts = int(logits.size());
     config.num_experts_per_tok = k;
@@ -24,7 +25,9 @@ struct RouterSetup {
   }
 };
 
-float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
 
 TEST(Router, BiasSelectsButDoesNotWeigh) {
   // Expert 3 has the lowest score but a large bias: it is selected with its unbiased weight.
@@ -40,8 +43,8 @@ TEST(Router, BiasSelectsButDoesNotWeigh) {
 TEST(Router, GroupLimitedSelectionUsesTopTwoSums) {
   // 4 groups of 2. Group scores (sum of both): g0 = high single expert + low partner, g1 = two
   // moderately high experts. Keep 2 groups; the best single expert's group must lose to g1 and g2.
-  RouterSetup s({4.0f, -4.0f, 1.0f, 1.0f, 0.8f, 0.8f, -2.0f, -2.0f},
-                std::vector<float>(8, 0.0f), 4, 2, 3);
+  RouterSetup s({4.0f, -4.0f, 1.0f, 1.0f, 0.8f, 0.8f, -2.0f, -2.0f}, std::vector<float>(8, 0.0f), 4,
+                2, 3);
   const float x = 1.0f;
   const Routing r = route_tokens(s.config, s.layer, &x, 1);
   // Without groups the top 3 would include expert 0; with them only experts 2..5 are eligible.

@@ -86,7 +86,8 @@ TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
   float max_vs_reference = 0, max_vs_transformers = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     max_vs_reference = std::max(max_vs_reference, std::abs(distributed[i] - expected[i]));
-    max_vs_transformers = std::max(max_vs_transformers, std::abs(distributed[i] - g.logits.data[i]));
+    max_vs_transformers =
+        std::max(max_vs_transformers, std::abs(distributed[i] - g.logits.data[i]));
   }
   // With one expert owner every row sums its experts in the reference's order: bitwise equal.
   // More owners reorder the sum of partials.
@@ -98,23 +99,26 @@ TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
   EXPECT_LE(max_vs_transformers, 1e-3f);
   const int vocab = config.vocab_size;
   for (size_t row = 0; row * vocab < expected.size(); ++row) {
-    const std::span<const float> a(&distributed[row * vocab], size_t(vocab)), b(&expected[row * vocab], size_t(vocab));
+    const std::span<const float> a(&distributed[row * vocab], size_t(vocab)),
+        b(&expected[row * vocab], size_t(vocab));
     EXPECT_EQ(argmax(a), argmax(b)) << "position " << row;
   }
   EXPECT_EQ(greedy.tokens, g.greedy);
-  std::printf("[np %d %s %s] max |logit diff| vs reference %.3g, vs transformers %.3g\n", world_size(),
-              fixture.c_str(), placement.c_str(), max_vs_reference, max_vs_transformers);
+  std::printf("[np %d %s %s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
+              world_size(), fixture.c_str(), placement.c_str(), max_vs_reference,
+              max_vs_transformers);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, NodeEquality,
-    ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
-                       ::testing::Values("round-robin", "contiguous", "balanced")),
-    [](const auto& param_info) {
-      std::string name = std::get<0>(param_info.param) + "_" + std::get<1>(param_info.param);
-      std::replace(name.begin(), name.end(), '-', '_');
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, NodeEquality,
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
+                                            ::testing::Values("round-robin", "contiguous",
+                                                              "balanced")),
+                         [](const auto& param_info) {
+                           std::string name =
+                               std::get<0>(param_info.param) + "_" + std::get<1>(param_info.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // Every routed expert has exactly one owner; expert ranks load exactly what they own and the
 // coordinator loads no routed expert.
@@ -140,7 +144,8 @@ TEST(NodePlacement, OwnersLoadExactlyTheirExperts) {
       uint64_t bytes = 0;
       for (const char* m : {"gate_proj", "up_proj", "down_proj"})
         for (const char* suffix : {".weight", ".weight_scale_inv"})
-          if (const TensorView* v = checkpoint.find(expert_prefix(l, e) + m + suffix)) bytes += v->nbytes;
+          if (const TensorView* v = checkpoint.find(expert_prefix(l, e) + m + suffix))
+            bytes += v->nbytes;
       all_expert_bytes += bytes;
       if (owner == node.rank()) owned_bytes += bytes;
     }

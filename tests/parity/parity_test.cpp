@@ -60,9 +60,11 @@ float expect_logits_match(std::span<const float> actual, const NpyArray& golden,
     std::span<const float> got = actual.subspan(size_t(r) * vocab, size_t(vocab));
     std::span<const float> want(&golden.data[size_t(first_row + r) * vocab], size_t(vocab));
     float row_error = 0.0f;
-    for (int v = 0; v < vocab; ++v) row_error = std::max(row_error, std::abs(got[size_t(v)] - want[size_t(v)]));
+    for (int v = 0; v < vocab; ++v)
+      row_error = std::max(row_error, std::abs(got[size_t(v)] - want[size_t(v)]));
     EXPECT_LE(row_error, kMaxAbsError) << what << ": position " << first_row + r;
-    EXPECT_EQ(argmax(got), argmax(want)) << what << ": greedy token differs at position " << first_row + r;
+    EXPECT_EQ(argmax(got), argmax(want))
+        << what << ": greedy token differs at position " << first_row + r;
     max_error = std::max(max_error, row_error);
   }
   return max_error;
@@ -79,7 +81,8 @@ TEST_P(Parity, GoldenIsNotTrivial) {
   const auto [lo, hi] = std::minmax_element(l.data.begin(), l.data.end());
   EXPECT_GT(*hi - *lo, 1.0f) << "golden logits are nearly constant";
   if (f.config.has_indexer()) {
-    EXPECT_LT(f.config.index_topk, int(l.shape[0])) << "DSA selection never happens in this fixture";
+    EXPECT_LT(f.config.index_topk, int(l.shape[0]))
+        << "DSA selection never happens in this fixture";
   }
 }
 
@@ -104,7 +107,8 @@ TEST_P(Parity, IncrementalDecodeMatchesTransformers) {
   for (size_t i = 0; i < f.teacher_forced.size(); ++i) {
     const int token[] = {f.teacher_forced[i]};
     logits = model.forward(token, cache);
-    error = std::max(error, expect_logits_match(logits, f.logits, int(f.prompt.size() + i), 1, "decode"));
+    error = std::max(error,
+                     expect_logits_match(logits, f.logits, int(f.prompt.size() + i), 1, "decode"));
   }
   EXPECT_EQ(cache.length(), int(f.prompt.size() + f.teacher_forced.size()));
   std::printf("[%s] incremental decode max |logit error| = %.3g\n", GetParam().c_str(), error);
@@ -141,9 +145,11 @@ TEST_P(Parity, GreedyTokensMatchTransformers) {
 
 std::vector<std::string> fixtures() {
   std::vector<std::string> names;
-  if (!std::filesystem::is_directory(kParityDir)) return names;  // BothArchitecturesArePresent fails
+  if (!std::filesystem::is_directory(kParityDir))
+    return names;  // BothArchitecturesArePresent fails
   for (const auto& entry : std::filesystem::directory_iterator(kParityDir))
-    if (std::filesystem::exists(entry.path() / "golden" / "meta.json")) names.push_back(entry.path().filename());
+    if (std::filesystem::exists(entry.path() / "golden" / "meta.json"))
+      names.push_back(entry.path().filename());
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -43,8 +43,10 @@ RunResult run_node(const std::vector<std::string>& args, const fs::path& scratch
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
   pid_t pid = -1;
   const int spawn_error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
@@ -86,9 +88,9 @@ std::vector<std::string> lines(const std::string& text) {
 TEST(Cli, ValidModelGenerates) {
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
-  const RunResult r = run_node({"--model", dir.path().string(), "--prompt-ids", "3,4,5", "--ngen", "3",
-                                "--ignore-eos"},
-                               scratch.path());
+  const RunResult r = run_node(
+      {"--model", dir.path().string(), "--prompt-ids", "3,4,5", "--ngen", "3", "--ignore-eos"},
+      scratch.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // Three token ids, each followed by a space.
   const auto out_lines = lines(r.out);
@@ -105,7 +107,9 @@ struct CliCase {
 };
 
 // What gtest prints for the parameter, and so the case name ctest shows.
-void PrintTo(const CliCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const CliCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 const std::string kQb1 = "model.layers.1.self_attn.q_b_proj.weight";
 
@@ -116,14 +120,18 @@ const CliCase kCliCases[] = {
        fs::resize_file(shard, fs::file_size(shard) - 6);
      },
      [](const fs::path& dir, const test::TinyModel& m) {
-       return std::vector<std::string>{(dir / m.shard_name(1)).string(), "tensor '" + m.tensors.back().name + "'"};
+       return std::vector<std::string>{(dir / m.shard_name(1)).string(),
+                                       "tensor '" + m.tensors.back().name + "'"};
      }},
     {"WrongShape",
      [](const fs::path& dir, const test::TinyModel& m) {
-       test::rewrite_header(dir / m.shard_file(kQb1), [](test::json& h) { h[kQb1]["shape"] = {8, 12}; });
+       test::rewrite_header(dir / m.shard_file(kQb1), [](test::json& h) {
+         h[kQb1]["shape"] = {8, 12};
+       });
      },
      [](const fs::path& dir, const test::TinyModel& m) {
-       return std::vector<std::string>{(dir / m.shard_file(kQb1)).string(), "tensor '" + kQb1 + "' has shape [8, 12]"};
+       return std::vector<std::string>{(dir / m.shard_file(kQb1)).string(),
+                                       "tensor '" + kQb1 + "' has shape [8, 12]"};
      }},
     {"ConfigMissingField",
      [](const fs::path& dir, const test::TinyModel&) {
@@ -144,8 +152,8 @@ TEST_P(CliCorrupt, ExitsNonZeroWithOneErrorLine) {
   const test::TinyModel model;
   model.write(dir.path());
   c.corrupt(dir.path(), model);
-  const RunResult r = run_node({"--model", dir.path().string(), "--prompt-ids", "1,2", "--ngen", "2"},
-                               scratch.path());
+  const RunResult r = run_node(
+      {"--model", dir.path().string(), "--prompt-ids", "1,2", "--ngen", "2"}, scratch.path());
   EXPECT_EQ(r.exit_code, 1) << r.err;
   const auto err_lines = lines(r.err);
   ASSERT_EQ(err_lines.size(), 1u) << r.err;

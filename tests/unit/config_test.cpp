@@ -21,10 +21,16 @@ using test::TinyModel;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-json glm_config() { return TinyModel({.arch = TinyArch::kGlm5}).config; }
-json dsv3_config() { return TinyModel({.arch = TinyArch::kDeepseekV3}).config; }
+json glm_config() {
+  return TinyModel({.arch = TinyArch::kGlm5}).config;
+}
+json dsv3_config() {
+  return TinyModel({.arch = TinyArch::kDeepseekV3}).config;
+}
 
-ModelConfig parse(const json& config) { return parse_model_config(config.dump(), "tiny/config.json"); }
+ModelConfig parse(const json& config) {
+  return parse_model_config(config.dump(), "tiny/config.json");
+}
 
 TEST(Config, Glm5) {
   const ModelConfig c = parse(glm_config());
@@ -108,9 +114,9 @@ TEST(Config, IndexTopkPattern) {
 
 TEST(Config, Glm5YarnInRopeParameters) {
   json config = glm_config();
-  config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5}, {"factor", 4.0},
-                               {"original_max_position_embeddings", 32}, {"beta_fast", 0},
-                               {"attention_factor", 1.25}};
+  config["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5e5},
+                               {"factor", 4.0},       {"original_max_position_embeddings", 32},
+                               {"beta_fast", 0},      {"attention_factor", 1.25}};
   const ModelConfig c = parse(config);
   EXPECT_TRUE(c.rope.yarn);
   EXPECT_DOUBLE_EQ(c.rope.theta, 5e5);
@@ -132,8 +138,9 @@ TEST(Config, GenerationConfigOverridesDefaults) {
   test::TempDir dir;
   TinyModel model;
   test::write_json_file(dir.path() / "config.json", model.config);
-  test::write_json_file(dir.path() / "generation_config.json",
-                        {{"eos_token_id", {2, 3}}, {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.95}});
+  test::write_json_file(
+      dir.path() / "generation_config.json",
+      {{"eos_token_id", {2, 3}}, {"do_sample", true}, {"temperature", 0.6}, {"top_p", 0.95}});
   const ModelConfig c = load_model_config(dir.path());
   EXPECT_THAT(c.generation.eos_token_ids, ElementsAre(2, 3));
   EXPECT_TRUE(c.generation.do_sample);
@@ -171,7 +178,8 @@ TEST(Config, EosOutsideVocabularyNamesGenerationConfig) {
   TinyModel model;
   test::write_json_file(dir.path() / "config.json", model.config);
   test::write_json_file(dir.path() / "generation_config.json", {{"eos_token_id", 1000}});
-  expect_load_error(dir.path(), {(dir.path() / "generation_config.json").string(), "eos_token_id 1000"});
+  expect_load_error(dir.path(),
+                    {(dir.path() / "generation_config.json").string(), "eos_token_id 1000"});
 }
 
 TEST(Config, GenerationConfigNotJson) {
@@ -179,7 +187,8 @@ TEST(Config, GenerationConfigNotJson) {
   TinyModel model;
   test::write_json_file(dir.path() / "config.json", model.config);
   test::write_file_bytes(dir.path() / "generation_config.json", "{\"eos_token_id\": ");
-  expect_load_error(dir.path(), {(dir.path() / "generation_config.json").string(), "not valid JSON"});
+  expect_load_error(dir.path(),
+                    {(dir.path() / "generation_config.json").string(), "not valid JSON"});
 }
 
 TEST(Config, GenerationConfigBadTemperature) {
@@ -187,7 +196,8 @@ TEST(Config, GenerationConfigBadTemperature) {
   TinyModel model;
   test::write_json_file(dir.path() / "config.json", model.config);
   test::write_json_file(dir.path() / "generation_config.json", {{"temperature", "hot"}});
-  expect_load_error(dir.path(), {(dir.path() / "generation_config.json").string(), "'temperature'"});
+  expect_load_error(dir.path(),
+                    {(dir.path() / "generation_config.json").string(), "'temperature'"});
 }
 
 // ---- errors from parse_model_config: one table ----------------------------------------------
@@ -200,96 +210,229 @@ struct BadConfig {
 };
 
 // What gtest prints for the parameter, and so the case name ctest shows.
-void PrintTo(const BadConfig& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const BadConfig& c, std::ostream* os) {
+  *os << c.name;
+}
 
 constexpr TinyArch kGlm = TinyArch::kGlm5;
 constexpr TinyArch kDsv3 = TinyArch::kDeepseekV3;
 
 const BadConfig kBadConfigs[] = {
-    {"NoArchitectures", kGlm, [](json& c) { c.erase("architectures"); }, {"missing field 'architectures'"}},
-    {"NullArchitectures", kGlm, [](json& c) { c["architectures"] = nullptr; }, {"missing field 'architectures'"}},
-    {"ArchitecturesNotList", kGlm, [](json& c) { c["architectures"] = "GlmMoeDsaForCausalLM"; },
+    {"NoArchitectures",
+     kGlm,
+     [](json& c) { c.erase("architectures"); },
+     {"missing field 'architectures'"}},
+    {"NullArchitectures",
+     kGlm,
+     [](json& c) { c["architectures"] = nullptr; },
+     {"missing field 'architectures'"}},
+    {"ArchitecturesNotList",
+     kGlm,
+     [](json& c) { c["architectures"] = "GlmMoeDsaForCausalLM"; },
      {"'architectures' must be a list of strings"}},
-    {"TwoArchitectures", kGlm, [](json& c) { c["architectures"].push_back("DeepseekV3ForCausalLM"); },
+    {"TwoArchitectures",
+     kGlm,
+     [](json& c) { c["architectures"].push_back("DeepseekV3ForCausalLM"); },
      {"'architectures' must name one architecture"}},
-    {"UnknownArchitecture", kGlm, [](json& c) { c["architectures"] = {"LlamaForCausalLM"}; },
+    {"UnknownArchitecture",
+     kGlm,
+     [](json& c) { c["architectures"] = {"LlamaForCausalLM"}; },
      {"architecture 'LlamaForCausalLM' is not supported"}},
-    {"MissingHiddenSize", kGlm, [](json& c) { c.erase("hidden_size"); }, {"missing field 'hidden_size'"}},
-    {"NegativeHiddenSize", kGlm, [](json& c) { c["hidden_size"] = -16; }, {"'hidden_size' = -16 is out of range"}},
-    {"HugeHiddenSize", kGlm, [](json& c) { c["hidden_size"] = 1ll << 40; }, {"'hidden_size'", "out of range"}},
-    {"HiddenSizeU64Max", kGlm, [](json& c) { c["hidden_size"] = ~0ull; }, {"'hidden_size'", "out of range"}},
-    {"HiddenSizeString", kGlm, [](json& c) { c["hidden_size"] = "16"; }, {"'hidden_size' must be an integer"}},
-    {"HiddenSizeFractional", kGlm, [](json& c) { c["hidden_size"] = 16.5; }, {"'hidden_size' must be an integer"}},
+    {"MissingHiddenSize",
+     kGlm,
+     [](json& c) { c.erase("hidden_size"); },
+     {"missing field 'hidden_size'"}},
+    {"NegativeHiddenSize",
+     kGlm,
+     [](json& c) { c["hidden_size"] = -16; },
+     {"'hidden_size' = -16 is out of range"}},
+    {"HugeHiddenSize",
+     kGlm,
+     [](json& c) { c["hidden_size"] = 1ll << 40; },
+     {"'hidden_size'", "out of range"}},
+    {"HiddenSizeU64Max",
+     kGlm,
+     [](json& c) { c["hidden_size"] = ~0ull; },
+     {"'hidden_size'", "out of range"}},
+    {"HiddenSizeString",
+     kGlm,
+     [](json& c) { c["hidden_size"] = "16"; },
+     {"'hidden_size' must be an integer"}},
+    {"HiddenSizeFractional",
+     kGlm,
+     [](json& c) { c["hidden_size"] = 16.5; },
+     {"'hidden_size' must be an integer"}},
     {"ZeroVocab", kGlm, [](json& c) { c["vocab_size"] = 0; }, {"'vocab_size' = 0 is out of range"}},
-    {"MissingLayers", kDsv3, [](json& c) { c.erase("num_hidden_layers"); }, {"missing field 'num_hidden_layers'"}},
-    {"EpsString", kGlm, [](json& c) { c["rms_norm_eps"] = "1e-6"; }, {"'rms_norm_eps' must be a number"}},
-    {"EpsNegative", kGlm, [](json& c) { c["rms_norm_eps"] = -1e-6; }, {"'rms_norm_eps'", "out of range"}},
-    {"TieEmbeddingsString", kGlm, [](json& c) { c["tie_word_embeddings"] = "yes"; },
+    {"MissingLayers",
+     kDsv3,
+     [](json& c) { c.erase("num_hidden_layers"); },
+     {"missing field 'num_hidden_layers'"}},
+    {"EpsString",
+     kGlm,
+     [](json& c) { c["rms_norm_eps"] = "1e-6"; },
+     {"'rms_norm_eps' must be a number"}},
+    {"EpsNegative",
+     kGlm,
+     [](json& c) { c["rms_norm_eps"] = -1e-6; },
+     {"'rms_norm_eps'", "out of range"}},
+    {"TieEmbeddingsString",
+     kGlm,
+     [](json& c) { c["tie_word_embeddings"] = "yes"; },
      {"'tie_word_embeddings' must be true or false"}},
-    {"GeluActivation", kGlm, [](json& c) { c["hidden_act"] = "gelu"; }, {"hidden_act 'gelu' is not supported"}},
+    {"GeluActivation",
+     kGlm,
+     [](json& c) { c["hidden_act"] = "gelu"; },
+     {"hidden_act 'gelu' is not supported"}},
     {"AttentionBias", kDsv3, [](json& c) { c["attention_bias"] = true; }, {"attention_bias"}},
-    {"GroupedKvHeads", kDsv3, [](json& c) { c["num_key_value_heads"] = 1; },
+    {"GroupedKvHeads",
+     kDsv3,
+     [](json& c) { c["num_key_value_heads"] = 1; },
      {"num_key_value_heads = 1 must equal num_attention_heads = 2"}},
-    {"GlmWithoutQLora", kGlm, [](json& c) { c.erase("q_lora_rank"); }, {"missing field 'q_lora_rank'"}},
-    {"OddRopeDim", kGlm, [](json& c) { c["qk_rope_head_dim"] = 3; }, {"qk_rope_head_dim = 3 must be even"}},
-    {"UnsupportedRopeType", kGlm, [](json& c) { c["rope_parameters"]["rope_type"] = "linear"; },
+    {"GlmWithoutQLora",
+     kGlm,
+     [](json& c) { c.erase("q_lora_rank"); },
+     {"missing field 'q_lora_rank'"}},
+    {"OddRopeDim",
+     kGlm,
+     [](json& c) { c["qk_rope_head_dim"] = 3; },
+     {"qk_rope_head_dim = 3 must be even"}},
+    {"UnsupportedRopeType",
+     kGlm,
+     [](json& c) { c["rope_parameters"]["rope_type"] = "linear"; },
      {"rope type 'linear' is not supported"}},
-    {"UnsupportedRopeScalingType", kDsv3, [](json& c) { c["rope_scaling"]["type"] = "dynamic"; },
+    {"UnsupportedRopeScalingType",
+     kDsv3,
+     [](json& c) { c["rope_scaling"]["type"] = "dynamic"; },
      {"rope type 'dynamic' is not supported"}},
-    {"RopeParametersNotObject", kGlm, [](json& c) { c["rope_parameters"] = {1, 2}; },
+    {"RopeParametersNotObject",
+     kGlm,
+     [](json& c) {
+       c["rope_parameters"] = {1, 2};
+     },
      {"'rope_parameters' must be an object"}},
-    {"YarnWithoutFactor", kDsv3, [](json& c) { c["rope_scaling"].erase("factor"); },
+    {"YarnWithoutFactor",
+     kDsv3,
+     [](json& c) { c["rope_scaling"].erase("factor"); },
      {"rope_parameters", "missing field 'factor'"}},
-    {"NegativeRopeTheta", kDsv3, [](json& c) { c["rope_theta"] = -1.0; }, {"'rope_theta'", "out of range"}},
-    {"SoftmaxScoring", kDsv3, [](json& c) { c["scoring_func"] = "softmax"; }, {"scoring_func 'softmax'"}},
+    {"NegativeRopeTheta",
+     kDsv3,
+     [](json& c) { c["rope_theta"] = -1.0; },
+     {"'rope_theta'", "out of range"}},
+    {"SoftmaxScoring",
+     kDsv3,
+     [](json& c) { c["scoring_func"] = "softmax"; },
+     {"scoring_func 'softmax'"}},
     {"GreedyTopk", kDsv3, [](json& c) { c["topk_method"] = "greedy"; }, {"topk_method 'greedy'"}},
-    {"MlpLayerTypesWrongLength", kGlm, [](json& c) { c["mlp_layer_types"] = {"dense"}; },
+    {"MlpLayerTypesWrongLength",
+     kGlm,
+     [](json& c) { c["mlp_layer_types"] = {"dense"}; },
      {"'mlp_layer_types' has 1 entries, num_hidden_layers is 2"}},
-    {"MlpLayerTypesUnknownEntry", kGlm, [](json& c) { c["mlp_layer_types"][1] = "moe"; },
+    {"MlpLayerTypesUnknownEntry",
+     kGlm,
+     [](json& c) { c["mlp_layer_types"][1] = "moe"; },
      {"'mlp_layer_types' has unknown entry 'moe'"}},
-    {"MoeWithoutExperts", kGlm, [](json& c) { c.erase("n_routed_experts"); }, {"'n_routed_experts' > 0"}},
-    {"MissingExpertsPerToken", kDsv3, [](json& c) { c.erase("num_experts_per_tok"); },
+    {"MoeWithoutExperts",
+     kGlm,
+     [](json& c) { c.erase("n_routed_experts"); },
+     {"'n_routed_experts' > 0"}},
+    {"MissingExpertsPerToken",
+     kDsv3,
+     [](json& c) { c.erase("num_experts_per_tok"); },
      {"missing field 'num_experts_per_tok'"}},
-    {"MoreExpertsPerTokenThanExperts", kGlm, [](json& c) { c["num_experts_per_tok"] = 5; },
+    {"MoreExpertsPerTokenThanExperts",
+     kGlm,
+     [](json& c) { c["num_experts_per_tok"] = 5; },
      {"'num_experts_per_tok' = 5 is out of range [1, 4]"}},
-    {"ExpertsNotDivisibleByGroups", kDsv3, [](json& c) { c["n_group"] = 3; },
+    {"ExpertsNotDivisibleByGroups",
+     kDsv3,
+     [](json& c) { c["n_group"] = 3; },
      {"n_routed_experts = 4 is not divisible by n_group = 3"}},
-    {"MoreGroupsThanExperts", kDsv3, [](json& c) { c["n_group"] = 8; }, {"'n_group' = 8 is out of range [1, 4]"}},
-    {"OneExpertPerGroup", kDsv3, [](json& c) { c["n_group"] = 4; }, {"fewer than 2 experts per group"}},
-    {"TopkGroupAboveGroups", kDsv3, [](json& c) { c["topk_group"] = 3; }, {"'topk_group' = 3 is out of range [1, 2]"}},
-    {"TopkBeyondSelectedGroups", kDsv3, [](json& c) { c["num_experts_per_tok"] = 3; },
+    {"MoreGroupsThanExperts",
+     kDsv3,
+     [](json& c) { c["n_group"] = 8; },
+     {"'n_group' = 8 is out of range [1, 4]"}},
+    {"OneExpertPerGroup",
+     kDsv3,
+     [](json& c) { c["n_group"] = 4; },
+     {"fewer than 2 experts per group"}},
+    {"TopkGroupAboveGroups",
+     kDsv3,
+     [](json& c) { c["topk_group"] = 3; },
+     {"'topk_group' = 3 is out of range [1, 2]"}},
+    {"TopkBeyondSelectedGroups",
+     kDsv3,
+     [](json& c) { c["num_experts_per_tok"] = 3; },
      {"num_experts_per_tok = 3 exceeds the 2 experts in topk_group = 1 groups"}},
-    {"MissingMoeIntermediate", kGlm, [](json& c) { c.erase("moe_intermediate_size"); },
+    {"MissingMoeIntermediate",
+     kGlm,
+     [](json& c) { c.erase("moe_intermediate_size"); },
      {"missing field 'moe_intermediate_size'"}},
-    {"GlmWithoutIndexTopk", kGlm, [](json& c) { c.erase("index_topk"); }, {"missing field 'index_topk'"}},
-    {"IndexHeadDimBelowRope", kGlm, [](json& c) { c["index_head_dim"] = 1; },
+    {"GlmWithoutIndexTopk",
+     kGlm,
+     [](json& c) { c.erase("index_topk"); },
+     {"missing field 'index_topk'"}},
+    {"IndexHeadDimBelowRope",
+     kGlm,
+     [](json& c) { c["index_head_dim"] = 1; },
      {"index_head_dim = 1 is smaller than qk_rope_head_dim = 2"}},
-    {"IndexerStartsShared", kGlm, [](json& c) { c["indexer_types"] = {"shared", "full"}; },
+    {"IndexerStartsShared",
+     kGlm,
+     [](json& c) {
+       c["indexer_types"] = {"shared", "full"};
+     },
      {"indexer layer 0 is 'shared'"}},
-    {"IndexerTypesWrongLength", kGlm, [](json& c) { c["indexer_types"] = {"full", "full", "full"}; },
+    {"IndexerTypesWrongLength",
+     kGlm,
+     [](json& c) {
+       c["indexer_types"] = {"full", "full", "full"};
+     },
      {"'indexer_types' has 3 entries"}},
-    {"IndexTopkPatternBadChar", kGlm,
+    {"IndexTopkPatternBadChar",
+     kGlm,
      [](json& c) {
        c.erase("indexer_types");
        c["index_topk_pattern"] = "FX";
      },
      {"'index_topk_pattern' must be 2 characters of F/S"}},
-    {"QuantizationNotObject", kDsv3, [](json& c) { c["quantization_config"] = "fp8"; },
+    {"QuantizationNotObject",
+     kDsv3,
+     [](json& c) { c["quantization_config"] = "fp8"; },
      {"'quantization_config' must be an object"}},
-    {"QuantizationAwq", kDsv3, [](json& c) { c["quantization_config"] = {{"quant_method", "awq"}}; },
+    {"QuantizationAwq",
+     kDsv3,
+     [](json& c) {
+       c["quantization_config"] = {{"quant_method", "awq"}};
+     },
      {"quant_method 'awq' is not supported"}},
-    {"QuantizationE5m2", kDsv3,
-     [](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}}; },
+    {"QuantizationE5m2",
+     kDsv3,
+     [](json& c) {
+       c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e5m2"}};
+     },
      {"quantization_config.fmt 'e5m2'"}},
-    {"QuantizationBlockOneNumber", kDsv3,
-     [](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}}; },
+    {"QuantizationBlockOneNumber",
+     kDsv3,
+     [](json& c) {
+       c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}};
+     },
      {"weight_block_size must be two positive integers"}},
-    {"QuantizationBlockZero", kDsv3,
-     [](json& c) { c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {0, 128}}}; },
+    {"QuantizationBlockZero",
+     kDsv3,
+     [](json& c) {
+       c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {0, 128}}};
+     },
      {"weight_block_size must be two positive integers"}},
-    {"NegativeEos", kGlm, [](json& c) { c["eos_token_id"] = -1; }, {"'eos_token_id' = -1 is out of range"}},
-    {"EosString", kGlm, [](json& c) { c["eos_token_id"] = "</s>"; }, {"'eos_token_id' must be an integer"}},
-    {"TooManyMtpLayers", kDsv3, [](json& c) { c["num_nextn_predict_layers"] = 100; },
+    {"NegativeEos",
+     kGlm,
+     [](json& c) { c["eos_token_id"] = -1; },
+     {"'eos_token_id' = -1 is out of range"}},
+    {"EosString",
+     kGlm,
+     [](json& c) { c["eos_token_id"] = "</s>"; },
+     {"'eos_token_id' must be an integer"}},
+    {"TooManyMtpLayers",
+     kDsv3,
+     [](json& c) { c["num_nextn_predict_layers"] = 100; },
      {"'num_nextn_predict_layers' = 100 is out of range"}},
 };
 

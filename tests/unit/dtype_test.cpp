@@ -21,9 +21,9 @@ namespace {
   if (std::isnan(expected) && std::isnan(actual)) return ::testing::AssertionSuccess();
   if (std::bit_cast<uint32_t>(expected) == std::bit_cast<uint32_t>(actual))
     return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected " << expected << " (0x" << std::hex
-                                       << std::bit_cast<uint32_t>(expected) << "), got " << actual
-                                       << " (0x" << std::bit_cast<uint32_t>(actual) << ")";
+  return ::testing::AssertionFailure()
+         << "expected " << expected << " (0x" << std::hex << std::bit_cast<uint32_t>(expected)
+         << "), got " << actual << " (0x" << std::bit_cast<uint32_t>(actual) << ")";
 }
 
 // Sign, exponent and mantissa fields evaluated with ldexp: an implementation independent of the
@@ -37,13 +37,15 @@ float decode_formula(uint32_t bits, int exponent_bits, int mantissa_bits, bool h
   const int max_exponent = (1 << exponent_bits) - 1;
   float magnitude;
   if (has_inf && exponent == max_exponent) {
-    magnitude = mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+    magnitude =
+        mantissa ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
   } else if (!has_inf && exponent == max_exponent && mantissa == (1u << mantissa_bits) - 1) {
     magnitude = std::numeric_limits<float>::quiet_NaN();
   } else if (exponent == 0) {
     magnitude = float(std::ldexp(double(mantissa), 1 - bias - mantissa_bits));
   } else {
-    magnitude = float(std::ldexp(double(mantissa + (1u << mantissa_bits)), exponent - bias - mantissa_bits));
+    magnitude = float(
+        std::ldexp(double(mantissa + (1u << mantissa_bits)), exponent - bias - mantissa_bits));
   }
   return negative ? -magnitude : magnitude;
 }
@@ -99,8 +101,10 @@ TEST(Dtype, Fp8E5m2HandChecked) {
 
 TEST(Dtype, EveryBitPatternMatchesFormula) {
   for (uint32_t b = 0; b < 256; ++b) {
-    EXPECT_TRUE(same_float(decode_formula(b, 4, 3, false), fp8_e4m3_to_f32(uint8_t(b)))) << "e4m3 " << b;
-    EXPECT_TRUE(same_float(decode_formula(b, 5, 2, true), fp8_e5m2_to_f32(uint8_t(b)))) << "e5m2 " << b;
+    EXPECT_TRUE(same_float(decode_formula(b, 4, 3, false), fp8_e4m3_to_f32(uint8_t(b))))
+        << "e4m3 " << b;
+    EXPECT_TRUE(same_float(decode_formula(b, 5, 2, true), fp8_e5m2_to_f32(uint8_t(b))))
+        << "e5m2 " << b;
   }
   int mismatches = 0;
   for (uint32_t b = 0; b < 65536; ++b) {
@@ -146,8 +150,12 @@ void check_16bit_golden(const char* stem, float (*convert)(uint16_t)) {
     EXPECT_TRUE(same_float(expected[i], convert(bits[i]))) << stem << " 0x" << std::hex << bits[i];
 }
 
-TEST(DtypeGolden, Bf16MatchesTorch) { check_16bit_golden("bf16", bf16_to_f32); }
-TEST(DtypeGolden, F16MatchesTorch) { check_16bit_golden("f16", f16_to_f32); }
+TEST(DtypeGolden, Bf16MatchesTorch) {
+  check_16bit_golden("bf16", bf16_to_f32);
+}
+TEST(DtypeGolden, F16MatchesTorch) {
+  check_16bit_golden("f16", f16_to_f32);
+}
 
 TEST(Dtype, ConvertToF32ReadsUnalignedLittleEndian) {
   // One byte of offset so that no multi-byte element is aligned.

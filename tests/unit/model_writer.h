@@ -63,7 +63,9 @@ inline void write_file_bytes(const fs::path& path, std::string_view bytes) {
   if (!out) throw std::runtime_error("cannot write " + path.string());
 }
 
-inline json read_json_file(const fs::path& path) { return json::parse(read_file_bytes(path)); }
+inline json read_json_file(const fs::path& path) {
+  return json::parse(read_file_bytes(path));
+}
 inline void write_json_file(const fs::path& path, const json& value) {
   write_file_bytes(path, value.dump(2));
 }
@@ -128,7 +130,8 @@ inline uint32_t fnv1a(std::string_view text) {
 inline std::vector<float> pattern_values(std::string_view name, int64_t n) {
   const uint32_t seed = fnv1a(name) % 15;
   std::vector<float> values(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) values[size_t(k)] = float(int((uint32_t(k) * 4 + seed) % 15) - 7) / 8.0f;
+  for (int64_t k = 0; k < n; ++k)
+    values[size_t(k)] = float(int((uint32_t(k) * 4 + seed) % 15) - 7) / 8.0f;
   return values;
 }
 
@@ -174,10 +177,10 @@ enum class TinyArch { kGlm5, kDeepseekV3 };
 
 struct TinyModelOptions {
   TinyArch arch = TinyArch::kGlm5;
-  int shards = 2;              // 1: model.safetensors; more: model-0000i-of-0000n + index.json
-  std::string dtype = "F32";   // of every weight tensor
-  int mtp_layers = 0;          // num_nextn_predict_layers, with their tensors
-  bool q_lora = true;          // false: plain q_proj (DeepSeek-V3 only)
+  int shards = 2;               // 1: model.safetensors; more: model-0000i-of-0000n + index.json
+  std::string dtype = "F32";    // of every weight tensor
+  int mtp_layers = 0;           // num_nextn_predict_layers, with their tensors
+  bool q_lora = true;           // false: plain q_proj (DeepSeek-V3 only)
   bool tie_embeddings = false;  // true: no lm_head.weight
 };
 
@@ -243,9 +246,7 @@ class TinyModel {
   }
 
  private:
-  int shard_of(size_t index) const {
-    return int(index * size_t(options_.shards) / tensors.size());
-  }
+  int shard_of(size_t index) const { return int(index * size_t(options_.shards) / tensors.size()); }
 
   void build_config() {
     config = {
@@ -294,13 +295,10 @@ class TinyModel {
       config["moe_layer_freq"] = 1;
       config["rope_theta"] = 10000.0;
       config["rope_interleave"] = true;
-      config["rope_scaling"] = {{"type", "yarn"},
-                                {"factor", 40.0},
-                                {"original_max_position_embeddings", 64},
-                                {"beta_fast", 32},
-                                {"beta_slow", 1},
-                                {"mscale", 1.0},
-                                {"mscale_all_dim", 1.0}};
+      config["rope_scaling"] = {
+          {"type", "yarn"},       {"factor", 40.0}, {"original_max_position_embeddings", 64},
+          {"beta_fast", 32},      {"beta_slow", 1}, {"mscale", 1.0},
+          {"mscale_all_dim", 1.0}};
     }
   }
 

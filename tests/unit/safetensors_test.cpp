@@ -69,7 +69,8 @@ TEST(Safetensors, EmptyHeaderObjectIsAnEmptyFile) {
 // tensor's begin, whatever the order of names in the header.
 TEST(Safetensors, ZeroSizeTensorSharingAnOffsetIsNotAnOverlap) {
   test::TempDir dir;
-  for (const auto& [empty_name, full_name] : {std::pair{"a.empty", "b.full"}, std::pair{"b.empty", "a.full"}}) {
+  for (const auto& [empty_name, full_name] :
+       {std::pair{"a.empty", "b.full"}, std::pair{"b.empty", "a.full"}}) {
     SCOPED_TRACE(empty_name);
     const auto path = dir.path() / (std::string(empty_name) + ".safetensors");
     const json header = {
@@ -85,7 +86,8 @@ TEST(Safetensors, ZeroSizeTensorSharingAnOffsetIsNotAnOverlap) {
 
 int count_open_descriptors() {
   int n = 0;
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd"))
+    ++n;
   return n;
 }
 
@@ -119,7 +121,9 @@ struct BadFile {
 };
 
 // What gtest prints for the parameter, and so the case name ctest shows.
-void PrintTo(const BadFile& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const BadFile& c, std::ostream* os) {
+  *os << c.name;
+}
 
 json entry(const char* dtype, json shape, json offsets) {
   return {{"dtype", dtype}, {"shape", std::move(shape)}, {"data_offsets", std::move(offsets)}};
@@ -136,7 +140,8 @@ std::string file_with_header_text(const std::string& text, size_t data_bytes = 1
 const BadFile kBadFiles[] = {
     {"Empty", [] { return std::string(); }, {"truncated", "0 bytes"}},
     {"SevenBytes", [] { return std::string(7, '\0'); }, {"truncated", "8-byte header length"}},
-    {"HeaderLengthOnly", [] { return test::encode_safetensors_raw(2, "", ""); },
+    {"HeaderLengthOnly",
+     [] { return test::encode_safetensors_raw(2, "", ""); },
      {"header length 2", "runs past the end"}},
     {"HeaderLengthBeyondFile",
      [] { return test::encode_safetensors_raw(1000, "{}", std::string(10, ' ')); },
@@ -147,68 +152,129 @@ const BadFile kBadFiles[] = {
     {"HeaderLengthMaxU64",
      [] { return test::encode_safetensors_raw(~0ull, "{}", std::string(64, ' ')); },
      {"header length 18446744073709551615", "exceeds"}},
-    {"ZeroHeaderLength", [] { return test::encode_safetensors_raw(0, "", std::string(8, ' ')); },
+    {"ZeroHeaderLength",
+     [] { return test::encode_safetensors_raw(0, "", std::string(8, ' ')); },
      {"header does not start with '{'"}},
-    {"HeaderIsAList", [] { return file_with_header_text("[1, 2]   "); },
+    {"HeaderIsAList",
+     [] { return file_with_header_text("[1, 2]   "); },
      {"header does not start with '{'"}},
-    {"HeaderIsBinary", [] { return file_with_header_text(std::string("\x00\x01\x02\x03", 4)); },
+    {"HeaderIsBinary",
+     [] { return file_with_header_text(std::string("\x00\x01\x02\x03", 4)); },
      {"header does not start with '{'"}},
-    {"HeaderNotJson", [] { return file_with_header_text("{\"w\": {\"dtype\": \"F32\",,}}"); },
+    {"HeaderNotJson",
+     [] { return file_with_header_text("{\"w\": {\"dtype\": \"F32\",,}}"); },
      {"header is not valid JSON"}},
-    {"HeaderCutShort", [] { return file_with_header_text("{\"w\": {\"dtype\": \"F3"); },
+    {"HeaderCutShort",
+     [] { return file_with_header_text("{\"w\": {\"dtype\": \"F3"); },
      {"header is not valid JSON"}},
-    {"HeaderInvalidUtf8", [] { return file_with_header_text("{\"w\xff\xfe\": 1}"); },
+    {"HeaderInvalidUtf8",
+     [] { return file_with_header_text("{\"w\xff\xfe\": 1}"); },
      {"header is not valid JSON"}},
-    {"MetadataNotObject", [] { return file_with({{"__metadata__", "pt"}}); },
+    {"MetadataNotObject",
+     [] {
+       return file_with({{"__metadata__", "pt"}});
+     },
      {"__metadata__ is not an object"}},
-    {"EntryNotObject", [] { return file_with({{"layer.w", 3}}); },
+    {"EntryNotObject",
+     [] {
+       return file_with({{"layer.w", 3}});
+     },
      {"tensor 'layer.w'", "not an object"}},
-    {"MissingDtype", [] { return file_with({{"layer.w", {{"shape", {2}}, {"data_offsets", {0, 8}}}}}); },
+    {"MissingDtype",
+     [] {
+       return file_with({{"layer.w", {{"shape", {2}}, {"data_offsets", {0, 8}}}}});
+     },
      {"tensor 'layer.w'", "'dtype'"}},
     {"DtypeNotString",
-     [] { return file_with({{"layer.w", {{"dtype", 32}, {"shape", {2}}, {"data_offsets", {0, 8}}}}}); },
+     [] {
+       return file_with({{"layer.w", {{"dtype", 32}, {"shape", {2}}, {"data_offsets", {0, 8}}}}});
+     },
      {"tensor 'layer.w'", "non-string 'dtype'"}},
-    {"MissingShape", [] { return file_with({{"layer.w", {{"dtype", "F32"}, {"data_offsets", {0, 8}}}}}); },
+    {"MissingShape",
+     [] {
+       return file_with({{"layer.w", {{"dtype", "F32"}, {"data_offsets", {0, 8}}}}});
+     },
      {"tensor 'layer.w'", "'shape'"}},
-    {"ShapeNotArray", [] { return file_with({{"layer.w", entry("F32", 2, {0, 8})}}); },
+    {"ShapeNotArray",
+     [] {
+       return file_with({{"layer.w", entry("F32", 2, {0, 8})}});
+     },
      {"tensor 'layer.w'", "'shape'"}},
-    {"MissingOffsets", [] { return file_with({{"layer.w", {{"dtype", "F32"}, {"shape", {2}}}}}); },
+    {"MissingOffsets",
+     [] {
+       return file_with({{"layer.w", {{"dtype", "F32"}, {"shape", {2}}}}});
+     },
      {"tensor 'layer.w'", "'data_offsets'"}},
-    {"ThreeOffsets", [] { return file_with({{"layer.w", entry("F32", {2}, {0, 4, 8})}}); },
+    {"ThreeOffsets",
+     [] {
+       return file_with({{"layer.w", entry("F32", {2}, {0, 4, 8})}});
+     },
      {"tensor 'layer.w'", "'data_offsets' must be [begin, end]"}},
-    {"UnknownDtype", [] { return file_with({{"layer.w", entry("F7", {2}, {0, 8})}}); },
+    {"UnknownDtype",
+     [] {
+       return file_with({{"layer.w", entry("F7", {2}, {0, 8})}});
+     },
      {"tensor 'layer.w'", "unknown dtype 'F7'"}},
-    {"NegativeShape", [] { return file_with({{"layer.w", entry("F32", {-2, 4}, {0, 8})}}); },
+    {"NegativeShape",
+     [] {
+       return file_with({{"layer.w", entry("F32", {-2, 4}, {0, 8})}});
+     },
      {"tensor 'layer.w'", "non-negative integers"}},
-    {"FractionalShape", [] { return file_with({{"layer.w", entry("F32", {2.5}, {0, 8})}}); },
+    {"FractionalShape",
+     [] {
+       return file_with({{"layer.w", entry("F32", {2.5}, {0, 8})}});
+     },
      {"tensor 'layer.w'", "non-negative integers"}},
     {"HugeShape",
-     [] { return file_with({{"layer.w", entry("F32", {1ull << 30, 1ull << 30}, {0, 8})}}); },
+     [] {
+       return file_with({{"layer.w", entry("F32", {1ull << 30, 1ull << 30}, {0, 8})}});
+     },
      {"tensor 'layer.w'", "implausibly large"}},
     {"ShapeProductOverflows",
-     [] { return file_with({{"layer.w", entry("F32", {1ull << 32, 1ull << 32, 1ull << 32}, {0, 8})}}); },
+     [] {
+       return file_with({{"layer.w", entry("F32", {1ull << 32, 1ull << 32, 1ull << 32}, {0, 8})}});
+     },
      {"tensor 'layer.w'", "implausibly large"}},
-    {"NegativeOffset", [] { return file_with({{"layer.w", entry("F32", {2}, {-8, 0})}}); },
+    {"NegativeOffset",
+     [] {
+       return file_with({{"layer.w", entry("F32", {2}, {-8, 0})}});
+     },
      {"tensor 'layer.w'", "data_offsets must be non-negative integers"}},
-    {"StringOffset", [] { return file_with({{"layer.w", entry("F32", {2}, {"0", 8})}}); },
+    {"StringOffset",
+     [] {
+       return file_with({{"layer.w", entry("F32", {2}, {"0", 8})}});
+     },
      {"tensor 'layer.w'", "data_offsets must be non-negative integers"}},
-    {"BeginAfterEnd", [] { return file_with({{"layer.w", entry("F32", {2}, {16, 8})}}); },
+    {"BeginAfterEnd",
+     [] {
+       return file_with({{"layer.w", entry("F32", {2}, {16, 8})}});
+     },
      {"tensor 'layer.w'", "begin 16 > end 8"}},
-    {"EndBeyondData", [] { return file_with({{"layer.w", entry("F32", {32}, {0, 128})}}); },
+    {"EndBeyondData",
+     [] {
+       return file_with({{"layer.w", entry("F32", {32}, {0, 128})}});
+     },
      {"tensor 'layer.w'", "end 128 beyond the 64 byte data section"}},
     {"OffsetNearU64Max",
-     [] { return file_with({{"layer.w", entry("F32", {2}, {~0ull - 7, ~0ull})}}); },
+     [] {
+       return file_with({{"layer.w", entry("F32", {2}, {~0ull - 7, ~0ull})}});
+     },
      {"tensor 'layer.w'", "beyond the 64 byte data section"}},
-    {"ByteCountNotDtypeTimesShape", [] { return file_with({{"layer.w", entry("BF16", {3, 4}, {0, 48})}}); },
+    {"ByteCountNotDtypeTimesShape",
+     [] {
+       return file_with({{"layer.w", entry("BF16", {3, 4}, {0, 48})}});
+     },
      {"tensor 'layer.w'", "48 bytes in data_offsets but dtype BF16 and shape need 24"}},
     {"Overlap",
      [] {
-       return file_with({{"first.w", entry("F32", {4}, {0, 16})}, {"second.w", entry("F32", {4}, {8, 24})}});
+       return file_with(
+           {{"first.w", entry("F32", {4}, {0, 16})}, {"second.w", entry("F32", {4}, {8, 24})}});
      },
      {"'first.w' and 'second.w' overlap"}},
     {"SameRangeTwice",
      [] {
-       return file_with({{"first.w", entry("F32", {4}, {16, 32})}, {"second.w", entry("F32", {4}, {16, 32})}});
+       return file_with(
+           {{"first.w", entry("F32", {4}, {16, 32})}, {"second.w", entry("F32", {4}, {16, 32})}});
      },
      {"'first.w' and 'second.w' overlap"}},
 };
