@@ -72,6 +72,23 @@ SafetensorsFile::~SafetensorsFile() {
   release(mapping_, file_bytes_, fd_);
 }
 
+void SafetensorsFile::read(const TensorView& view, void* dst) const {
+  const auto* base = static_cast<const std::byte*>(mapping_);
+  auto offset = off_t(view.data - base);
+  auto* out = static_cast<char*>(dst);
+  size_t left = view.nbytes;
+  while (left > 0) {
+    const ssize_t got = ::pread(fd_, out, left, offset);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0)
+      fail("{}: tensor '{}': read failed at offset {}: {}", path_.string(), view.name, offset,
+           got == 0 ? "unexpected end of file" : std::strerror(errno));
+    out += got;
+    offset += got;
+    left -= size_t(got);
+  }
+}
+
 const TensorView* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

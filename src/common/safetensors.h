@@ -39,6 +39,9 @@ class SafetensorsFile {
   const TensorView* find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_bytes() const { return file_bytes_; }
+  // Copies a tensor of this file into dst with pread (one request per call, retried until done),
+  // so the bytes land in owned memory without faulting the mapping in page by page.
+  void read(const TensorView& view, void* dst) const;
 
  private:
   void parse_header(std::string_view header, const std::byte* buffer, uint64_t buffer_bytes);

@@ -155,6 +155,12 @@ bool Checkpoint::is_quantized(const std::string& name) const {
   return view && view->dtype == Dtype::U8;
 }
 
+const SafetensorsFile& Checkpoint::shard_of(const TensorView& view) const {
+  for (const auto& shard : shards_)
+    if (view.file == &shard->path()) return *shard;
+  fail("{}: tensor '{}' belongs to no open shard", dir_.string(), view.name);
+}
+
 QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_t cols) const {
   const TensorView* view = find(name);
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
@@ -177,10 +183,12 @@ QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_
   q.rows = rows;
   q.cols = cols;
   q.group_size = r.spec.group_size;
+  // pread into owned buffers: an expert rank reads each expert it loads with one request per
+  // tensor instead of faulting the mapping in page by page.
   q.data.resize(view->nbytes);
-  std::memcpy(q.data.data(), view->data, view->nbytes);
+  shard_of(*view).read(*view, q.data.data());
   q.scales.resize(size_t(scale->numel()));
-  convert_to_f32(Dtype::F32, scale->data, q.scales.size(), q.scales.data());
+  shard_of(*scale).read(*scale, q.scales.data());
   bytes_loaded_ += view->nbytes + scale->nbytes;
   return q;
 }

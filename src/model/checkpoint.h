@@ -46,6 +46,8 @@ class Checkpoint {
   uint64_t bytes_loaded() const { return bytes_loaded_.load(); }
 
  private:
+  const SafetensorsFile& shard_of(const TensorView& view) const;
+
   std::filesystem::path dir_;
   std::optional<std::array<int, 2>> fp8_block_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
