@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cereal/archives/binary.hpp>
+#include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -324,7 +326,15 @@ void Node::serve() {
   std::vector<int> requested;
   const int hidden = config_.hidden_size;
   while (transport_->receive(request)) {
-    if (request.layer == options_.signal_at_layer) std::raise(options_.signal);
+    if (request.layer == options_.signal_at_layer) {
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n", rank_,
+                   options_.signal, now);
+      std::fflush(stderr);
+      std::raise(options_.signal);
+    }
     {
       auto scope = profiler_->scope(Phase::kCompute, request.layer);
       partial.resize(size_t(request.n_rows) * hidden);

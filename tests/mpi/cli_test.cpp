@@ -50,6 +50,7 @@ struct JobResult {
   int exit_code = -1;         // -1 unless the job exited
   int term_signal = 0;        // non-zero when mpirun itself died of a signal
   double elapsed_s = 0;       // from spawn until mpirun was reaped
+  double reaped_unix_s = 0;   // wall-clock time mpirun was reaped (seconds since the epoch)
   std::vector<int> leftover;  // processes of the job's session still alive after mpirun ended
   std::string out, err;       // mpirun's stdout and stderr
   std::string combined;       // both, in the order they were read
@@ -183,6 +184,9 @@ JobResult run_job(const std::vector<std::string>& args,
       reaped = true;
       reaped_at = Clock::now();
       result.elapsed_s = std::chrono::duration<double>(reaped_at - start).count();
+      result.reaped_unix_s =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
     }
   }
   ::close(out_pipe[0]);
@@ -407,8 +411,13 @@ TEST(MpiCli, KilledExpertRankEndsTheJobQuickly) {
                                {{"COLIBRI_TEST_FAULT", "kill:2:2"}});
   expect_clean_end(r);
   EXPECT_NE(r.exit_code, 0) << describe(r);
-  // The launcher, not the 300 s --rank-timeout, ends the job: the run itself takes ~1 s.
+  // The launcher, not the 300 s --rank-timeout, ends the job, within 5 s of the kill (the
+  // faulting rank prints the wall-clock time at which it raises the signal).
   EXPECT_LT(r.elapsed_s, 15) << describe(r);
+  const std::regex fault_line(R"(test fault: rank 2 raises signal 9 at ([0-9.]+))");
+  std::smatch fault;
+  ASSERT_TRUE(std::regex_search(r.combined, fault, fault_line)) << describe(r);
+  EXPECT_LT(r.reaped_unix_s - std::stod(fault[1]), 5.0) << describe(r);
   EXPECT_EQ(r.combined.find("is silent"), std::string::npos) << describe(r);
   // Open MPI's own report: "process rank 2 with PID ... on node <host> exited on signal 9".
   const std::regex names_rank_and_host("rank 2 [^\n]*node " + regex_escape(short_hostname()) +
