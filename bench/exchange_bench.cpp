@@ -29,8 +29,8 @@
 
 #include "common/error.h"
 #include "common/layout.h"
+#include "common/profile.h"
 #include "model/config.h"
-#include "node/profile.h"
 #include "rank/placement.h"
 #include "transport/mpi_check.h"
 #include "transport/mpi_transport.h"
@@ -49,6 +49,7 @@ struct BenchOptions {
   int warmup = 50;
   int iters = 300;
   uint64_t seed = 1;
+  std::string wire = "f32";
 };
 
 struct Stats {
@@ -169,13 +170,17 @@ int run(const BenchOptions& options) {
                     false);
   MpiTransportOptions transport_options;
   transport_options.rank_timeout_s = 60;
+  transport_options.wire_type = parse_elem_type(options.wire, "--wire");
   MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
   CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
 
   if (rank != 0) {
     ExpertRequest request;
-    while (transport.receive(request))
-      transport.reply(request.rows);  // partial = the rows, no compute
+    std::vector<float> partial(size_t(max_rows) * options.hidden);
+    while (transport.receive(request)) {  // partial = the rows, no compute
+      to_f32(request.rows, partial.data());
+      transport.reply(host_f32(partial.data(), request.rows.count));
+    }
     return 0;
   }
 
@@ -186,10 +191,10 @@ int run(const BenchOptions& options) {
              mpi_library(), colibri::bench::load_average());
   fmt::print(
       "ranks {} (1 coordinator + {} expert ranks){} | hidden {} | top-{} of {} experts, "
-      "round-robin | warm-up {} | {} timed iterations\n",
+      "round-robin | wire {} | warm-up {} | {} timed iterations\n",
       size, size - 1,
       size > cores ? fmt::format(", oversubscribed: {} ranks on {} cores", size, cores) : "",
-      options.hidden, options.top_k, options.experts, options.warmup, options.iters);
+      options.hidden, options.top_k, options.experts, options.wire, options.warmup, options.iters);
   fmt::print("{}\n", nlohmann::json{{"bench", "machine"},
                                     {"cpu", colibri::bench::cpu_model()},
                                     {"cores", cores},
@@ -210,10 +215,13 @@ int run(const BenchOptions& options) {
     std::vector<Routing> routings;
     for (int i = 0; i < kRoutings; ++i) routings.push_back(random_routing(n, options, rng));
     std::vector<float> x(size_t(n) * options.hidden), out(x.size());  // [n, hidden]
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 1000);     // integers: sums are exact
+    // Small integers: exact in bf16 too, and so are their sums.
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(i % 128);
+    DispatchPlan plan;
     const auto step = [&](int i) {
-      transport.dispatch(kLayer, x.data(), n, routings[size_t(i) % routings.size()]);
-      transport.combine(out.data());
+      plan.build(placement, kLayer, routings[size_t(i) % routings.size()], n);
+      transport.dispatch(plan, host_f32(x.data(), x.size()));
+      transport.combine(host_f32(out.data(), out.size()));
     };
     for (int i = 0; i < options.warmup; ++i) step(i);
 
@@ -260,6 +268,7 @@ int run(const BenchOptions& options) {
                                    {"ranks", size},
                                    {"rows", r.rows},
                                    {"hidden", options.hidden},
+                                   {"wire", options.wire},
                                    {"median_us", round2(r.stats.median_us)},
                                    {"p10_us", round2(r.stats.p10_us)},
                                    {"p90_us", round2(r.stats.p90_us)},
@@ -289,6 +298,8 @@ int main(int argc, char** argv) {
   CLI::App app{
       "exchange_bench: MPI transport cost per MoE layer. Run as `mpirun -np N exchange_bench` (N "
       ">= 2)."};
+  app.add_option("--wire", options.wire, "element type of rows and partials: f32 or bf16")
+      ->capture_default_str();
   app.add_option("--rows", options.rows, "rows per dispatch, one configuration each")
       ->delimiter(',')
       ->capture_default_str()

@@ -1,6 +1,7 @@
 // colibri-node: run a Mixture-of-Experts model from a Hugging Face directory, alone or as one
 // rank of `mpirun -np N colibri-node`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <mpi.h>
 #include <CLI/CLI.hpp>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -17,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/npy.h"
+#include "coordinator/batch_generate.h"
 #include "coordinator/chat.h"
 #include "model/generate.h"
 #include "model/score.h"
@@ -55,34 +58,15 @@ struct Args {
   std::string layout;
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
   bool chat = false, chat_format = false;
+  std::string wire = "f32";
   int ngen = 16;
+  int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
   uint64_t seed = 0;
   bool ignore_eos = false, print_placement = false, quiet = false;
 };
 
 constexpr const char* kDefaultPrompt = "And God said,";
-
-// Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER": that expert rank kills itself,
-// stops itself, or corrupts its reply when serving LAYER.
-void install_fault(colibri::NodeOptions& options, int rank) {
-  const char* spec = std::getenv("COLIBRI_TEST_FAULT");
-  if (!spec) return;
-  char kind[16] = {};
-  int fault_rank = -1, layer = -1;
-  if (std::sscanf(spec, "%15[a-z]:%d:%d", kind, &fault_rank, &layer) != 3)
-    fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER", spec);
-  if (fault_rank != rank) return;
-  const std::string k = kind;
-  if (k == "corrupt") {
-    options.corrupt_reply_at_layer = layer;
-  } else if (k == "kill" || k == "stop") {
-    options.signal_at_layer = layer;
-    options.signal = k == "kill" ? SIGKILL : SIGSTOP;
-  } else {
-    fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, corrupt)", k);
-  }
-}
 
 // Prints generated tokens as text as they arrive; special tokens are not printed.
 class TextStream {
@@ -129,7 +113,9 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
               colibri::GenerateRequest request) {
   const colibri::ChatFormat format = colibri::chat_format_for(node.config());
   request.stop_ids = colibri::chat_stop_ids(format, node.config(), tokenizer);
-  colibri::KvCache cache(node.config());
+  colibri::Engine& engine = node.engine();
+  const int seq = engine.open_sequence();
+  const colibri::ForwardFn forward = colibri::sequence_forward(engine, seq);
   std::vector<colibri::ChatMessage> messages;
   const TextStream stream(tokenizer);
   std::string line;
@@ -143,7 +129,8 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
     const std::string text =
         colibri::render_chat(format, messages, true, parse_thinking(args.think), rendered);
     request.prompt = tokenizer.encode(text);
-    const colibri::GenerateResult result = colibri::generate(node.model(), cache, request, stream);
+    const colibri::GenerateResult result =
+        colibri::generate(forward, node.config().vocab_size, request, stream, engine.profiler());
     std::fputs("\n", stdout);
     std::fflush(stdout);
     std::vector<int> reply = result.tokens;
@@ -151,9 +138,9 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
         std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back()))
       reply.pop_back();
     messages.push_back({"assistant", tokenizer.decode(reply, true)});
-    if (cache.length() + request.max_new_tokens + 64 > node.config().max_position_embeddings) {
+    if (engine.length(seq) + request.max_new_tokens + 64 > node.config().max_position_embeddings) {
       std::fputs("(context is full; starting a new conversation)\n", stderr);
-      cache.clear();
+      engine.clear_sequence(seq);
       messages.clear();
     }
   }
@@ -161,7 +148,11 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
 
 void run_score(colibri::Node& node, const Args& args, const colibri::Tokenizer& tokenizer) {
   const std::vector<int> ids = tokenizer.encode(read_file(args.score_file), false);
-  const colibri::ScoreResult score = colibri::score_tokens(node.model(), ids, args.node.max_rows);
+  colibri::Engine& engine = node.engine();
+  const int seq = engine.open_sequence();
+  const colibri::ScoreResult score = colibri::score_tokens(
+      colibri::sequence_forward(engine, seq), node.config().vocab_size, ids, args.node.max_rows);
+  engine.close_sequence(seq);
   std::printf("# position\ttoken_id\tnll\ttoken\n");
   for (size_t i = 0; i < score.nll.size(); ++i) {
     const int token[] = {ids[i + 1]};
@@ -192,15 +183,53 @@ int run(const Args& args) {
   request.keep_logits = !args.logits_out.empty();
   request.prefill_chunk = args.node.max_rows;
 
-  colibri::GenerateResult result;
+  colibri::Engine& engine = node.engine();
+  colibri::RunSummary run;
+  std::vector<float> logits;
+  // One sequence streams its tokens through `stream`; --sequences N > 1 decodes N copies of the
+  // request together (seeds seed, seed + 1, ...) and prints each one's `render`ed tokens at the
+  // end.
+  const auto generate_request =
+      [&](const std::function<void(int)>& stream,
+          const std::function<std::string(const std::vector<int>&)>& render) {
+        run.prefill_tokens = int(request.prompt.size()) * args.sequences;
+        if (args.sequences == 1) {
+          const int seq = engine.open_sequence();
+          colibri::GenerateResult result =
+              colibri::generate(colibri::sequence_forward(engine, seq), config.vocab_size, request,
+                                stream, engine.profiler());
+          engine.close_sequence(seq);
+          run.prefill_seconds = result.prefill_seconds;
+          run.decode_tokens = std::max(0, int(result.tokens.size()) - 1);
+          run.decode_seconds = result.decode_seconds;
+          run.ttft_seconds = result.ttft_seconds;
+          logits = std::move(result.logits);
+          std::fputs("\n", stdout);
+          return;
+        }
+        std::vector<colibri::GenerateRequest> requests(size_t(args.sequences), request);
+        for (size_t i = 0; i < requests.size(); ++i) requests[i].sampling.seed = args.seed + i;
+        colibri::BatchGenerateStats stats;
+        const std::vector<colibri::GenerateResult> results =
+            colibri::generate_batch(engine, requests, {}, &stats);
+        for (size_t i = 0; i < results.size(); ++i) {
+          std::printf("[sequence %zu] %s\n", i, render(results[i].tokens).c_str());
+          run.prefill_seconds = std::max(run.prefill_seconds, results[i].ttft_seconds);
+        }
+        run.ttft_seconds = results.front().ttft_seconds;
+        run.decode_tokens = stats.decode_only_tokens;  // steps of decode rows only
+        run.decode_seconds = stats.decode_seconds;
+      };
+
   std::optional<colibri::Tokenizer> tokenizer;
   if (!args.prompt_ids.empty()) {
     request.prompt = parse_ids(args.prompt_ids);
-    result = colibri::generate(node.model(), request, [](int token) {
-      std::fprintf(stdout, "%d ", token);
-      std::fflush(stdout);
-    });
-    std::fputs("\n", stdout);
+    generate_request(
+        [](int token) {
+          std::fprintf(stdout, "%d ", token);
+          std::fflush(stdout);
+        },
+        [](const std::vector<int>& tokens) { return fmt::format("{}", fmt::join(tokens, " ")); });
   } else {
     tokenizer = load_tokenizer(args.node.model_dir);
     if (args.chat) {
@@ -210,32 +239,29 @@ int run(const Args& args) {
     } else {
       const std::string prompt = args.prompt.empty() ? std::string(kDefaultPrompt) : args.prompt;
       const colibri::ChatFormat format = colibri::chat_format_for(config);
+      std::string shown_prompt;
       if (args.chat_format) {
         request.prompt = tokenizer->encode(
             colibri::render_chat(format, {{"user", prompt}}, true, parse_thinking(args.think)));
         if (!args.ignore_eos) request.stop_ids = colibri::chat_stop_ids(format, config, *tokenizer);
       } else {
         request.prompt = tokenizer->encode(prompt);
-        std::fputs(prompt.c_str(), stdout);
+        shown_prompt = prompt;
+        if (args.sequences == 1) std::fputs(prompt.c_str(), stdout);
       }
-      result = colibri::generate(node.model(), request, TextStream(*tokenizer));
-      std::fputs("\n", stdout);
+      generate_request(TextStream(*tokenizer), [&](const std::vector<int>& tokens) {
+        return shown_prompt + tokenizer->decode(tokens, /*skip_special=*/true);
+      });
     }
   }
   std::fflush(stdout);
   node.shutdown();
 
   if (!args.logits_out.empty()) {
-    const int64_t shape[] = {int64_t(result.logits.size()) / config.vocab_size, config.vocab_size};
-    colibri::write_npy_f32(args.logits_out, result.logits, shape);
+    const int64_t shape[] = {int64_t(logits.size()) / config.vocab_size, config.vocab_size};
+    colibri::write_npy_f32(args.logits_out, logits, shape);
   }
   const std::vector<colibri::RankReport> reports = node.gather_reports();
-  colibri::RunSummary run;
-  run.prefill_tokens = int(request.prompt.size());
-  run.prefill_seconds = result.prefill_seconds;
-  run.decode_tokens = std::max(0, int(result.tokens.size()) - 1);
-  run.decode_seconds = result.decode_seconds;
-  run.ttft_seconds = result.ttft_seconds;
   if (!args.quiet) colibri::print_profile(stderr, reports, run);
   if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, run);
   if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
@@ -317,6 +343,23 @@ int main(int argc, char** argv) {
                  "GiB of routed experts per expert rank pinned in RAM at start (with --ram-gb)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-tokens", args.node.kv_tokens,
+                 "KV cache pool in tokens, shared by all sequences (default: the model's context, "
+                 "at most 32768)")
+      ->check(CLI::Range(1, 1 << 30));
+  auto* sequences =
+      app.add_option("--sequences", args.sequences,
+                     "generate this many copies of the prompt at once, decoded together in one "
+                     "batch (seeds --seed, --seed + 1, ...); each is printed when done")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 4096));
+  sequences->excludes(chat)->excludes(score);
+  app.add_option("--max-seqs", args.node.max_seqs,
+                 "sequences holding KV blocks at once (default: --sequences); the rest wait")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--wire", args.wire,
+                 "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)")
+      ->capture_default_str();
   app.add_option("--profile-json", args.profile_json, "write the per-rank profile as JSON");
   app.add_option("--trace", args.trace,
                  "write a Chrome/Perfetto trace-event JSON, one process per rank");
@@ -337,7 +380,14 @@ int main(int argc, char** argv) {
     if (!args.layout.empty()) args.node.layout_file = args.layout;
     args.node.placement = colibri::parse_placement_policy(args.placement);
     args.node.keep_trace = !args.trace.empty();
-    install_fault(args.node, rank);
+    args.node.fault = colibri::test_fault_from_env(rank);
+    args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
+    if (app.count("--max-seqs") == 0) args.node.max_seqs = args.sequences;
+    if (args.node.max_seqs > args.node.max_rows)
+      fail("--max-seqs {} exceeds --max-rows {}: every running sequence needs a row per step",
+           args.node.max_seqs, args.node.max_rows);
+    if (args.sequences > 1 && !args.logits_out.empty())
+      fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
     code = run(args);
   } catch (const colibri::StartupRefused& e) {
     if (rank == 0) std::fprintf(stderr, "colibri-node: error: %s\n", e.what());

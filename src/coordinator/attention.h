@@ -7,7 +7,7 @@
 #include "coordinator/rope.h"
 #include "model/config.h"
 #include "model/weights.h"
-#include "node/profile.h"
+#include "common/profile.h"
 
 namespace colibri {
 

@@ -7,16 +7,9 @@
 
 namespace colibri {
 
-GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,
-                        const std::function<void(int)>& on_token) {
-  KvCache cache(model.config());
-  return generate(model, cache, request, on_token);
-}
-
-GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateRequest& request,
-                        const std::function<void(int)>& on_token) {
+GenerateResult generate(const ForwardFn& forward, int vocab, const GenerateRequest& request,
+                        const std::function<void(int)>& on_token, Profiler* profiler) {
   if (request.prompt.empty()) fail("the prompt is empty");
-  const int vocab = model.config().vocab_size;
   using clock = std::chrono::steady_clock;
   const auto seconds = [](clock::time_point a, clock::time_point b) {
     return std::chrono::duration<double>(b - a).count();
@@ -30,7 +23,7 @@ GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateReq
   const size_t chunk = request.prefill_chunk > 0 ? size_t(request.prefill_chunk) : prompt.size();
   for (size_t begin = 0; begin < prompt.size(); begin += chunk) {
     const auto part = prompt.subspan(begin, std::min(chunk, prompt.size() - begin));
-    logits = model.forward(part, cache, request.keep_logits);
+    logits = forward(part, request.keep_logits);
     if (request.keep_logits)
       result.logits.insert(result.logits.end(), logits.begin(), logits.end());
   }
@@ -41,10 +34,8 @@ GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateReq
   auto first_token_time = prefill_end, last_token_time = prefill_end;
   for (int i = 0; i < request.max_new_tokens; ++i) {
     int token;
-    if (Profiler* profiler = model.profiler()) {
-      auto scope = profiler->scope(Phase::kSampling);
-      token = sampler.sample(last);
-    } else {
+    {
+      OptionalScope scope(profiler, Phase::kSampling);
       token = sampler.sample(last);
     }
     last_token_time = clock::now();
@@ -57,7 +48,7 @@ GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateReq
     // The last token is fed too when logits are kept, so every position has its row.
     if (done && !request.keep_logits) break;
     const int next[] = {token};
-    logits = model.forward(next, cache, false);
+    logits = forward(next, false);
     if (request.keep_logits)
       result.logits.insert(result.logits.end(), logits.begin(), logits.end());
     last = std::span<const float>(logits.data(), size_t(vocab));

@@ -4,8 +4,9 @@
 #include <functional>
 #include <vector>
 
+#include "common/profile.h"
 #include "coordinator/sampler.h"
-#include "model/reference_model.h"
+#include "model/forward_fn.h"
 
 namespace colibri {
 
@@ -26,13 +27,12 @@ struct GenerateResult {
   double decode_seconds = 0;  // first to last generated token: tokens.size() - 1 decode steps
 };
 
-GenerateResult generate(ReferenceModel& model, const GenerateRequest& request,
-                        const std::function<void(int)>& on_token = {});
-
-// The same continuing from `cache` (the prompt follows what the cache holds): a chat keeps its
-// conversation's cache between turns. Every generated token but a final stop token is in the
-// cache afterwards.
-GenerateResult generate(ReferenceModel& model, KvCache& cache, const GenerateRequest& request,
-                        const std::function<void(int)>& on_token = {});
+// Prefill (in calls of at most prefill_chunk tokens) then one decode call per token, continuing
+// the sequence behind `forward`: a chat keeps its conversation's sequence between turns. Every
+// generated token but a final stop token is in the sequence afterwards. Sampling time goes to
+// `profiler` when given.
+GenerateResult generate(const ForwardFn& forward, int vocab, const GenerateRequest& request,
+                        const std::function<void(int)>& on_token = {},
+                        Profiler* profiler = nullptr);
 
 }  // namespace colibri

@@ -22,31 +22,6 @@ void ReferenceModel::set_profiler(Profiler* profiler) {
   attention_.set_profiler(profiler);
 }
 
-namespace {
-
-// A scope that costs nothing without a profiler.
-class MaybeScope {
- public:
-  MaybeScope(Profiler* profiler, Phase phase, int layer)
-      : profiler_(profiler),
-        phase_(phase),
-        layer_(layer),
-        start_us_(profiler ? profiler->now_us() : 0) {}
-  ~MaybeScope() {
-    if (profiler_) profiler_->add(phase_, layer_, start_us_, profiler_->now_us() - start_us_);
-  }
-  MaybeScope(const MaybeScope&) = delete;
-  MaybeScope& operator=(const MaybeScope&) = delete;
-
- private:
-  Profiler* profiler_;
-  Phase phase_;
-  int layer_;
-  double start_us_;
-};
-
-}  // namespace
-
 std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache& cache,
                                            bool all_logits) {
   const int n = int(tokens.size()), hidden = config_.hidden_size, start = cache.length();
@@ -57,7 +32,7 @@ std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache&
 
   std::vector<float> h(size_t(n) * hidden);  // residual stream [n, hidden]
   {
-    MaybeScope scope(profiler_, Phase::kEmbed, -1);
+    OptionalScope scope(profiler_, Phase::kEmbed, -1);
     for (int t = 0; t < n; ++t)
       std::copy_n(&weights_.embed.data[size_t(tokens[size_t(t)]) * hidden], hidden,
                   &h[size_t(t) * hidden]);
@@ -78,26 +53,26 @@ std::vector<float> ReferenceModel::forward(std::span<const int> tokens, KvCache&
     if (layer.is_moe) {
       Routing routing;
       {
-        MaybeScope scope(profiler_, Phase::kRouter, l);
+        OptionalScope scope(profiler_, Phase::kRouter, l);
         routing = route_tokens(config_, layer, normed.data(), n);
       }
       experts_->begin(l, normed.data(), n, routing);
       if (!layer.shared_experts.empty()) {
-        MaybeScope scope(profiler_, Phase::kSharedExpert, l);
+        OptionalScope scope(profiler_, Phase::kSharedExpert, l);
         mlp_forward(layer.shared_experts, normed.data(), n, shared.data());
       }
       experts_->finish(delta.data());
       if (!layer.shared_experts.empty())
         for (size_t i = 0; i < h.size(); ++i) delta[i] += shared[i];
     } else {
-      MaybeScope scope(profiler_, Phase::kDenseMlp, l);
+      OptionalScope scope(profiler_, Phase::kDenseMlp, l);
       mlp_forward(layer.dense_mlp, normed.data(), n, delta.data());
     }
     for (size_t i = 0; i < h.size(); ++i) h[i] += delta[i];
   }
   cache.advance(n);
 
-  MaybeScope scope(profiler_, Phase::kLmHead, -1);
+  OptionalScope scope(profiler_, Phase::kLmHead, -1);
   const int first = all_logits ? 0 : n - 1;
   const int rows = n - first;
   kernels::rms_norm(&h[size_t(first) * hidden], rows, hidden, weights_.final_norm.data(),

@@ -1,16 +1,18 @@
-// The single-process reference forward pass: plain, fp32, proven equal to transformers by the
-// parity tests. The distributed node is proven equal to this.
+// The single-process reference forward pass: plain, fp32, one sequence, proven equal to
+// transformers by the parity tests. It is the oracle of the engine (coordinator/engine.h), which
+// serves production; tests and tools use it, the program does not. Keep it simple.
 #pragma once
 
 #include <span>
 #include <vector>
 
+#include "common/profile.h"
 #include "coordinator/attention.h"
 #include "coordinator/kv_cache.h"
 #include "coordinator/rope.h"
 #include "model/config.h"
+#include "model/forward_fn.h"
 #include "model/weights.h"
-#include "node/profile.h"
 #include "rank/experts.h"
 
 namespace colibri {
@@ -39,5 +41,12 @@ class ReferenceModel {
   ExpertExecutor* experts_;
   Profiler* profiler_ = nullptr;
 };
+
+// The reference's ForwardFn over `cache` (both must outlive it).
+inline ForwardFn reference_forward(ReferenceModel& model, KvCache& cache) {
+  return [&model, &cache](std::span<const int> tokens, bool all_logits) {
+    return model.forward(tokens, cache, all_logits);
+  };
+}
 
 }  // namespace colibri

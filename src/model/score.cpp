@@ -8,17 +8,16 @@
 
 namespace colibri {
 
-ScoreResult score_tokens(ReferenceModel& model, const std::vector<int>& ids, int chunk) {
+ScoreResult score_tokens(const ForwardFn& forward, int vocab, const std::vector<int>& ids,
+                         int chunk) {
   if (ids.size() < 2) fail("scoring needs at least two tokens, got {}", ids.size());
-  const int vocab = model.config().vocab_size;
-  KvCache cache(model.config());
   ScoreResult result;
   const std::span<const int> all(ids);
   const size_t step = chunk > 0 ? size_t(chunk) : ids.size();
   for (size_t begin = 0; begin + 1 < ids.size(); begin += step) {
     // Row t of this call predicts ids[begin + t + 1]; the last token needs no row.
     const size_t count = std::min(step, ids.size() - 1 - begin);
-    const std::vector<float> logits = model.forward(all.subspan(begin, count), cache, true);
+    const std::vector<float> logits = forward(all.subspan(begin, count), true);
     for (size_t t = 0; t < count; ++t) {
       const float* row = &logits[t * size_t(vocab)];
       const double max = *std::max_element(row, row + vocab);

@@ -3,7 +3,7 @@
 
 #include <vector>
 
-#include "model/reference_model.h"
+#include "model/forward_fn.h"
 
 namespace colibri {
 
@@ -13,7 +13,8 @@ struct ScoreResult {
   double perplexity = 0;  // exp(mean_nll)
 };
 
-// Scores ids in forward calls of at most `chunk` tokens (0: one call).
-ScoreResult score_tokens(ReferenceModel& model, const std::vector<int>& ids, int chunk = 0);
+// Scores ids in forward calls of at most `chunk` tokens (0: one call) on a fresh sequence.
+ScoreResult score_tokens(const ForwardFn& forward, int vocab, const std::vector<int>& ids,
+                         int chunk = 0);
 
 }  // namespace colibri

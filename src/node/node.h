@@ -1,5 +1,6 @@
-// One colibri-node process under MPI: start-up handshake, roles, placement, weight loading, and
-// either the coordinator's model or an expert rank's serve loop.
+// One colibri-node process under MPI: the start-up handshake (node/handshake.h), roles,
+// placement and weight loading, then either the coordinator's engine or an expert rank's serve
+// loop (node/expert_server.h).
 #pragma once
 
 #include <mpi.h>
@@ -10,15 +11,18 @@
 #include <string>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/layout.h"
+#include "common/profile.h"
+#include "coordinator/engine.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/reference_model.h"
 #include "model/weights.h"
-#include "node/profile.h"
+#include "node/expert_server.h"
+#include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/placement.h"
-#include "transport/mpi_transport.h"
+#include "transport/transport.h"
 
 namespace colibri {
 
@@ -27,34 +31,16 @@ struct NodeOptions {
   std::optional<std::filesystem::path> layout_file;
   PlacementPolicy placement = PlacementPolicy::kBalanced;
   int max_rows = 256;  // rows per forward call; longer prompts are prefilled in chunks
-  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
-                       // layout's ram_gb column overrides it per rank.
-  double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
+  int kv_tokens = 0;   // KV pool of the engine; 0 = default_kv_tokens(config)
+  int max_seqs = 1;    // sequences the engine holds at once
+  ElemType wire_type = ElemType::kF32;  // rows and partials between ranks (rank 0's choice)
+  double ram_gb = 0;  // expert rank RAM cache for routed experts; 0 = all resident. The
+                      // layout's ram_gb column overrides it per rank.
+  double pin_gb = 0;  // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double rank_timeout_s = 300;
   bool keep_trace = false;
-  int corrupt_reply_at_layer = -1;  // test hook, see MpiTransportOptions
-  int signal_at_layer = -1;         // test hook: an expert rank raises `signal` serving this layer
-  int signal = 0;
+  TestFault fault;  // test hook
 };
-
-// Protocol version and model identity, checked across all ranks at start-up.
-struct Hello {
-  int protocol_version = 0;
-  int rank = 0;
-  std::string host;
-  uint64_t model_hash = 0;
-  int gpus_on_host = 0;
-  int local_rank = 0;
-  int host_index = 0;
-
-  template <class Archive>
-  void serialize(Archive& ar) {
-    ar(protocol_version, rank, host, model_hash, gpus_on_host, local_rank, host_index);
-  }
-};
-
-// FNV-1a of config.json and the tensor index (names, dtypes, shapes).
-uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& checkpoint);
 
 class Node {
  public:
@@ -68,12 +54,13 @@ class Node {
   const ModelConfig& config() const { return config_; }
   const Layout& layout() const { return layout_; }
   const PlacementTable& placement() const { return placement_; }
+  ElemType wire_type() const { return wire_type_; }
   Profiler& profiler() { return *profiler_; }
-  uint64_t expert_bytes()
-      const;  // in-memory bytes of one routed expert (quantized in a container, else fp32)
+  // In-memory bytes of one routed expert (quantized in a container, else fp32).
+  uint64_t expert_bytes() const;
 
-  // Coordinator: the model whose routed experts run on their owners.
-  ReferenceModel& model();
+  // Coordinator: the engine whose routed experts run on their owners.
+  Engine& engine();
   // Coordinator: ends every expert rank's serve loop.
   void shutdown();
   // Expert rank: serves requests until the coordinator shuts down.
@@ -82,7 +69,6 @@ class Node {
   std::vector<RankReport> gather_reports();
 
  private:
-  void handshake(const std::filesystem::path& model_dir);
   // Expert rank: the store of owned routed experts, refused (collectively) when its projected
   // peak memory exceeds MemAvailable.
   void open_expert_store();
@@ -94,12 +80,14 @@ class Node {
   std::unique_ptr<Checkpoint> checkpoint_;
   Layout layout_;
   PlacementTable placement_;
+  ElemType wire_type_ = ElemType::kF32;
   ModelWeights weights_;
   std::unique_ptr<ExpertStore> expert_store_;  // expert ranks of a multi-rank run
   std::unique_ptr<Profiler> profiler_;
-  std::unique_ptr<MpiTransport> transport_;
-  std::unique_ptr<ExpertExecutor> remote_experts_;
-  std::unique_ptr<ReferenceModel> model_;
+  std::unique_ptr<ExpertBackend> expert_backend_;  // expert ranks, or a single process
+  std::unique_ptr<Dispatcher> dispatcher_;         // coordinator
+  std::unique_ptr<ExpertChannel> channel_;         // expert ranks
+  std::unique_ptr<Engine> engine_;                 // coordinator
   bool shut_down_ = false;
 };
 

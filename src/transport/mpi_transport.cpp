@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -37,25 +36,12 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace
-
-uint32_t wire::checksum(const std::byte* data, size_t bytes) {
-  // FNV-1a style over 64-bit words in four independent lanes (the multiply latency of one lane
-  // would otherwise bound the speed), then the tail bytes.
-  constexpr uint64_t kPrime = 1099511628211ull;
-  uint64_t lane[4] = {14695981039346656037ull, 1, 2, 3};
-  size_t i = 0;
-  for (; i + 32 <= bytes; i += 32) {
-    for (int l = 0; l < 4; ++l) {
-      uint64_t word;
-      std::memcpy(&word, data + i + 8 * l, 8);
-      lane[l] = (lane[l] ^ word) * kPrime;
-    }
-  }
-  uint64_t hash = ((lane[0] * kPrime ^ lane[1]) * kPrime ^ lane[2]) * kPrime ^ lane[3];
-  for (; i < bytes; ++i) hash = (hash ^ uint64_t(data[i])) * kPrime;
-  return uint32_t(hash ^ (hash >> 32));
+void require_host_f32(ConstView v, const char* what) {
+  if (v.device != Device::kHost || v.type != ElemType::kF32)
+    fail("the MPI transport takes {} as fp32 host memory", what);
 }
+
+}  // namespace
 
 MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
                            const ExchangeShape& shape, int coordinator, Profiler& profiler,
@@ -65,16 +51,17 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       shape_(shape),
       coordinator_(coordinator),
       profiler_(profiler),
-      options_(options) {
+      options_(options),
+      elem_bytes_(elem_bytes(options.wire_type)) {
   int size = 0;
   CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   CHECK_MPI(MPI_Comm_size(comm_, &size));
   const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
   const size_t request_bytes =
-      kHeaderBytes +
-      wire::request_payload_bytes(uint32_t(shape_.max_rows), uint32_t(max_pairs), shape_.hidden);
-  const size_t reply_bytes =
-      kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden);
+      kHeaderBytes + wire::request_payload_bytes(uint32_t(shape_.max_rows), uint32_t(max_pairs),
+                                                 shape_.hidden, elem_bytes_);
+  const size_t reply_bytes = kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows),
+                                                                      shape_.hidden, elem_bytes_);
   if (rank_ == coordinator_) {
     owner_peer_.assign(size_t(size), -1);
     slowest_.assign(size_t(size), 0);
@@ -85,11 +72,13 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       peer.rank = r;
       peer.send.resize(request_bytes);
       peer.recv.resize(reply_bytes);
-      peer.rows.reserve(size_t(shape_.max_rows));
     }
+    active_.reserve(peers_.size());
+    row_f32_.resize(size_t(shape_.hidden));
   } else {
     request_buffer_.resize(request_bytes);
     reply_buffer_.resize(reply_bytes);
+    request_pairs_.reserve(max_pairs);
     post_request_receive();
   }
 }
@@ -107,24 +96,19 @@ void MpiTransport::post_request_receive() {
                       wire::kTagRequest, comm_, &request_receive_));
 }
 
-int MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
-                           const char* what, int layer) {
+void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                            const char* what, int layer) {
   const auto start = std::chrono::steady_clock::now();
   Backoff backoff;
-  int last = -1;
   for (;;) {
     bool all_done = true;
     for (size_t i = 0; i < requests.size(); ++i) {
       if (*requests[i] == MPI_REQUEST_NULL) continue;
       int done = 0;
       CHECK_MPI(MPI_Test(requests[i], &done, MPI_STATUS_IGNORE));
-      if (done) {
-        last = int(i);
-      } else {
-        all_done = false;
-      }
+      if (!done) all_done = false;
     }
-    if (all_done) return last;
+    if (all_done) return;
     if (seconds_since(start) > options_.rank_timeout_s) {
       for (size_t i = 0; i < requests.size(); ++i)
         if (*requests[i] != MPI_REQUEST_NULL)
@@ -136,49 +120,48 @@ int MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vecto
   }
 }
 
-void MpiTransport::dispatch(int layer, const float* x, int n, const Routing& routing) {
-  auto scope = profiler_.scope(Phase::kDispatch, layer);
+void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
+  auto scope = profiler_.scope(Phase::kDispatch, plan.layer);
+  require_host_f32(x, "dispatched rows");
+  const int n = plan.n_rows, hidden = shape_.hidden;
   if (n > shape_.max_rows)
     fail("{} rows exceed the exchange buffers sized for {} rows", n, shape_.max_rows);
-  layer_ = layer;
+  if (x.count < size_t(n) * hidden) fail("dispatch: {} values for {} rows", x.count, n);
+  layer_ = plan.layer;
   n_rows_ = n;
-  const int hidden = shape_.hidden, k = routing.top_k;
-  const size_t row_bytes = size_t(hidden) * sizeof(float);
+  const auto* rows_f32 = static_cast<const float*>(x.data);
+  const size_t row_bytes = size_t(hidden) * elem_bytes_;
   const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
 
-  // Pairs go after the rows; the number of rows is known only at the end, so pairs are staged.
-  std::vector<std::vector<wire::Pair>> pairs(peers_.size());
-  for (Peer& peer : peers_) peer.rows.clear();
-  for (int t = 0; t < n; ++t) {
-    for (int i = 0; i < k; ++i) {
-      const int expert = routing.expert[size_t(t) * k + i];
-      const int owner = placement_.owner_of(layer, expert);
-      const int index = owner_peer_[size_t(owner)];
-      if (index < 0) fail("expert {} of layer {} is placed on the coordinator", expert, layer);
-      Peer& peer = peers_[size_t(index)];
-      if (peer.rows.empty() || peer.rows.back() != t) peer.rows.push_back(t);
-      pairs[size_t(index)].push_back(
-          {uint32_t(peer.rows.size() - 1), uint32_t(expert), routing.weight[size_t(t) * k + i]});
-    }
-  }
-
+  active_.clear();
   RankReport& counters = profiler_.counters();
-  for (size_t p = 0; p < peers_.size(); ++p) {
-    Peer& peer = peers_[p];
-    peer.active = !peer.rows.empty();
-    if (!peer.active) continue;
-    const uint32_t n_rows = uint32_t(peer.rows.size()), n_pairs = uint32_t(pairs[p].size());
+  for (const OwnerShare& share : plan.owners) {
+    const int index = share.rank >= 0 && size_t(share.rank) < owner_peer_.size()
+                          ? owner_peer_[size_t(share.rank)]
+                          : -1;
+    if (index < 0)
+      fail("layer {}: experts placed on rank {}, which is not an expert rank", plan.layer,
+           share.rank);
+    Peer& peer = peers_[size_t(index)];
+    peer.share = &share;
+    active_.push_back(&peer);
+    const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
     if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
     std::byte* payload = peer.send.data() + kHeaderBytes;
     for (uint32_t r = 0; r < n_rows; ++r)
-      std::memcpy(payload + r * row_bytes, x + size_t(peer.rows[r]) * hidden, row_bytes);
-    std::memcpy(payload + n_rows * row_bytes, pairs[p].data(), n_pairs * sizeof(wire::Pair));
-    const size_t payload_bytes = wire::request_payload_bytes(n_rows, n_pairs, hidden);
+      from_f32(rows_f32 + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
+               payload + r * row_bytes);
+    std::byte* pairs = payload + n_rows * row_bytes;
+    for (uint32_t i = 0; i < n_pairs; ++i) {
+      const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
+      std::memcpy(pairs + size_t(i) * sizeof(wire::Pair), &pair, sizeof(wire::Pair));
+    }
+    const size_t payload_bytes = wire::request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes_);
     const wire::Header header{wire::kMagic,
                               wire::kProtocolVersion,
                               uint16_t(wire::Opcode::kExpertRequest),
                               ++peer.sequence,
-                              layer,
+                              plan.layer,
                               n_rows,
                               n_pairs,
                               uint32_t(payload_bytes),
@@ -203,7 +186,8 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
         fmt::format("corrupted reply from {}: {} bytes, shorter than a header", from, count_bytes));
   wire::Header h;
   std::memcpy(&h, peer.recv.data(), kHeaderBytes);
-  const size_t expected = wire::reply_payload_bytes(uint32_t(peer.rows.size()), shape_.hidden);
+  const size_t rows = peer.share->rows.size();
+  const size_t expected = wire::reply_payload_bytes(uint32_t(rows), shape_.hidden, elem_bytes_);
   std::string problem;
   if (h.magic != wire::kMagic) {
     problem = fmt::format("bad magic {:#x}", h.magic);
@@ -214,10 +198,10 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   } else if (h.sequence != peer.sequence || h.layer != layer_) {
     problem = fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
                           peer.sequence, layer_);
-  } else if (h.n_rows != peer.rows.size() || h.payload_bytes != expected ||
+  } else if (h.n_rows != rows || h.payload_bytes != expected ||
              size_t(count_bytes) != kHeaderBytes + expected) {
     problem = fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, count_bytes,
-                          peer.rows.size(), kHeaderBytes + expected);
+                          rows, kHeaderBytes + expected);
   } else if (wire::checksum(peer.recv.data() + kHeaderBytes, expected) != h.checksum) {
     problem = "payload checksum mismatch";
   }
@@ -225,15 +209,13 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
     abort_job(fmt::format("corrupted reply from {} in layer {}: {}", from, layer_, problem));
 }
 
-void MpiTransport::combine(float* out) {
+void MpiTransport::combine(View out) {
+  require_host_f32(out, "the combined partials");
   std::vector<MPI_Request*> requests;
   std::vector<int> ranks;
-  std::vector<size_t> active;
-  for (size_t p = 0; p < peers_.size(); ++p) {
-    if (!peers_[p].active) continue;
-    requests.push_back(&peers_[p].recv_request);
-    ranks.push_back(peers_[p].rank);
-    active.push_back(p);
+  for (Peer* peer : active_) {
+    requests.push_back(&peer->recv_request);
+    ranks.push_back(peer->rank);
   }
   {
     auto scope = profiler_.scope(Phase::kWaitSlowest, layer_);
@@ -264,27 +246,35 @@ void MpiTransport::combine(float* out) {
       backoff.pause();
     }
     if (last >= 0) ++slowest_[size_t(ranks[size_t(last)])];
-    for (size_t i = 0; i < active.size(); ++i) validate_reply(peers_[active[i]], counts[i]);
+    for (size_t i = 0; i < active_.size(); ++i) validate_reply(*active_[i], counts[i]);
   }
 
   auto scope = profiler_.scope(Phase::kCombine, layer_);
   const int hidden = shape_.hidden;
-  std::fill(out, out + size_t(n_rows_) * hidden, 0.0f);
+  auto* sum = static_cast<float*>(out.data);
+  std::fill(sum, sum + size_t(n_rows_) * hidden, 0.0f);
   RankReport& counters = profiler_.counters();
-  for (size_t p : active) {  // ascending rank: a fixed summation order
-    const Peer& peer = peers_[p];
-    const float* partial = reinterpret_cast<const float*>(peer.recv.data() + kHeaderBytes);
-    for (size_t r = 0; r < peer.rows.size(); ++r) {
-      float* dst = out + size_t(peer.rows[r]) * hidden;
-      const float* src = partial + r * size_t(hidden);
+  const size_t row_bytes = size_t(hidden) * elem_bytes_;
+  for (const Peer* peer : active_) {  // ascending rank: a fixed summation order
+    const std::byte* partial = peer->recv.data() + kHeaderBytes;
+    const std::vector<int>& rows = peer->share->rows;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      float* dst = sum + size_t(rows[r]) * hidden;
+      const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
+      if (options_.wire_type != ElemType::kF32) {
+        to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
+               row_f32_.data());
+        src = row_f32_.data();
+      }
       for (int j = 0; j < hidden; ++j) dst[j] += src[j];
     }
     counters.bytes_in +=
-        kHeaderBytes + wire::reply_payload_bytes(uint32_t(peer.rows.size()), hidden);
+        kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
   }
   std::vector<MPI_Request*> sends;
-  for (size_t p : active) sends.push_back(&peers_[p].send_request);
+  for (Peer* peer : active_) sends.push_back(&peer->send_request);
   wait_all(sends, ranks, "request delivery", layer_);
+  for (Peer* peer : active_) peer->share = nullptr;
 }
 
 void MpiTransport::shutdown() {
@@ -323,50 +313,37 @@ bool MpiTransport::receive(ExpertRequest& request) {
   }
   int count = 0;
   CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-  const std::string from = rank_identity().name_of(coordinator_);
-  if (count < int(kHeaderBytes))
-    abort_job(
-        fmt::format("corrupted request from {}: {} bytes, shorter than a header", from, count));
-  wire::Header& h = request_header_;
-  std::memcpy(&h, request_buffer_.data(), kHeaderBytes);
-  const auto bad = [&](const std::string& problem) {
-    abort_job(fmt::format("corrupted request from {}: {}", from, problem));
+  wire::RequestCheck check;
+  check.expected_sequence = sequence_ + 1;
+  check.num_layers = placement_.num_layers;
+  check.max_rows = shape_.max_rows;
+  check.top_k = shape_.top_k;
+  check.hidden = shape_.hidden;
+  check.num_experts = placement_.num_experts;
+  check.elem_bytes = elem_bytes_;
+  check.owned = [this](int layer, uint32_t expert) {
+    return placement_.owner_of(layer, int(expert)) == rank_;
   };
-  if (h.magic != wire::kMagic) bad(fmt::format("bad magic {:#x}", h.magic));
-  if (h.version != wire::kProtocolVersion) bad(fmt::format("protocol version {}", h.version));
-  if (h.sequence != sequence_ + 1)
-    bad(fmt::format("sequence {} (expected {})", h.sequence, sequence_ + 1));
+  wire::Header& h = request_header_;
+  const std::string problem = wire::check_request(request_buffer_.data(), size_t(count), check, h);
+  if (!problem.empty())
+    abort_job(fmt::format("corrupted request from {}: {}", rank_identity().name_of(coordinator_),
+                          problem));
   sequence_ = h.sequence;
   if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return false;
-  if (h.opcode != uint16_t(wire::Opcode::kExpertRequest))
-    bad(fmt::format("unknown opcode {}", h.opcode));
-  if (h.layer < 0 || h.layer >= placement_.num_layers)
-    bad(fmt::format("layer {} out of range", h.layer));
-  if (h.n_rows == 0 || h.n_rows > uint32_t(shape_.max_rows))
-    bad(fmt::format("{} rows (at most {})", h.n_rows, shape_.max_rows));
-  if (h.n_pairs < h.n_rows || h.n_pairs > h.n_rows * uint32_t(shape_.top_k))
-    bad(fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows));
-  const size_t expected = wire::request_payload_bytes(h.n_rows, h.n_pairs, shape_.hidden);
-  if (h.payload_bytes != expected || size_t(count) != kHeaderBytes + expected)
-    bad(fmt::format("{} bytes (expected {})", count, kHeaderBytes + expected));
   const std::byte* payload = request_buffer_.data() + kHeaderBytes;
-  if (wire::checksum(payload, expected) != h.checksum) bad("payload checksum mismatch");
+  const size_t rows_bytes = size_t(h.n_rows) * size_t(shape_.hidden) * elem_bytes_;
+  request_pairs_.resize(h.n_pairs);
+  for (uint32_t i = 0; i < h.n_pairs; ++i) {
+    wire::Pair pair;
+    std::memcpy(&pair, payload + rows_bytes + size_t(i) * sizeof(wire::Pair), sizeof(pair));
+    request_pairs_[i] = {pair.row, pair.expert, pair.weight};
+  }
   layer_ = h.layer;
   request.layer = h.layer;
   request.n_rows = int(h.n_rows);
-  request.rows = reinterpret_cast<const float*>(payload);
-  request.n_pairs = int(h.n_pairs);
-  request.pairs = reinterpret_cast<const wire::Pair*>(payload + size_t(h.n_rows) * shape_.hidden *
-                                                                    sizeof(float));
-  for (int i = 0; i < request.n_pairs; ++i) {
-    const wire::Pair& pair = request.pairs[i];
-    if (pair.row >= h.n_rows || pair.expert >= uint32_t(placement_.num_experts) ||
-        !std::isfinite(pair.weight))
-      bad(fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
-                      pair.expert, pair.weight));
-    if (placement_.owner_of(h.layer, int(pair.expert)) != rank_)
-      bad(fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer));
-  }
+  request.rows = {payload, options_.wire_type, Device::kHost, size_t(h.n_rows) * shape_.hidden};
+  request.pairs = request_pairs_;
   RankReport& counters = profiler_.counters();
   counters.rows += h.n_rows;
   counters.experts += h.n_pairs;
@@ -374,14 +351,18 @@ bool MpiTransport::receive(ExpertRequest& request) {
   return true;
 }
 
-void MpiTransport::reply(const float* partial) {
+void MpiTransport::reply(ConstView partial) {
   auto scope = profiler_.scope(Phase::kSend, layer_);
+  require_host_f32(partial, "the partial");
   std::vector<MPI_Request*> previous{&reply_send_};
   wait_all(previous, {coordinator_}, "reply delivery", layer_);
   const wire::Header& request = request_header_;
-  const size_t payload_bytes = wire::reply_payload_bytes(request.n_rows, shape_.hidden);
+  const size_t values = size_t(request.n_rows) * shape_.hidden;
+  if (partial.count < values) fail("reply: {} values for {} rows", partial.count, request.n_rows);
+  const size_t payload_bytes =
+      wire::reply_payload_bytes(request.n_rows, shape_.hidden, elem_bytes_);
   std::byte* payload = reply_buffer_.data() + kHeaderBytes;
-  std::memcpy(payload, partial, payload_bytes);
+  from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
   const wire::Header header{wire::kMagic,
                             wire::kProtocolVersion,
                             uint16_t(wire::Opcode::kExpertReply),

@@ -1,5 +1,6 @@
-// Transport over MPI non-blocking point-to-point with preposted receives. Buffers are allocated
-// once per peer; every wait polls against a deadline and names the silent peer.
+// The exchange over MPI non-blocking point-to-point with preposted receives. Send and receive
+// buffers are allocated at construction, one pair per peer, for the largest call (max_rows);
+// every wait polls against a deadline and names the silent peer.
 #pragma once
 
 #include <mpi.h>
@@ -7,49 +8,49 @@
 #include <cstddef>
 #include <vector>
 
-#include "node/profile.h"
+#include "common/profile.h"
 #include "rank/placement.h"
+#include "transport/protocol.h"
 #include "transport/transport.h"
 
 namespace colibri {
 
 struct MpiTransportOptions {
-  double rank_timeout_s = 300;  // longest wait for a peer within an exchange
+  double rank_timeout_s = 300;          // longest wait for a peer within an exchange
+  ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
   // Test hook: this rank flips one payload byte of its reply at this layer (-1: never).
   int corrupt_reply_at_layer = -1;
 };
 
-class MpiTransport final : public Transport {
+class MpiTransport final : public Dispatcher, public ExpertChannel {
  public:
   MpiTransport(MPI_Comm comm, const PlacementTable& placement, const ExchangeShape& shape,
                int coordinator, Profiler& profiler, const MpiTransportOptions& options);
   ~MpiTransport() override;
 
-  void dispatch(int layer, const float* x, int n, const Routing& routing) override;
-  void combine(float* out) override;
+  void dispatch(const DispatchPlan& plan, ConstView x) override;
+  void combine(View out) override;
   void shutdown() override;
   bool receive(ExpertRequest& request) override;
-  void reply(const float* partial) override;
+  void reply(ConstView partial) override;
 
-  // Coordinator: how often each rank's partial arrived last.
-  const std::vector<uint64_t>& slowest_counts() const { return slowest_; }
+  std::vector<uint64_t> slowest_counts() const override { return slowest_; }
 
  private:
   struct Peer {
     int rank = 0;
-    std::vector<std::byte> send;  // header + request payload
-    std::vector<std::byte> recv;  // header + reply payload
-    std::vector<int> rows;        // coordinator rows sent in this exchange
+    std::vector<std::byte> send;        // header + request payload
+    std::vector<std::byte> recv;        // header + reply payload
+    const OwnerShare* share = nullptr;  // this exchange's rows and pairs; null when idle
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request recv_request = MPI_REQUEST_NULL;
-    bool active = false;
     uint32_t sequence = 0;  // messages sent to this peer
   };
 
-  // Polls until every request is complete or the deadline passes; returns the index of the
-  // request that completed last. On timeout names peers[i] for the first incomplete request.
-  int wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
-               const char* what, int layer);
+  // Polls until every request is complete or the deadline passes. On timeout names the peer of
+  // the first incomplete request.
+  void wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                const char* what, int layer);
   void validate_reply(const Peer& peer, int count_bytes);
   void post_request_receive();
 
@@ -60,6 +61,7 @@ class MpiTransport final : public Transport {
   int rank_;
   Profiler& profiler_;
   MpiTransportOptions options_;
+  size_t elem_bytes_;
   uint32_t sequence_ = 0;  // expert side: messages received from the coordinator
   int layer_ = -1;
   int n_rows_ = 0;
@@ -68,10 +70,13 @@ class MpiTransport final : public Transport {
   std::vector<Peer> peers_;        // one per expert rank
   std::vector<int> owner_peer_;    // rank -> index in peers_ (-1 if none)
   std::vector<uint64_t> slowest_;  // [world size]
+  std::vector<Peer*> active_;      // peers of this exchange, ascending rank
+  std::vector<float> row_f32_;     // [hidden] one partial row converted from the wire type
 
   // expert side
   std::vector<std::byte> request_buffer_;
   std::vector<std::byte> reply_buffer_;
+  std::vector<RoutedPair> request_pairs_;
   MPI_Request request_receive_ = MPI_REQUEST_NULL;
   MPI_Request reply_send_ = MPI_REQUEST_NULL;
   wire::Header request_header_{};

@@ -1,17 +1,16 @@
-// The coordinator <-> expert-rank data plane: fixed opcodes and a fixed-size header in front of
-// every message. Everything read from the wire is validated before use.
+// The coordinator <-> expert-rank data plane of the MPI transport: fixed opcodes and a fixed-size
+// header in front of every message. Everything read from the wire is validated before use.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
-
-#include "coordinator/router.h"
 
 namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
-constexpr uint16_t kProtocolVersion = 1;
+constexpr uint16_t kProtocolVersion = 2;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -38,17 +37,36 @@ struct Header {
 static_assert(sizeof(Header) == 32, "the header is part of the protocol");
 
 // (row, expert, weight) of one routed pair; `row` indexes the rows of this message.
-using Pair = RoutedPair;
+struct Pair {
+  uint32_t row;
+  uint32_t expert;
+  float weight;
+};
 static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 
 uint32_t checksum(const std::byte* data, size_t bytes);
 
-// Layout of a request payload: rows [n_rows, hidden] float32, then n_pairs Pairs.
-constexpr size_t request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hidden) {
-  return size_t(n_rows) * size_t(hidden) * sizeof(float) + size_t(n_pairs) * sizeof(Pair);
+// Request payload: rows [n_rows, hidden] in the wire element type (`elem_bytes` each, agreed at
+// start-up), then n_pairs Pairs (unaligned when the rows are bf16 and hidden is odd).
+constexpr size_t request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hidden,
+                                       size_t elem_bytes) {
+  return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_pairs) * sizeof(Pair);
 }
-constexpr size_t reply_payload_bytes(uint32_t n_rows, int hidden) {
-  return size_t(n_rows) * size_t(hidden) * sizeof(float);
+constexpr size_t reply_payload_bytes(uint32_t n_rows, int hidden, size_t elem_bytes) {
+  return size_t(n_rows) * size_t(hidden) * elem_bytes;
 }
+
+// What a valid request must agree with on the receiving expert rank.
+struct RequestCheck {
+  uint32_t expected_sequence = 0;
+  int num_layers = 0, max_rows = 0, top_k = 0, hidden = 0, num_experts = 0;
+  size_t elem_bytes = 4;
+  std::function<bool(int layer, uint32_t expert)> owned;  // this rank owns it; empty: any
+};
+
+// Validates one request message (header + payload, `bytes` long) and copies its header out.
+// Returns "" when valid (a shutdown carries no payload), else what is wrong with it.
+std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
+                          Header& header);
 
 }  // namespace colibri::wire

@@ -1,47 +1,83 @@
-// The per-MoE-layer exchange between the coordinator and the expert owners, in the style of a
-// dispatch -> handle -> combine buffer: buffers are allocated once, sized from the maximum rows,
-// hidden size and top-k; dispatch never blocks on compute; combine waits with a deadline.
+// The per-MoE-layer exchange between the coordinator and the expert owners, as two narrow
+// interfaces: the coordinator's Dispatcher (dispatch -> combine) and the expert rank's
+// ExpertChannel (receive -> reply). Implementations: MPI (every peer), the local dispatcher (one
+// process runs its own experts), and later NCCL for GPU peers and a composite of NCCL and MPI.
+//
+// Count phase first: a DispatchPlan, built from the routing and the placement before any payload
+// moves, gives every owner's rows and pairs. MPI carries the counts in each message's header; a
+// transport that must size its receives in advance (NCCL) exchanges them first.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "common/buffer.h"
 #include "coordinator/router.h"
-#include "transport/protocol.h"
+#include "rank/placement.h"
 
 namespace colibri {
 
 struct ExchangeShape {
-  int max_rows = 0;  // rows per forward call (prompt chunk)
+  int max_rows = 0;  // rows per forward call (prompt chunk): the exchange buffers' size
   int hidden = 0;
   int top_k = 0;
   int num_experts = 0;
+};
+
+// One owner's share of a layer: the rows routed to it (each once) and its (row, expert, weight)
+// pairs, `row` indexing `rows`.
+struct OwnerShare {
+  int rank = 0;
+  std::vector<int> rows;          // coordinator row indices, ascending
+  std::vector<RoutedPair> pairs;  // in routing order
+};
+
+struct DispatchPlan {
+  int layer = -1;
+  int n_rows = 0;
+  std::vector<OwnerShare> owners;  // ascending rank, only owners with work
+
+  // The count phase: which rows and pairs go to which owner. Reuses its vectors across calls.
+  void build(const PlacementTable& placement, int layer, const Routing& routing, int n);
+  uint64_t pairs() const;
+
+ private:
+  std::vector<int> share_of_;  // rank -> index in owners during build
 };
 
 // What an expert owner receives for one layer.
 struct ExpertRequest {
   int layer = 0;
   int n_rows = 0;
-  const float* rows = nullptr;        // [n_rows, hidden]
-  const wire::Pair* pairs = nullptr;  // [n_pairs], grouped by nothing in particular
-  int n_pairs = 0;
+  ConstView rows;                     // [n_rows, hidden] in the wire element type
+  std::span<const RoutedPair> pairs;  // `row` indexes rows
 };
 
-class Transport {
+// Coordinator side.
+class Dispatcher {
  public:
-  virtual ~Transport() = default;
-
-  // Coordinator: sends every owner the rows routed to it (each row once) and its pairs.
-  virtual void dispatch(int layer, const float* x, int n, const Routing& routing) = 0;
-  // Coordinator: waits for every owner's partial and writes their sum into out[n, hidden].
-  virtual void combine(float* out) = 0;
-  // Coordinator: tells every owner to stop.
+  virtual ~Dispatcher() = default;
+  // Sends every owner its rows of x [plan.n_rows, hidden] and its pairs; does not wait for
+  // compute. x and plan stay valid until combine() returns.
+  virtual void dispatch(const DispatchPlan& plan, ConstView x) = 0;
+  // Waits (with a deadline) for every owner's partial and writes their sum into out
+  // [n_rows, hidden], owners added in ascending rank order.
+  virtual void combine(View out) = 0;
+  // Tells every owner to stop.
   virtual void shutdown() = 0;
+  // Per world rank, how often its partial arrived last in a layer; empty when not tracked.
+  virtual std::vector<uint64_t> slowest_counts() const { return {}; }
+};
 
-  // Expert rank: waits for the next request; false when the coordinator shut down.
+// Expert rank side.
+class ExpertChannel {
+ public:
+  virtual ~ExpertChannel() = default;
+  // Waits for the next request; false when the coordinator shut down.
   virtual bool receive(ExpertRequest& request) = 0;
-  // Expert rank: answers the request last received with partial[n_rows, hidden].
-  virtual void reply(const float* partial) = 0;
+  // Answers the request last received with partial [n_rows, hidden] (fp32).
+  virtual void reply(ConstView partial) = 0;
 };
 
 }  // namespace colibri

@@ -8,6 +8,7 @@
 
 #include "embedded_goldens.h"
 #include "model/checkpoint.h"
+#include "model/reference_model.h"
 #include "model/weights.h"
 #include "node/node.h"
 
@@ -27,6 +28,13 @@ std::vector<float> window_logits(ReferenceModel& model, const Window& w) {
   return model.forward(w.ids, cache);
 }
 
+std::vector<float> window_logits(Engine& engine, const Window& w) {
+  const int seq = engine.open_sequence();
+  std::vector<float> logits = engine.forward(seq, w.ids);
+  engine.close_sequence(seq);
+  return logits;
+}
+
 TEST(EmbeddedNode, WindowLogitsMatchTransformers) {
   const std::vector<Window> windows = read_windows();  // every rank, before any collective
   ASSERT_EQ(windows.size(), 3u);
@@ -36,7 +44,7 @@ TEST(EmbeddedNode, WindowLogitsMatchTransformers) {
   Node node(MPI_COMM_WORLD, options);
   std::vector<std::vector<float>> distributed;
   if (node.is_coordinator()) {
-    for (const Window& w : windows) distributed.push_back(window_logits(node.model(), w));
+    for (const Window& w : windows) distributed.push_back(window_logits(node.engine(), w));
     node.shutdown();
   } else {
     node.serve();

@@ -116,7 +116,10 @@ TEST(EmbeddedParity, HeldOutPerplexityMatchesTransformers) {
       << "the score would not reach DSA selection";
 
   ReferenceModel reference(model().config, model().weights);
-  const ScoreResult score = score_tokens(reference, ids, 256);  // colibri-node's default --max-rows
+  KvCache cache(model().config);
+  const ScoreResult score =
+      score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids,
+                   256);  // default --max-rows
   ASSERT_EQ(score.nll.size(), ids.size() - 1);
   const double want = golden.at("perplexity").get<double>();
   const double relative = std::abs(score.perplexity - want) / want;

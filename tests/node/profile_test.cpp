@@ -1,5 +1,5 @@
 // Profiler accounting, RankReport serialisation, and the three outputs (table, JSON, trace).
-#include "node/profile.h"
+#include "common/profile.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -52,11 +52,12 @@ Run run_node(const fs::path& model_dir, double ram_gb) {
   Node node(MPI_COMM_WORLD, options);
   Run run;
   if (node.is_coordinator()) {
-    KvCache cache(node.config());
-    run.logits = node.model().forward(prompt, cache);
+    Engine& engine = node.engine();
+    const int seq = engine.open_sequence();
+    run.logits = engine.forward(seq, prompt);
     for (int token : teacher_forced) {
       const int one[] = {token};
-      const auto row = node.model().forward(one, cache);
+      const auto row = engine.forward(seq, one);
       run.logits.insert(run.logits.end(), row.begin(), row.end());
     }
     node.shutdown();

@@ -1,4 +1,4 @@
-#include "node/profile.h"
+#include "common/profile.h"
 
 #include <fmt/format.h>
 

@@ -130,6 +130,27 @@ class Profiler {
   RankReport report_;
 };
 
+// A Profiler::Scope that costs nothing without a profiler.
+class OptionalScope {
+ public:
+  OptionalScope(Profiler* profiler, Phase phase, int layer = -1)
+      : profiler_(profiler),
+        phase_(phase),
+        layer_(layer),
+        start_us_(profiler ? profiler->now_us() : 0) {}
+  ~OptionalScope() {
+    if (profiler_) profiler_->add(phase_, layer_, start_us_, profiler_->now_us() - start_us_);
+  }
+  OptionalScope(const OptionalScope&) = delete;
+  OptionalScope& operator=(const OptionalScope&) = delete;
+
+ private:
+  Profiler* profiler_;
+  Phase phase_;
+  int layer_;
+  double start_us_;
+};
+
 // One table (per rank: busy %, wait %, rows, experts, bytes in/out, slowest count), then the
 // coordinator phase split and the run line
 // "prefill N tok in X s | decode M tok in Y s (Z tok/s) | TTFT T s".

@@ -1,0 +1,210 @@
+#include "coordinator/cpu_attention.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "common/error.h"
+#include "cpu/elementwise.h"
+#include "cpu/linear.h"
+
+namespace colibri {
+
+using kernels::dot_f32;
+using kernels::linear_f32;
+
+namespace {
+
+template <typename T>
+void grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+}  // namespace
+
+CpuAttention::CpuAttention(const ModelConfig& config, KvManager& kv, Profiler* profiler)
+    : c_(config), kv_(kv), rope_(config.rope, config.qk_rope_head_dim), profiler_(profiler) {}
+
+void CpuAttention::begin(const Batch& batch) {
+  batch_ = &batch;
+  const int n = batch.size();
+  grow(slot_, size_t(n));
+  max_keys_ = 0;
+  for (int t = 0; t < n; ++t) {
+    const BatchRow& row = batch.rows[size_t(t)];
+    slot_[size_t(t)] = kv_.slot(row.seq, row.pos);
+    max_keys_ = std::max(max_keys_, row.pos + 1);
+  }
+  grow(selected_count_, size_t(n));
+  std::fill_n(selected_count_.begin(), n, 0);
+}
+
+void CpuAttention::forward(int layer, const AttentionWeights& w, const float* x, float* out) {
+  const double start_us = profiler_ ? profiler_->now_us() : 0;
+  double indexer_us = 0;
+  const int n = batch_->size(), h = c_.hidden_size;
+  project(layer, w, x);
+  if (w.indexer) {
+    const double indexer_start_us = profiler_ ? profiler_->now_us() : 0;
+    select_keys(layer, *w.indexer, x);
+    if (profiler_) {
+      indexer_us = profiler_->now_us() - indexer_start_us;
+      profiler_->add(Phase::kIndexer, layer, indexer_start_us, indexer_us);
+    }
+  }
+  attend(layer, w);
+  linear_f32(heads_out_.data(), n, w.o_proj.data.data(), h, int64_t(c_.num_heads) * c_.v_head_dim,
+             out);
+  if (profiler_)
+    profiler_->add(Phase::kAttention, layer, start_us, profiler_->now_us() - start_us - indexer_us);
+}
+
+void CpuAttention::project(int layer, const AttentionWeights& w, const float* x) {
+  const int n = batch_->size(), heads = c_.num_heads, dn = c_.qk_nope_head_dim;
+  const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), r = c_.kv_lora_rank;
+  const int h = c_.hidden_size;
+  grow(q_, size_t(n) * heads * dq);
+  if (c_.q_lora_rank > 0) {
+    grow(q_lora_, size_t(n) * c_.q_lora_rank);
+    linear_f32(x, n, w.q_a_proj.data.data(), c_.q_lora_rank, h, q_lora_.data());
+    kernels::rms_norm(q_lora_.data(), n, c_.q_lora_rank, w.q_a_norm.data(), c_.mla_norm_eps,
+                      q_lora_.data());
+    linear_f32(q_lora_.data(), n, w.q_b_proj.data.data(), int64_t(heads) * dq, c_.q_lora_rank,
+               q_.data());
+  } else {
+    linear_f32(x, n, w.q_proj.data.data(), int64_t(heads) * dq, h, q_.data());
+  }
+
+  grow(kv_a_, size_t(n) * (r + dr));
+  linear_f32(x, n, w.kv_a_proj.data.data(), r + dr, h, kv_a_.data());
+  float* latent = kv_.latent(layer);
+  float* k_rope = kv_.k_rope(layer);
+  for (int t = 0; t < n; ++t) {
+    const int pos = batch_->rows[size_t(t)].pos;
+    float* row = &kv_a_[size_t(t) * (r + dr)];
+    kernels::rms_norm(row, 1, r, w.kv_a_norm.data(), c_.mla_norm_eps, row);
+    rope_.apply(row + r, pos, c_.rope.interleave);
+    const size_t slot = size_t(slot_[size_t(t)]);
+    std::copy_n(row, r, latent + slot * r);
+    std::copy_n(row + r, dr, k_rope + slot * dr);
+    for (int head = 0; head < heads; ++head)
+      rope_.apply(&q_[(size_t(t) * heads + head) * dq + dn], pos, c_.rope.interleave);
+  }
+}
+
+void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* x) {
+  const int n = batch_->size(), heads = c_.index_n_heads, dim = c_.index_head_dim;
+  const int h = c_.hidden_size, topk = c_.index_topk;
+  if (c_.q_lora_rank == 0) fail("the DSA indexer needs q_lora_rank > 0");
+  grow(index_q_, size_t(n) * heads * dim);
+  grow(index_k_, size_t(n) * dim);
+  grow(index_w_, size_t(n) * heads);
+  linear_f32(q_lora_.data(), n, w.wq_b.data.data(), int64_t(heads) * dim, c_.q_lora_rank,
+             index_q_.data());
+  linear_f32(x, n, w.wk.data.data(), dim, h, index_k_.data());
+  kernels::layer_norm(index_k_.data(), n, dim, w.k_norm_weight.data(), w.k_norm_bias.data(), 1e-6f,
+                      index_k_.data());
+  linear_f32(x, n, w.weights_proj.data.data(), heads, h, index_w_.data());
+  const float head_scale = 1.0f / std::sqrt(float(heads));
+  for (int i = 0; i < n * heads; ++i) index_w_[size_t(i)] *= head_scale;
+
+  float* keys = kv_.index_k(layer);
+  if (!keys) fail("layer {} has indexer weights but no indexer cache", layer);
+  for (int t = 0; t < n; ++t) {
+    const int pos = batch_->rows[size_t(t)].pos;
+    rope_.apply(&index_k_[size_t(t) * dim], pos, c_.rope.interleave);  // the FIRST dr dims
+    for (int head = 0; head < heads; ++head)
+      rope_.apply(&index_q_[(size_t(t) * heads + head) * dim], pos, c_.rope.interleave);
+    std::copy_n(&index_k_[size_t(t) * dim], dim, keys + size_t(slot_[size_t(t)]) * dim);
+  }
+
+  grow(selected_, size_t(n) * topk);
+  const int threads = omp_get_max_threads();
+  grow(scratch_, size_t(threads) * size_t(max_keys_));
+  grow(order_, size_t(threads) * size_t(max_keys_));
+  const float score_scale = 1.0f / std::sqrt(float(dim));
+#pragma omp parallel for schedule(dynamic)
+  for (int t = 0; t < n; ++t) {
+    const BatchRow& row = batch_->rows[size_t(t)];
+    if (row.pos + 1 <= topk) {  // every visible key is selected
+      selected_count_[size_t(t)] = 0;
+      continue;
+    }
+    const int thread = omp_get_thread_num();
+    float* scores = &scratch_[size_t(thread) * max_keys_];
+    int* order = &order_[size_t(thread) * max_keys_];
+    const int visible = row.pos + 1;
+    for (int s = 0; s < visible; ++s) {
+      const float* key = keys + size_t(kv_.slot(row.seq, s)) * dim;
+      float score = 0.0f;
+      for (int head = 0; head < heads; ++head) {
+        const float qk = dot_f32(&index_q_[(size_t(t) * heads + head) * dim], key, dim);
+        score += index_w_[size_t(t) * heads + head] * std::max(qk * score_scale, 0.0f);
+      }
+      scores[s] = score;
+    }
+    std::iota(order, order + visible, 0);
+    std::partial_sort(order, order + topk, order + visible, [&](int a, int b) {
+      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+    });
+    std::sort(order, order + topk);
+    std::copy_n(order, topk, &selected_[size_t(t) * topk]);
+    selected_count_[size_t(t)] = topk;
+  }
+}
+
+int CpuAttention::keys_of(int t, const int** selected) const {
+  const int count = selected_count_[size_t(t)];
+  *selected = count > 0 ? &selected_[size_t(t) * c_.index_topk] : nullptr;
+  return count > 0 ? count : batch_->rows[size_t(t)].pos + 1;
+}
+
+void CpuAttention::attend(int layer, const AttentionWeights& w) {
+  const int n = batch_->size(), heads = c_.num_heads, dn = c_.qk_nope_head_dim;
+  const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), dv = c_.v_head_dim;
+  const int r = c_.kv_lora_rank;
+  const float scale = c_.softmax_scale();
+  const float* latent = kv_.latent(layer);
+  const float* k_rope = kv_.k_rope(layer);
+  grow(heads_out_, size_t(n) * heads * dv);
+  // Per thread: probabilities [max_keys], q_abs [r], o_latent [r].
+  const size_t per_thread = size_t(max_keys_) + 2 * size_t(r);
+  const int threads = omp_get_max_threads();
+  grow(scratch_, size_t(threads) * per_thread);
+
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int t = 0; t < n; ++t) {
+    for (int head = 0; head < heads; ++head) {
+      float* p = &scratch_[size_t(omp_get_thread_num()) * per_thread];
+      float* q_abs = p + max_keys_;
+      float* o_latent = q_abs + r;
+      const BatchRow& row = batch_->rows[size_t(t)];
+      const int* selected = nullptr;
+      const int count = keys_of(t, &selected);
+      const float* q_head = &q_[(size_t(t) * heads + head) * dq];
+      const float* w_uk = &w.kv_b_proj.data[size_t(head) * (dn + dv) * r];  // [dn, r]
+      const float* w_uv = w_uk + size_t(dn) * r;                            // [dv, r]
+      // q_abs = W_UK^T q_nope: the query in latent space.
+      std::fill_n(q_abs, r, 0.0f);
+      for (int i = 0; i < dn; ++i)
+        for (int j = 0; j < r; ++j) q_abs[j] += q_head[i] * w_uk[size_t(i) * r + j];
+      for (int i = 0; i < count; ++i) {
+        const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
+        p[i] =
+            scale * (dot_f32(q_abs, latent + s * r, r) + dot_f32(q_head + dn, k_rope + s * dr, dr));
+      }
+      kernels::softmax(p, count);
+      std::fill_n(o_latent, r, 0.0f);
+      for (int i = 0; i < count; ++i) {
+        const float* lat = latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r;
+        for (int j = 0; j < r; ++j) o_latent[j] += p[i] * lat[j];
+      }
+      float* o = &heads_out_[(size_t(t) * heads + head) * dv];
+      for (int j = 0; j < dv; ++j) o[j] = dot_f32(w_uv + size_t(j) * r, o_latent, r);
+    }
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,79 @@
+// The production forward pass on the coordinator: one call runs a Batch of rows from many
+// sequences through every layer. Each MoE layer routes all rows, builds one DispatchPlan (the
+// count phase), dispatches once, computes the shared expert while the owners work, and combines
+// once, however many sequences the batch holds. Attention goes through an AttentionBackend over
+// the KvManager's blocks; routed experts through a Dispatcher. ReferenceModel is its oracle.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/profile.h"
+#include "coordinator/attention_backend.h"
+#include "coordinator/batch.h"
+#include "coordinator/kv_manager.h"
+#include "model/config.h"
+#include "model/forward_fn.h"
+#include "model/weights.h"
+#include "rank/placement.h"
+#include "transport/transport.h"
+
+namespace colibri {
+
+struct EngineOptions {
+  int max_rows = 256;  // rows per forward call; the exchange buffers are sized for it
+  int kv_tokens = 0;   // KV pool in tokens; 0: the model's context, at most kDefaultKvTokens
+  int max_seqs = 1;    // sequences open at once
+  static constexpr int kDefaultKvTokens = 32768;
+};
+
+class Engine {
+ public:
+  Engine(const ModelConfig& config, const ModelWeights& weights, const PlacementTable& placement,
+         Dispatcher& dispatcher, const EngineOptions& options, Profiler* profiler = nullptr);
+
+  int open_sequence() { return kv_.open(); }
+  void close_sequence(int seq) { kv_.close(seq); }
+  void clear_sequence(int seq) { kv_.clear(seq); }
+  int length(int seq) const { return kv_.length(seq); }
+
+  // One forward call. Returns the logits of the rows marked `logits`, in row order
+  // [those rows, vocab]. An invalid batch (rows out of order, a full KV pool, more rows than
+  // max_rows) is an Error before any state changes.
+  std::vector<float> forward(const Batch& batch);
+  // One sequence: appends `tokens` in calls of at most max_rows rows. Returns the logits of every
+  // token, or only of the last when all_logits is false.
+  std::vector<float> forward(int seq, std::span<const int> tokens, bool all_logits = true);
+
+  const ModelConfig& config() const { return config_; }
+  Profiler* profiler() const { return profiler_; }
+  KvManager& kv() { return kv_; }
+  int max_rows() const { return options_.max_rows; }
+
+ private:
+  void check(const Batch& batch);
+
+  const ModelConfig& config_;
+  const ModelWeights& weights_;
+  const PlacementTable& placement_;
+  Dispatcher& dispatcher_;
+  EngineOptions options_;
+  Profiler* profiler_;
+  KvManager kv_;
+  std::unique_ptr<AttentionBackend> attention_;
+  DispatchPlan plan_;
+  std::vector<float> h_, normed_, delta_, shared_;  // [n, hidden]
+  std::vector<int> seq_end_;                        // [max_seqs] per call: last position + 1
+};
+
+int default_kv_tokens(const ModelConfig& config);
+
+// The engine's ForwardFn over sequence slot `seq`.
+inline ForwardFn sequence_forward(Engine& engine, int seq) {
+  return [&engine, seq](std::span<const int> tokens, bool all_logits) {
+    return engine.forward(seq, tokens, all_logits);
+  };
+}
+
+}  // namespace colibri

@@ -1,0 +1,59 @@
+#include "node/expert_server.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+
+namespace colibri {
+
+TestFault test_fault_from_env(int rank) {
+  TestFault fault;
+  const char* spec = std::getenv("COLIBRI_TEST_FAULT");
+  if (!spec) return fault;
+  char kind[16] = {};
+  int fault_rank = -1, layer = -1;
+  if (std::sscanf(spec, "%15[a-z]:%d:%d", kind, &fault_rank, &layer) != 3)
+    fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER", spec);
+  const std::string k = kind;
+  if (k != "corrupt" && k != "kill" && k != "stop")
+    fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, corrupt)", k);
+  if (fault_rank != rank) return fault;
+  if (k == "corrupt") {
+    fault.corrupt_reply_at_layer = layer;
+  } else {
+    fault.signal_at_layer = layer;
+    fault.signal = k == "kill" ? SIGKILL : SIGSTOP;
+  }
+  return fault;
+}
+
+void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
+                   const TestFault& fault) {
+  ExpertRequest request;
+  std::vector<float> partial;
+  while (channel.receive(request)) {
+    if (request.layer == fault.signal_at_layer) {
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n",
+                   profiler.counters().rank, fault.signal, now);
+      std::fflush(stderr);
+      std::raise(fault.signal);
+    }
+    const size_t values = size_t(request.n_rows) * hidden;
+    if (partial.size() < values) partial.resize(values);
+    {
+      auto scope = profiler.scope(Phase::kCompute, request.layer);
+      backend.compute(request, partial.data());
+    }
+    channel.reply(host_f32(partial.data(), values));
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,24 @@
+// An expert rank's loop: receive a request, compute it with the rank's expert backend, reply;
+// until the coordinator shuts down. The test fault hook lives here too.
+#pragma once
+
+#include "common/profile.h"
+#include "rank/expert_backend.h"
+#include "transport/transport.h"
+
+namespace colibri {
+
+// Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER": that expert rank kills itself,
+// stops itself, or corrupts its reply when serving LAYER.
+struct TestFault {
+  int signal_at_layer = -1;  // raise `signal` when a request for this layer arrives
+  int signal = 0;
+  int corrupt_reply_at_layer = -1;  // flip a byte of the reply (the transport does it)
+};
+// The fault of `rank` from the environment; none when unset or meant for another rank.
+TestFault test_fault_from_env(int rank);
+
+void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
+                   const TestFault& fault);
+
+}  // namespace colibri

@@ -1,0 +1,49 @@
+#include <algorithm>
+
+#include "common/error.h"
+#include "transport/transport.h"
+
+namespace colibri {
+
+void DispatchPlan::build(const PlacementTable& placement, int layer_index, const Routing& routing,
+                         int n) {
+  layer = layer_index;
+  n_rows = n;
+  const int k = routing.top_k;
+  // owners[] keeps one share per rank seen so far (capacity reused); `active` counts those used.
+  size_t active = 0;
+  share_of_.assign(share_of_.size(), -1);
+  for (OwnerShare& s : owners) {
+    s.rows.clear();
+    s.pairs.clear();
+  }
+  for (int t = 0; t < n; ++t) {
+    for (int i = 0; i < k; ++i) {
+      const int expert = routing.expert[size_t(t) * k + i];
+      const int owner = placement.owner_of(layer, expert);
+      if (owner < 0) fail("expert {} of layer {} has no owner", expert, layer);
+      if (size_t(owner) >= share_of_.size()) share_of_.resize(size_t(owner) + 1, -1);
+      int& index = share_of_[size_t(owner)];
+      if (index < 0) {
+        index = int(active++);
+        if (owners.size() < active) owners.emplace_back();
+        owners[size_t(index)].rank = owner;
+      }
+      OwnerShare& share = owners[size_t(index)];
+      if (share.rows.empty() || share.rows.back() != t) share.rows.push_back(t);
+      share.pairs.push_back(
+          {uint32_t(share.rows.size() - 1), uint32_t(expert), routing.weight[size_t(t) * k + i]});
+    }
+  }
+  owners.resize(active);
+  std::sort(owners.begin(), owners.end(),
+            [](const OwnerShare& a, const OwnerShare& b) { return a.rank < b.rank; });
+}
+
+uint64_t DispatchPlan::pairs() const {
+  uint64_t total = 0;
+  for (const OwnerShare& s : owners) total += s.pairs.size();
+  return total;
+}
+
+}  // namespace colibri

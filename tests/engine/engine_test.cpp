@@ -1,0 +1,184 @@
+// The engine against its oracle in one process (the local dispatcher runs every expert), and the
+// KV manager's pool: exhaustion, reuse after free, a sequence longer than the pool, the context.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "common/error.h"
+#include "coordinator/kv_manager.h"
+#include "model/checkpoint.h"
+#include "rank/expert_backend.h"
+#include "schedule.h"
+#include "transport/local_dispatcher.h"
+
+namespace colibri {
+namespace {
+
+const std::filesystem::path kParityDir = std::filesystem::path(COLIBRI_TEST_DATA) / "parity";
+
+// The Error message of `f`, or "accepted".
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+// A parity model with a one-process engine over it.
+struct LocalModel {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+  PlacementTable placement;
+  std::unique_ptr<CpuExpertBackend> backend;
+  std::unique_ptr<LocalDispatcher> dispatcher;
+
+  explicit LocalModel(const std::string& name) {
+    const auto dir = kParityDir / name / "model";
+    config = load_model_config(dir);
+    checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
+    weights = load_model_weights(config, *checkpoint);
+    placement =
+        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+    backend = std::make_unique<CpuExpertBackend>(config, weights);
+    dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
+  }
+  std::unique_ptr<Engine> engine(const EngineOptions& options) {
+    return std::make_unique<Engine>(config, weights, placement, *dispatcher, options);
+  }
+};
+
+using Case = std::tuple<std::string, int>;  // fixture, sequences
+class EngineVsOracle : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EngineVsOracle, BatchedSequencesEqualSeparateReferenceRuns) {
+  const auto& [fixture, count] = GetParam();
+  LocalModel m(fixture);
+  EngineOptions options;
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  options.kv_tokens = 512;
+  const auto engine = m.engine(options);
+  ReferenceModel oracle(m.config, m.weights);
+  const float worst = testing::expect_engine_matches_oracle(*engine, oracle, count, 17, true);
+  std::printf("[np 1 %s B=%d] max |logit diff| engine vs reference %.3g\n", fixture.c_str(), count,
+              worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineVsOracle,
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
+                                            ::testing::Values(1, 3, 8)),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) + "_B" +
+                                  std::to_string(std::get<1>(param_info.param));
+                         });
+
+// Decode rows of one sequence are bitwise the oracle's decode: the same absorbed attention, the
+// same kernels, the same expert order.
+TEST(Engine, DecodeRowsAreBitwiseTheOracles) {
+  LocalModel m("glm52");
+  EngineOptions options;
+  options.max_rows = 8;
+  const auto engine = m.engine(options);
+  ReferenceModel oracle(m.config, m.weights);
+  KvCache cache(m.config);
+  const int seq = engine->open_sequence();
+  for (int token : {5, 17, 3, 99, 250, 7, 1, 42, 8, 8, 13, 77}) {  // past index_topk 8
+    const int one[] = {token};
+    EXPECT_EQ(engine->forward(seq, one), oracle.forward(one, cache))
+        << "position " << engine->length(seq);
+  }
+}
+
+TEST(Engine, RefusesBadBatchesWithoutChangingState) {
+  LocalModel m("glm5");
+  EngineOptions options;
+  options.max_rows = 4;
+  options.max_seqs = 2;
+  const auto engine = m.engine(options);
+  const int a = engine->open_sequence(), b = engine->open_sequence();
+  const auto refused = [&](const Batch& batch, const std::string& words) {
+    try {
+      engine->forward(batch);
+      ADD_FAILURE() << "accepted a batch that should fail with: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(engine->length(a), 0);
+    EXPECT_EQ(engine->length(b), 0);
+  };
+  Batch batch;
+  batch.add(a, 1, 1, true);
+  refused(batch, "row at position 1 where 0 comes next");
+  batch.clear();
+  batch.add(a, 1, 0, true);
+  batch.add(b, 1, 0, true);
+  batch.add(a, 2, 1, true);
+  refused(batch, "not consecutive");
+  batch.clear();
+  for (int i = 0; i < 5; ++i) batch.add(a, 1, i, false);
+  refused(batch, "exceeds --max-rows 4");
+  batch.clear();
+  batch.add(a, m.config.vocab_size, 0, true);
+  refused(batch, "outside the vocabulary");
+  batch.clear();
+  batch.add(7, 1, 0, true);
+  refused(batch, "slot 7 is not open");
+  EXPECT_THROW(engine->open_sequence(), Error) << "a third sequence in two slots";
+}
+
+TEST(KvManager, ExhaustionReuseAndLimitsNameTheNumbers) {
+  ModelConfig config = load_model_config(kParityDir / "glm5" / "model");
+  KvManager kv(config, /*kv_tokens=*/40, /*max_seqs=*/3, /*block_tokens=*/16);
+  EXPECT_EQ(kv.total_blocks(), 3);  // 40 tokens round up to 3 blocks of 16
+  EXPECT_EQ(kv.capacity_tokens(), 48);
+  const int a = kv.open(), b = kv.open();
+  kv.reserve(a, 20);  // 2 blocks
+  EXPECT_EQ(kv.free_blocks(), 1);
+  kv.reserve(b, 16);  // 1 block
+  EXPECT_EQ(kv.free_blocks(), 0);
+  // Exhausted: the error gives what was asked and what is free; nothing changes.
+  try {
+    kv.reserve(b, 17);
+    ADD_FAILURE() << "reserved beyond the pool";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("KV pool full"), std::string::npos) << what;
+    EXPECT_NE(
+        what.find("needs 1 more blocks of 16 tokens to reach 17 tokens, 0 of 3 blocks are free"),
+        std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(kv.free_blocks(), 0);
+  // Slots map positions into each sequence's own blocks, never shared.
+  EXPECT_NE(kv.slot(a, 0) / 16, kv.slot(b, 0) / 16);
+  EXPECT_EQ(kv.slot(a, 17) / 16, kv.slot(a, 16) / 16);
+  // Freed blocks are reused by the next sequence.
+  kv.close(a);
+  EXPECT_EQ(kv.free_blocks(), 2);
+  const int c = kv.open();
+  EXPECT_EQ(c, a) << "the freed slot is handed out again";
+  kv.reserve(c, 32);
+  EXPECT_EQ(kv.free_blocks(), 0);
+  // Longer than the whole pool, and longer than the model's context.
+  kv.close(c);
+  const int d = kv.open();
+  EXPECT_NE(error_of([&] {
+              kv.reserve(d, 49);
+            }).find("49 tokens does not fit the KV pool of 48 tokens (--kv-tokens)"),
+            std::string::npos);
+  KvManager big(config, config.max_position_embeddings + 64, 1);
+  const int e = big.open();
+  EXPECT_NE(
+      error_of([&] {
+        big.reserve(e, config.max_position_embeddings + 1);
+      }).find("exceeds the model's context of " + std::to_string(config.max_position_embeddings)),
+      std::string::npos);
+}
+
+}  // namespace
+}  // namespace colibri
