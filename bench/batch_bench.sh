@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# batch_bench.sh: aggregate decode tok/s of the batched engine for several numbers of concurrent
+# sequences, and the exchange bytes per MoE layer with fp32 and bf16 wires.
+#
+#   bench/batch_bench.sh MODEL_DIR [colibri-node binary]   (default: build/src/colibri-node)
+#
+# For each of RUNS rounds (default 3), and in each round for every wire in WIRES (default
+# "f32 bf16") and sequence count in SEQS (default "1 4 16"), interleaved, runs
+#   mpirun -np NP colibri-node --model MODEL_DIR --prompt-ids 1,2,3,4 --ngen NGEN --ignore-eos \
+#       --sequences S --wire W --profile-json ...
+# (NP default 2, NGEN default 16) and prints, per (wire, S), the median aggregate decode tok/s
+# (decode-only steps: every running sequence's row in one call), and from the profile the bytes
+# the coordinator sent and received per MoE-layer exchange, per step and per row, and its
+# per-step phase times. Needs python3 to read the profile JSON.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+model=${1:?usage: batch_bench.sh MODEL_DIR [colibri-node]}
+node=${2:-$root/build/src/colibri-node}
+runs=${RUNS:-3} np=${NP:-2} ngen=${NGEN:-16} seqs=${SEQS:-1 4 16} wires=${WIRES:-f32 bf16}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMP_WAIT_POLICY=PASSIVE
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+cores=$(getconf _NPROCESSORS_ONLN)
+echo "batch_bench: $model, np $np, --ngen $ngen --ignore-eos, $runs interleaved rounds"
+echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) | $cores cores |" \
+     "$(mpirun --version | head -n 1) | load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+for ((run = 0; run < runs; ++run)); do
+  for wire in $wires; do
+    for s in $seqs; do
+      out=$tmp/$wire-$s-$run.json
+      mpirun --oversubscribe -np "$np" "$node" --model "$model" --prompt-ids 1,2,3,4 --ngen "$ngen" \
+        --ignore-eos --sequences "$s" --wire "$wire" --quiet --profile-json "$out" >/dev/null 2>"$tmp/log" ||
+        { cat "$tmp/log" >&2; echo "batch_bench: run failed (wire $wire, sequences $s)" >&2; exit 1; }
+    done
+  done
+done
+
+python3 - "$tmp" "$runs" "$wires" "$seqs" <<'PY'
+import json, statistics, sys
+tmp, runs, wires, seqs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+print(f"\n{'wire':>5} {'seqs':>5} {'decode tok/s (median)':>22} {'all runs':>26} {'bytes/exchange':>15} "
+      f"{'bytes/row':>10} {'ms/step attn':>13} {'dense':>7} {'shared':>7} {'lm_head':>8} {'wait':>7}")
+for wire in wires:
+    for s in seqs:
+        docs = [json.load(open(f"{tmp}/{wire}-{s}-{r}.json")) for r in range(runs)]
+        rates = [d["run"]["decode_tok_per_s"] for d in docs]
+        d = docs[-1]
+        coord = next(r for r in d["ranks"] if r["role"] == "coordinator")
+        exchanges = sum(r["slowest_count"] for r in d["ranks"])
+        rows = coord["rows"]
+        bytes_ = coord["bytes_in"] + coord["bytes_out"]
+        steps = exchanges / max(1, len([l for l in coord["layers"] if "dispatch" in l]))
+        ph = coord["phases"]
+        ms = lambda k: ph.get(k, 0) / 1000 / max(steps, 1)
+        print(f"{wire:>5} {s:>5} {statistics.median(rates):>22.2f} {', '.join(f'{x:.2f}' for x in rates):>26} "
+              f"{bytes_ / max(exchanges, 1):>15.0f} {bytes_ / max(rows, 1):>10.0f} {ms('attention'):>13.1f} "
+              f"{ms('dense_mlp'):>7.1f} {ms('shared_expert'):>7.1f} {ms('lm_head'):>8.1f} {ms('wait_slowest'):>7.1f}")
+        print(json.dumps({"bench": "batch", "wire": wire, "sequences": int(s),
+                          "decode_tok_per_s": rates, "bytes_per_exchange": round(bytes_ / max(exchanges, 1)),
+                          "bytes_per_row": round(bytes_ / max(rows, 1)), "steps": steps}))
+PY
