@@ -18,19 +18,24 @@ bool non_finite(float value) {
 }  // namespace
 
 std::optional<size_t> find_non_finite(std::span<const float> values) {
-  // Blocks of 4096 with a branch-free OR inside, so the common all-finite case vectorises; the
-  // block holding the first bad value is searched again element by element.
-  constexpr size_t kBlock = 4096;
-  for (size_t begin = 0; begin < values.size(); begin += kBlock) {
-    const size_t end = std::min(values.size(), begin + kBlock);
-    uint32_t bad = 0;
-    for (size_t i = begin; i < end; ++i)
-      bad |= uint32_t((std::bit_cast<uint32_t>(values[i]) & kExponentMask) == kExponentMask);
-    if (!bad) continue;
+  // Whole blocks of a fixed length with a branch-free OR inside: GCC vectorises that at -O2 (its
+  // very-cheap cost model leaves a loop of unknown length scalar, 4x slower). The block holding
+  // the first bad value, and the tail, are searched element by element.
+  constexpr size_t kBlock = 1024;
+  const auto first_in = [&](size_t begin, size_t end) -> std::optional<size_t> {
     for (size_t i = begin; i < end; ++i)
       if (non_finite(values[i])) return i;
+    return std::nullopt;
+  };
+  size_t begin = 0;
+  for (; begin + kBlock <= values.size(); begin += kBlock) {
+    const float* block = values.data() + begin;
+    uint32_t bad = 0;
+    for (size_t i = 0; i < kBlock; ++i)
+      bad |= uint32_t((std::bit_cast<uint32_t>(block[i]) & kExponentMask) == kExponentMask);
+    if (bad) return first_in(begin, begin + kBlock);
   }
-  return std::nullopt;
+  return first_in(begin, values.size());
 }
 
 void check_finite(std::span<const float> values, std::string_view what) {
