@@ -6,19 +6,22 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "common/input_file.h"
+#include "common/layout.h"
 #include "common/npy.h"
+#include "common/output_file.h"
 #include "coordinator/batch_generate.h"
 #include "coordinator/chat.h"
 #include "model/generate.h"
@@ -57,11 +60,12 @@ struct Args {
   std::string placement = "balanced";
   std::string layout;
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
-  bool chat = false, chat_format = false;
+  bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
+  std::string seed_text = "0";
   uint64_t seed = 0;
   bool ignore_eos = false, print_placement = false, quiet = false;
 };
@@ -76,7 +80,7 @@ class TextStream {
     const int one[] = {token};
     const std::string bytes = tokenizer_.decode_bytes(one, /*skip_special=*/true);
     std::fwrite(bytes.data(), 1, bytes.size(), stdout);
-    std::fflush(stdout);
+    colibri::flush_stdout_or_fail();
   }
 
  private:
@@ -85,7 +89,7 @@ class TextStream {
 
 colibri::Tokenizer load_tokenizer(const std::filesystem::path& model_dir) {
   const auto path = model_dir / "tokenizer.json";
-  if (!std::filesystem::exists(path))
+  if (!colibri::path_present(path, "the tokenizer"))
     fail(
         "{}: missing; text prompts, --chat and --score need the model's tokenizer (use "
         "--prompt-ids)",
@@ -100,12 +104,97 @@ colibri::Thinking parse_thinking(const std::string& think) {
   fail("--think '{}' must be on or off", think);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// ---- start-up checks: every rank checks its own arguments before any work -----------------
+
+constexpr double kMaxRankTimeoutSeconds = 7 * 24 * 3600.0;
+
+uint64_t parse_seed(const std::string& text) {
+  uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || text[0] == '-' || text[0] == '+' || ec != std::errc() || ptr != end)
+    fail("--seed '{}' must be an integer in [0, 18446744073709551615]", text);
+  return value;
+}
+
+// Numbers and flag combinations that CLI11 does not check, refused rather than wrapped, clamped
+// or silently ignored.
+void validate_args(Args& args) {
+  const colibri::NodeOptions& node = args.node;
+  if (!std::isfinite(node.rank_timeout_s) || node.rank_timeout_s <= 0 ||
+      node.rank_timeout_s > kMaxRankTimeoutSeconds)
+    fail("--rank-timeout {} must be a number of seconds in (0, {}]", node.rank_timeout_s,
+         kMaxRankTimeoutSeconds);
+  for (const auto& [flag, gib] : {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}})
+    if (!std::isfinite(gib) || gib < 0 || gib > colibri::kMaxBudgetGib)
+      fail("{} {} must be a number of GiB in [0, {}]", flag, gib, colibri::kMaxBudgetGib);
+  if (node.pin_gb > 0 && node.ram_gb > 0 && node.pin_gb > node.ram_gb)
+    fail("--pin-gb {} is larger than --ram-gb {}: pinned experts are part of the RAM budget",
+         node.pin_gb, node.ram_gb);
+  if (node.pin_gb > 0 && node.ram_gb == 0 && args.layout.empty())
+    fail("--pin-gb {} needs --ram-gb (without a RAM budget every owned expert is resident)",
+         node.pin_gb);
+  if (!std::isfinite(args.temperature) || args.temperature < 0)
+    fail("--temp {} must be a finite number >= 0", args.temperature);
+  if (!(args.top_p > 0 && args.top_p <= 1)) fail("--top-p {} must be in (0, 1]", args.top_p);
+  args.seed = parse_seed(args.seed_text);
+  if (args.prompt_given && args.prompt.empty())
+    fail("--prompt is empty (leave it out for the default prompt \"{}\")", kDefaultPrompt);
+  if (!args.think.empty() && !args.chat && !args.chat_format)
+    fail("--think {} needs --chat or --chat-format", args.think);
+  if (args.chat_format && !args.prompt_ids.empty())
+    fail("--chat-format wraps a text prompt; it cannot be used with --prompt-ids");
+  if (args.chat_format && !args.score_file.empty())
+    fail("--chat-format cannot be used with --score");
+  if (!args.logits_out.empty() && (args.chat || !args.score_file.empty()))
+    fail("--logits-out is written for one generation; it cannot be used with {}",
+         args.chat ? "--chat" : "--score");
+}
+
+// The rank that will coordinate: rank 0, unless a readable layout names another (a layout that
+// cannot be read is refused later, at the handshake).
+int expected_coordinator(const Args& args, int world_size) {
+  if (args.layout.empty()) return 0;
+  try {
+    return colibri::load_layout(args.layout, world_size).coordinator();
+  } catch (const colibri::Error&) {
+    return 0;
+  }
+}
+
+// Checked on the coordinator, the rank that reads and writes these files, before any work:
+// output paths (never a device, directory or FIFO; two flags never name one file) and --score.
+void check_coordinator_files(const Args& args) {
+  std::vector<std::pair<const char*, std::filesystem::path>> outputs;
+  for (const auto& [flag, path] : {std::pair{"--logits-out", &args.logits_out},
+                                   {"--profile-json", &args.profile_json},
+                                   {"--trace", &args.trace}}) {
+    if (path->empty()) continue;
+    colibri::check_output_path(*path, flag);
+    std::error_code ec;
+    const std::filesystem::path resolved = std::filesystem::weakly_canonical(*path, ec);
+    for (const auto& [other_flag, other] : outputs)
+      if (!ec && resolved == other) fail("{} {}: the same file as {}", flag, *path, other_flag);
+    outputs.emplace_back(flag, resolved);
+  }
+  if (!args.score_file.empty()) colibri::check_regular_file(args.score_file, "the --score file");
+}
+
+// Positions a generation of `ngen` tokens after `prompt_tokens` uses: the last sampled token is
+// fed back only when its logits are kept.
+void check_context(const colibri::ModelConfig& config, size_t prompt_tokens, int ngen,
+                   bool keep_logits) {
+  const int64_t context = config.max_position_embeddings;
+  if (int64_t(prompt_tokens) > context)
+    fail("the prompt has {} tokens, more than the model's context of {} (max_position_embeddings)",
+         prompt_tokens, context);
+  const int64_t positions = int64_t(prompt_tokens) + ngen - (ngen > 0 && !keep_logits ? 1 : 0);
+  if (positions > context)
+    fail(
+        "--ngen {} after a prompt of {} tokens needs {} positions, more than the model's context "
+        "of {} (max_position_embeddings); at most --ngen {} fits",
+        ngen, prompt_tokens, positions, context,
+        context - int64_t(prompt_tokens) + (keep_logits ? 0 : 1));
 }
 
 // Interactive chat on stdin/stdout; the KV cache keeps the whole conversation.
@@ -129,10 +218,31 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
     const std::string text =
         colibri::render_chat(format, messages, true, parse_thinking(args.think), rendered);
     request.prompt = tokenizer.encode(text);
+    // A message that does not fit after the conversation starts a new one; one that does not fit
+    // alone is not sent.
+    const size_t context = size_t(node.config().max_position_embeddings);
+    const auto positions = [&] {
+      return size_t(engine.length(seq)) + request.prompt.size() + size_t(request.max_new_tokens);
+    };
+    if (positions() > context && rendered > 0) {
+      std::fputs("(context is full; starting a new conversation)\n", stderr);
+      engine.clear_sequence(seq);
+      messages.erase(messages.begin(), messages.end() - 1);
+      request.prompt = tokenizer.encode(
+          colibri::render_chat(format, messages, true, parse_thinking(args.think), 0));
+    }
+    if (positions() > context) {
+      std::fprintf(stderr,
+                   "(message of %zu tokens and --ngen %d need %zu positions, more than the "
+                   "model's context of %zu; not sent)\n",
+                   request.prompt.size(), request.max_new_tokens, positions(), context);
+      messages.pop_back();
+      continue;
+    }
     const colibri::GenerateResult result =
         colibri::generate(forward, node.config().vocab_size, request, stream, engine.profiler());
     std::fputs("\n", stdout);
-    std::fflush(stdout);
+    colibri::flush_stdout_or_fail();
     std::vector<int> reply = result.tokens;
     if (!reply.empty() &&
         std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back()))
@@ -147,7 +257,14 @@ void run_chat(colibri::Node& node, const Args& args, const colibri::Tokenizer& t
 }
 
 void run_score(colibri::Node& node, const Args& args, const colibri::Tokenizer& tokenizer) {
-  const std::vector<int> ids = tokenizer.encode(read_file(args.score_file), false);
+  const std::vector<int> ids =
+      tokenizer.encode(colibri::read_regular_file(args.score_file, "the --score file"), false);
+  // Token i + 1 is predicted at position i: n tokens use n - 1 positions.
+  if (ids.size() > 1 && ids.size() - 1 > size_t(node.config().max_position_embeddings))
+    fail(
+        "{}: {} tokens need {} positions, more than the model's context of {} "
+        "(max_position_embeddings)",
+        args.score_file, ids.size(), ids.size() - 1, node.config().max_position_embeddings);
   colibri::Engine& engine = node.engine();
   const int seq = engine.open_sequence();
   const colibri::ScoreResult score = colibri::score_tokens(
@@ -224,10 +341,11 @@ int run(const Args& args) {
   std::optional<colibri::Tokenizer> tokenizer;
   if (!args.prompt_ids.empty()) {
     request.prompt = parse_ids(args.prompt_ids);
+    check_context(config, request.prompt.size(), args.ngen, request.keep_logits);
     generate_request(
         [](int token) {
           std::fprintf(stdout, "%d ", token);
-          std::fflush(stdout);
+          colibri::flush_stdout_or_fail();
         },
         [](const std::vector<int>& tokens) { return fmt::format("{}", fmt::join(tokens, " ")); });
   } else {
@@ -247,14 +365,15 @@ int run(const Args& args) {
       } else {
         request.prompt = tokenizer->encode(prompt);
         shown_prompt = prompt;
-        if (args.sequences == 1) std::fputs(prompt.c_str(), stdout);
       }
+      check_context(config, request.prompt.size(), args.ngen, request.keep_logits);
+      if (!args.chat_format && args.sequences == 1) std::fputs(prompt.c_str(), stdout);
       generate_request(TextStream(*tokenizer), [&](const std::vector<int>& tokens) {
         return shown_prompt + tokenizer->decode(tokens, /*skip_special=*/true);
       });
     }
   }
-  std::fflush(stdout);
+  colibri::flush_stdout_or_fail();
   node.shutdown();
 
   if (!args.logits_out.empty()) {
@@ -284,8 +403,7 @@ int main(int argc, char** argv) {
   args.node.model_dir = COLIBRI_DEFAULT_MODEL;
   app.add_option("--model", args.node.model_dir,
                  "Hugging Face model directory (default: the embedded tiny GLM-5 model)")
-      ->capture_default_str()
-      ->check(CLI::ExistingDirectory);
+      ->capture_default_str();
   auto* prompt =
       app.add_option("--prompt", args.prompt,
                      std::string("text to continue (default: \"") + kDefaultPrompt + "\")");
@@ -295,8 +413,7 @@ int main(int argc, char** argv) {
       "--chat", args.chat, "interactive chat on the terminal; the KV cache keeps the conversation");
   auto* score =
       app.add_option("--score", args.score_file,
-                     "print the per-token negative log-likelihood and perplexity of a text file")
-          ->check(CLI::ExistingFile);
+                     "print the per-token negative log-likelihood and perplexity of a text file");
   prompt->excludes(prompt_ids)->excludes(chat)->excludes(score);
   prompt_ids->excludes(chat)->excludes(score);
   chat->excludes(score);
@@ -311,7 +428,8 @@ int main(int argc, char** argv) {
   app.add_option("--temp", args.temperature, "sampling temperature; 0 = greedy")
       ->capture_default_str();
   app.add_option("--top-p", args.top_p, "nucleus sampling mass in (0, 1]")->capture_default_str();
-  app.add_option("--seed", args.seed, "random seed for sampling")->capture_default_str();
+  app.add_option("--seed", args.seed_text, "random seed for sampling, in [0, 2^64)")
+      ->capture_default_str();
   app.add_flag("--ignore-eos", args.ignore_eos, "keep generating after an end-of-sequence token");
   app.add_option("--logits-out", args.logits_out,
                  "write the logits of every position (prompt and generated) as float32 .npy "
@@ -327,8 +445,7 @@ int main(int argc, char** argv) {
   app.add_option(
          "--rank-timeout", args.node.rank_timeout_s,
          "seconds the coordinator waits for an expert rank within one exchange before aborting")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->capture_default_str();
   app.add_option("--max-rows", args.node.max_rows,
                  "rows per forward call (prefill chunk); sizes the exchange buffers")
       ->capture_default_str()
@@ -337,12 +454,10 @@ int main(int argc, char** argv) {
                  "GiB of RAM per expert rank for routed experts, the rest read from disk on "
                  "demand; 0 = all "
                  "resident (the layout's ram_gb column overrides it per rank)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->capture_default_str();
   app.add_option("--pin-gb", args.node.pin_gb,
                  "GiB of routed experts per expert rank pinned in RAM at start (with --ram-gb)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->capture_default_str();
   app.add_option("--kv-tokens", args.node.kv_tokens,
                  "KV cache pool in tokens, shared by all sequences (default: the model's context, "
                  "at most 32768)")
@@ -377,6 +492,23 @@ int main(int argc, char** argv) {
   }
 
   try {
+    // Named in errors raised before the node's start-up sets it again.
+    colibri::RankIdentity& me = colibri::rank_identity();
+    me.rank = rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &me.size);
+    char host[MPI_MAX_PROCESSOR_NAME];
+    int host_length = 0;
+    MPI_Get_processor_name(host, &host_length);
+    me.host = std::string(host, size_t(host_length));
+    args.prompt_given = prompt->count() > 0;
+    validate_args(args);
+    colibri::check_readable_directory(args.node.model_dir, "the --model directory");
+    if (rank == expected_coordinator(args, me.size)) {
+      check_coordinator_files(args);
+      if (!args.prompt_ids.empty())  // before the weights load; text prompts once tokenized
+        check_context(colibri::load_model_config(args.node.model_dir),
+                      parse_ids(args.prompt_ids).size(), args.ngen, !args.logits_out.empty());
+    }
     if (!args.layout.empty()) args.node.layout_file = args.layout;
     args.node.placement = colibri::parse_placement_policy(args.placement);
     args.node.keep_trace = !args.trace.empty();

@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string_view>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace colibri {
 
@@ -86,6 +86,8 @@ double parse_budget(std::string_view text, const char* field, const Where& where
   const std::optional<double> value = to_double(text);
   if (!value) fail("{}: {} '{}' is not a number or '-'", at(where), field, text);
   if (*value < 0) fail("{}: {} {} is negative", at(where), field, text);
+  if (*value > kMaxBudgetGib)
+    fail("{}: {} {} is larger than the {} GiB limit", at(where), field, text, kMaxBudgetGib);
   return *value;
 }
 
@@ -197,12 +199,7 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
 }
 
 Layout load_layout(const std::filesystem::path& path, int world_size) {
-  std::ifstream in(path);
-  if (!in) fail("{}: cannot open layout file", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail("{}: read failed", path.string());
-  return parse_layout(text.str(), path.string(), world_size);
+  return parse_layout(read_regular_file(path, "the layout file"), path.string(), world_size);
 }
 
 Layout default_layout(int world_size, const std::vector<int>& local_rank,

@@ -18,6 +18,10 @@
 
 namespace colibri {
 
+// Largest memory budget accepted, in GiB (layout columns, --ram-gb, --pin-gb): 1 PiB, so that a
+// budget converted to bytes (x 2^30) can never overflow 64 bits.
+inline constexpr double kMaxBudgetGib = double(1 << 20);
+
 enum class Role : int { kCoordinator = 0, kGpuExpert = 1, kCpuExpert = 2 };
 
 const char* role_name(Role role);

@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/output_file.h"
 
 namespace colibri {
 
@@ -22,17 +24,13 @@ void write_npy_f32(const std::filesystem::path& path, std::span<const float> dat
   header.append((64 - unpadded % 64) % 64, ' ');
   header.push_back('\n');
 
-  const std::filesystem::path partial = path.string() + ".partial";
-  std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-  if (!out) fail("{}: cannot open for writing", partial.string());
   const uint16_t header_len = uint16_t(header.size());
-  out.write("\x93NUMPY\x01\x00", 8);
-  out.write(reinterpret_cast<const char*>(&header_len), 2);
-  out.write(header.data(), std::streamsize(header.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), std::streamsize(data.size_bytes()));
-  out.close();
-  if (!out) fail("{}: write failed", partial.string());
-  std::filesystem::rename(partial, path);
+  write_file_atomically(path, [&](std::FILE* out) {
+    std::fwrite("\x93NUMPY\x01\x00", 1, 8, out);
+    std::fwrite(&header_len, 1, 2, out);
+    std::fwrite(header.data(), 1, header.size(), out);
+    std::fwrite(data.data(), 1, data.size_bytes(), out);
+  });
 }
 
 NpyArray read_npy_f32(const std::filesystem::path& path) {

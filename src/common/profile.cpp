@@ -4,15 +4,12 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
-#include <functional>
 #include <iterator>
 #include <nlohmann/json.hpp>
-#include <system_error>
 
 #include "common/error.h"
+#include "common/output_file.h"
 
 namespace colibri {
 
@@ -123,37 +120,6 @@ std::string human_bytes(uint64_t bytes) {
 // JSON string literal; invalid UTF-8 (a host name off the wire) is replaced, not thrown on.
 std::string json_string(const std::string& text) {
   return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-// Writes through `body` into "<path>.partial", then renames it over `path`.
-void write_atomically(const std::filesystem::path& path,
-                      const std::function<void(std::FILE*)>& body) {
-  const std::filesystem::path partial = path.string() + ".partial";
-  std::FILE* file = std::fopen(partial.c_str(), "wb");
-  if (!file) fail("{}: cannot open for writing: {}", path.string(), std::strerror(errno));
-  try {
-    body(file);
-  } catch (const std::system_error& e) {  // fmt::print reports a failed write this way
-    std::fclose(file);
-    std::filesystem::remove(partial);
-    fail("{}: write failed: {}", path.string(), e.what());
-  } catch (...) {
-    std::fclose(file);
-    std::filesystem::remove(partial);
-    throw;
-  }
-  const bool write_failed = std::ferror(file) != 0;
-  const bool close_failed = std::fclose(file) != 0;
-  if (write_failed || close_failed) {
-    std::filesystem::remove(partial);
-    fail("{}: write failed", path.string());
-  }
-  std::error_code ec;
-  std::filesystem::rename(partial, path, ec);
-  if (ec) {
-    std::filesystem::remove(partial);
-    fail("{}: cannot rename {} into place: {}", path.string(), partial.string(), ec.message());
-  }
 }
 
 }  // namespace
@@ -267,7 +233,8 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
   }
   doc["ranks"] = std::move(ranks);
   const std::string text = doc.dump(1, ' ', false, Json::error_handler_t::replace) + "\n";
-  write_atomically(path, [&](std::FILE* file) { std::fwrite(text.data(), 1, text.size(), file); });
+  write_file_atomically(path,
+                        [&](std::FILE* file) { std::fwrite(text.data(), 1, text.size(), file); });
 }
 
 // ---- Chrome trace ----------------------------------------------------------------------------
@@ -286,7 +253,7 @@ void write_trace(const std::filesystem::path& path, const std::vector<RankReport
     }
   }
   // Streamed rather than built as one nlohmann document: a rank may hold millions of events.
-  write_atomically(path, [&](std::FILE* file) {
+  write_file_atomically(path, [&](std::FILE* file) {
     fmt::print(file, "{{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
     bool first = true;
     auto separator = [&] {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace colibri {
 
@@ -40,11 +41,9 @@ SafetensorsFile::SafetensorsFile(std::filesystem::path path) : path_(std::move(p
       if (armed) release(file.mapping_, file.file_bytes_, file.fd_);
     }
   } guard{*this};
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) fail("{}: cannot open: {}", path_.string(), std::strerror(errno));
+  fd_ = open_regular_file(path_, "the safetensors file");
   struct stat st {};
   if (::fstat(fd_, &st) != 0) fail("{}: cannot stat: {}", path_.string(), std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail("{}: not a regular file", path_.string());
   file_bytes_ = uint64_t(st.st_size);
   if (file_bytes_ < 8)
     fail("{}: truncated: {} bytes, shorter than the 8-byte header length", path_.string(),

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace colibri {
 
@@ -21,11 +21,10 @@ namespace {
 std::vector<std::filesystem::path> shards_from_index(
     const std::filesystem::path& index_path,
     std::unordered_map<std::string, std::string>& weight_map) {
-  std::ifstream in(index_path);
-  if (!in) fail("{}: cannot open", index_path.string());
+  const std::string text = read_regular_file(index_path, "the shard index");
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(in);
+    root = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail("{}: not valid JSON: {}", index_path.string(), e.what());
   }
@@ -52,23 +51,25 @@ std::vector<std::filesystem::path> shards_from_index(
 Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
                        std::optional<std::array<int, 2>> fp8_block)
     : dir_(model_dir), fp8_block_(fp8_block) {
-  if (!std::filesystem::is_directory(dir_)) fail("{}: not a model directory", dir_.string());
+  check_readable_directory(dir_, "the model directory");
   std::vector<std::filesystem::path> paths;
   std::unordered_map<std::string, std::string> weight_map;
   const auto index_path = dir_ / "model.safetensors.index.json";
-  if (std::filesystem::exists(index_path)) {
+  if (path_present(index_path, "the shard index")) {
     paths = shards_from_index(index_path, weight_map);
-  } else if (std::filesystem::exists(dir_ / "model.safetensors")) {
+  } else if (path_present(dir_ / "model.safetensors", "the checkpoint")) {
     paths.push_back(dir_ / "model.safetensors");
   } else {
-    for (const auto& entry : std::filesystem::directory_iterator(dir_))
-      if (entry.path().extension() == ".safetensors") paths.push_back(entry.path());
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dir_, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".safetensors") paths.push_back(it->path());
+    if (ec) fail("{}: cannot list the model directory: {}", dir_.string(), ec.message());
     std::sort(paths.begin(), paths.end());
   }
   if (paths.empty()) fail("{}: no safetensors files", dir_.string());
 
   for (const auto& path : paths) {
-    if (!std::filesystem::exists(path)) fail("{}: shard is missing", path.string());
+    if (!path_present(path, "the shard")) fail("{}: shard is missing", path.string());
     shards_.push_back(std::make_unique<SafetensorsFile>(path));
     for (const auto& [name, view] : shards_.back()->tensors()) {
       auto [it, inserted] = tensors_.emplace(name, &view);

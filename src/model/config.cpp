@@ -1,11 +1,10 @@
 #include "model/config.h"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "common/error.h"
+#include "common/input_file.h"
 
 namespace colibri {
 namespace {
@@ -251,6 +250,9 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
            c.num_experts_per_tok, c.topk_group * per_group, c.topk_group);
     c.norm_topk_prob = config.boolean_or("norm_topk_prob", true);
     c.routed_scaling_factor = float(config.number_or("routed_scaling_factor", 1.0, 0, 1e6));
+    // 0 would silently drop every routed expert's output.
+    if (!(c.routed_scaling_factor > 0))
+      fail("{}: field 'routed_scaling_factor' = {} must be > 0", source, c.routed_scaling_factor);
   }
 
   // DSA indexer
@@ -312,18 +314,10 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
 
 namespace {
 
-std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("{}: cannot open", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 void apply_generation_config(const std::filesystem::path& path, GenerationDefaults& gen) {
   json root;
   try {
-    root = json::parse(read_text(path));
+    root = json::parse(read_regular_file(path, "the generation config"));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path.string(), e.what());
   }
@@ -340,8 +334,9 @@ void apply_generation_config(const std::filesystem::path& path, GenerationDefaul
 
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const auto config_path = model_dir / "config.json";
-  if (!std::filesystem::exists(config_path)) fail("{}: missing", config_path.string());
-  ModelConfig config = parse_model_config(read_text(config_path), config_path.string());
+  if (!path_present(config_path, "the model config")) fail("{}: missing", config_path.string());
+  ModelConfig config =
+      parse_model_config(read_regular_file(config_path, "the model config"), config_path.string());
   // Checked after each file, so that the error names the file the id came from.
   const auto check_eos = [&config](const std::filesystem::path& source) {
     for (int id : config.generation.eos_token_ids)
@@ -351,7 +346,7 @@ ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   };
   check_eos(config_path);
   const auto generation_path = model_dir / "generation_config.json";
-  if (std::filesystem::exists(generation_path)) {
+  if (path_present(generation_path, "the generation config")) {
     apply_generation_config(generation_path, config.generation);
     check_eos(generation_path);
   }

@@ -2,7 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
+#include <string_view>
+
 #include "common/error.h"
+#include "common/finite.h"
 
 namespace colibri {
 
@@ -20,11 +24,23 @@ class Loader {
   Loader(const ModelConfig& config, const Checkpoint& checkpoint)
       : c_(config), checkpoint_(checkpoint) {}
 
+  // Every float weight is checked for NaN/Inf as it is loaded: 1.7 ms for the 11.7 M weights of
+  // the embedded model (about 7% of its 22 ms load, 2 cores), against a constant token stream.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    return Matrix{rows, cols, checkpoint_.load_f32(name, {rows, cols})};
+    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols})};
+    check_finite(m.data, where(name));
+    return m;
   }
   std::vector<float> vector(const std::string& name, int64_t n) const {
-    return checkpoint_.load_f32(name, {n});
+    std::vector<float> v = checkpoint_.load_f32(name, {n});
+    check_finite(v, where(name));
+    return v;
+  }
+  // "FILE: tensor 'NAME'" for errors.
+  std::string where(const std::string& name) const {
+    const TensorView* view = checkpoint_.find(name);
+    return fmt::format("{}: tensor '{}'", view ? view->file->string() : checkpoint_.dir().string(),
+                       name);
   }
 
   MlpWeights mlp(const std::string& prefix, int64_t intermediate) const {
@@ -60,6 +76,9 @@ class Loader {
     w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h);
     w.quant.up = checkpoint_.load_quant(names[1], intermediate, h);
     w.quant.down = checkpoint_.load_quant(names[2], h, intermediate);
+    check_finite(w.quant.gate.scales, where(names[0] + kQuantScaleSuffix));
+    check_finite(w.quant.up.scales, where(names[1] + kQuantScaleSuffix));
+    check_finite(w.quant.down.scales, where(names[2] + kQuantScaleSuffix));
     return w;
   }
 
@@ -123,6 +142,46 @@ class Loader {
   const Checkpoint& checkpoint_;
 };
 
+// Tensors the config has no place for: layers past num_hidden_layers (+ MTP layers), shared
+// experts with n_shared_experts = 0, routed experts past n_routed_experts or in a dense layer.
+// Such a checkpoint belongs to another config; running it would silently drop weights.
+void refuse_unexpected_tensors(const ModelConfig& c, const Checkpoint& checkpoint) {
+  constexpr std::string_view kLayers = "model.layers.";
+  const int layers_in_config = c.num_layers + c.num_nextn_predict_layers;
+  for (const std::string& name : checkpoint.names()) {
+    if (name.rfind(kLayers, 0) != 0) continue;
+    const char* begin = name.data() + kLayers.size();
+    const char* end = name.data() + name.size();
+    int layer = -1;
+    const auto [after, ec] = std::from_chars(begin, end, layer);
+    if (ec != std::errc() || after == end || *after != '.') continue;
+    const std::string_view rest(after + 1, size_t(end - after - 1));
+    const std::string file = checkpoint.find(name)->file->string();
+    if (layer >= layers_in_config)
+      fail(
+          "{}: tensor '{}' belongs to layer {}, but config.json has num_hidden_layers = {} and "
+          "num_nextn_predict_layers = {}",
+          file, name, layer, c.num_layers, c.num_nextn_predict_layers);
+    const bool moe =
+        layer < c.num_layers ? bool(c.layer_is_moe[size_t(layer)]) : c.n_routed_experts > 0;
+    if (rest.rfind("mlp.shared_experts.", 0) == 0 && (c.n_shared_experts == 0 || !moe))
+      fail("{}: tensor '{}' is a shared expert, but config.json has {}", file, name,
+           moe ? "n_shared_experts = 0" : fmt::format("layer {} dense", layer));
+    constexpr std::string_view kExperts = "mlp.experts.";
+    if (rest.rfind(kExperts, 0) != 0 && rest.rfind("mlp.gate.", 0) != 0) continue;
+    if (!moe)
+      fail("{}: tensor '{}' belongs to a MoE layer, but config.json has layer {} dense", file, name,
+           layer);
+    if (rest.rfind(kExperts, 0) != 0) continue;
+    int expert = -1;
+    const char* expert_begin = rest.data() + kExperts.size();
+    const auto [expert_end, expert_ec] = std::from_chars(expert_begin, end, expert);
+    if (expert_ec == std::errc() && expert >= c.n_routed_experts)
+      fail("{}: tensor '{}' is routed expert {}, but config.json has n_routed_experts = {}", file,
+           name, expert, c.n_routed_experts);
+  }
+}
+
 }  // namespace
 
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
@@ -133,6 +192,7 @@ MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& check
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options) {
+  refuse_unexpected_tensors(config, checkpoint);
   const Loader load(config, checkpoint);
   ModelWeights w;
   if (options.dense) {

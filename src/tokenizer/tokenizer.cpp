@@ -1,12 +1,11 @@
 #include "tokenizer/tokenizer.h"
 
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/error.h"
+#include "common/input_file.h"
 #include "tokenizer/added_vocabulary.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/json_fields.h"
@@ -179,12 +178,7 @@ std::vector<tok::AddedToken> parse_added_tokens(const json& root) {
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::filesystem::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) fail("{}: cannot open", path.string());
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (!file.good() && !file.eof()) fail("{}: read error", path.string());
-  return from_json_text(text.str(), path.string());
+  return from_json_text(read_regular_file(path, "the tokenizer"), path.string());
 }
 
 Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& origin) {

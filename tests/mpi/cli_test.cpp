@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,6 +26,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 extern char** environ;
@@ -497,6 +499,78 @@ TEST(MpiCli, LayoutWithDuplicateRankIsRefused) {
     errors += line.rfind("colibri-node: error:", 0) == 0;
   EXPECT_EQ(errors, 1u) << r.err;
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
+// ---- h. bad input at three ranks: refused at start-up, quickly, nothing destroyed
+// ----------------
+
+// Every rank checks the same arguments; whichever reports first ends the job.
+constexpr double kRefusalSeconds = 15;
+
+void expect_refused(const JobResult& r, const std::vector<std::string>& parts) {
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s, kRefusalSeconds) << describe(r);
+  for (const auto& part : parts) EXPECT_NE(r.err.find(part), std::string::npos) << describe(r);
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << describe(r);
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
+TEST(MpiCli, OutputThatIsADeviceOrADirectoryIsRefusedAndKept) {
+  const ScratchDir dir;
+  const fs::path sub = dir.path() / "sub";
+  fs::create_directory(sub);
+  for (const auto& [flag, path, reason] :
+       {std::tuple<std::string, std::string, std::string>{"--logits-out", "/dev/null",
+                                                          "is a character device"},
+        {"--trace", sub.string(), "is a directory"},
+        {"--profile-json", (dir.path() / "missing" / "p.json").string(),
+         "No such file or directory"}}) {
+    SCOPED_TRACE(flag + " " + path);
+    const JobResult r = run_node(3, {"--model", kModel.string(), "--prompt-ids",
+                                     golden().prompt_arg, "--ngen", "2", flag, path});
+    expect_refused(r, {flag + " " + path, reason});
+  }
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
+  EXPECT_TRUE(fs::is_directory(sub));
+  EXPECT_TRUE(fs::is_empty(sub));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+TEST(MpiCli, BadNumbersAreRefusedNotWrapped) {
+  for (const auto& [args, message] :
+       {std::pair<std::vector<std::string>, std::string>{{"--seed", "-1"}, "--seed '-1'"},
+        {{"--rank-timeout", "nan"}, "--rank-timeout nan"},
+        {{"--ram-gb", "1e300"}, "--ram-gb 1e+300"}}) {
+    SCOPED_TRACE(message);
+    std::vector<std::string> node_args = {"--model",           kModel.string(), "--prompt-ids",
+                                          golden().prompt_arg, "--ngen",        "2"};
+    node_args.insert(node_args.end(), args.begin(), args.end());
+    expect_refused(run_node(3, node_args), {message});
+  }
+}
+
+TEST(MpiCli, FifoInTheModelDirectoryDoesNotBlock) {
+  const ScratchDir dir;
+  const fs::path model = dir.path() / "model";
+  fs::create_directory(model);
+  for (const auto& entry : fs::directory_iterator(kModel))
+    if (entry.path().filename() != "generation_config.json")
+      fs::create_symlink(fs::absolute(entry.path()), model / entry.path().filename());
+  const fs::path fifo = model / "generation_config.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const JobResult r =
+      run_node(3, {"--model", model.string(), "--prompt-ids", golden().prompt_arg, "--ngen", "2"});
+  expect_refused(r, {fifo.string(), "FIFO (named pipe), not a regular file"});
+  EXPECT_TRUE(fs::is_fifo(fifo));
+}
+
+TEST(MpiCli, GenerationPastTheContextIsRefusedWithTheCounts) {
+  const JobResult r = run_node(
+      3, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen", "5000"});
+  expect_refused(r,
+                 {"--ngen 5000", "prompt of " + std::to_string(golden().prompt.size()) + " tokens",
+                  "context of 4096"});
 }
 
 // ---- g. one process ----------------------------------------------------------------------------
