@@ -1,8 +1,10 @@
 #include "coordinator/engine.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/error.h"
+#include "common/finite.h"
 #include "coordinator/cpu_attention.h"
 #include "coordinator/router.h"
 #include "cpu/elementwise.h"
@@ -54,6 +56,16 @@ void Engine::check(const Batch& batch) {
     if (seq_end_[size_t(s)] >= 0) kv_.reserve(s, seq_end_[size_t(s)]);
 }
 
+void Engine::check_residual(const Batch& batch, int layer, const char* after) const {
+  const size_t hidden = size_t(config_.hidden_size);
+  const std::optional<size_t> bad =
+      find_non_finite(std::span<const float>(h_.data(), size_t(batch.size()) * hidden));
+  if (!bad) return;
+  const BatchRow& row = batch.rows[*bad / hidden];
+  fail("layer {}: {} made the residual stream non-finite ({} at sequence {} position {})", layer,
+       after, h_[*bad], row.seq, row.pos);
+}
+
 std::vector<float> Engine::forward(const Batch& batch) {
   check(batch);
   const int n = batch.size(), hidden = config_.hidden_size;
@@ -75,6 +87,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
     kernels::rms_norm(h, n, hidden, layer.input_norm.data(), config_.rms_norm_eps, normed);
     attention_->forward(l, layer.attn, normed, delta);
     for (size_t i = 0; i < values; ++i) h[i] += delta[i];
+    check_residual(batch, l, "attention");
 
     kernels::rms_norm(h, n, hidden, layer.post_attention_norm.data(), config_.rms_norm_eps, normed);
     if (layer.is_moe) {
@@ -96,6 +109,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
       mlp_forward(layer.dense_mlp, normed, n, delta);
     }
     for (size_t i = 0; i < values; ++i) h[i] += delta[i];
+    check_residual(batch, l, layer.is_moe ? "the experts" : "the dense MLP");
   }
   for (int s = 0; s < int(seq_end_.size()); ++s)
     if (seq_end_[size_t(s)] >= 0) kv_.set_length(s, seq_end_[size_t(s)]);

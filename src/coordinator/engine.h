@@ -53,6 +53,8 @@ class Engine {
 
  private:
   void check(const Batch& batch);
+  // An Error naming the layer and the step when the residual stream holds a NaN or Inf.
+  void check_residual(const Batch& batch, int layer, const char* after) const;
 
   const ModelConfig& config_;
   const ModelWeights& weights_;

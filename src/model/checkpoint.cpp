@@ -99,6 +99,19 @@ std::vector<std::string> Checkpoint::names() const {
   return out;
 }
 
+void Checkpoint::read_f32(const TensorView& view, float* out) const {
+  // pread, not the mapping: a file truncated or changed under a running process is then a read
+  // error naming the file, not a SIGBUS.
+  if (view.dtype == Dtype::F32) {
+    shard_of(view).read(view, out);
+  } else {
+    std::vector<std::byte> bytes(view.nbytes);
+    shard_of(view).read(view, bytes.data());
+    convert_to_f32(view.dtype, bytes.data(), size_t(view.numel()), out);
+  }
+  bytes_loaded_ += view.nbytes;
+}
+
 std::vector<float> Checkpoint::load_f32(const std::string& name,
                                         const std::vector<int64_t>& shape) const {
   const TensorView* view = find(name);
@@ -120,8 +133,7 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
     fail("{}: tensor '{}' has dtype {}, expected a float type", file, name,
          dtype_name(view->dtype));
   std::vector<float> out(size_t(view->numel()));
-  convert_to_f32(view->dtype, view->data, out.size(), out.data());
-  bytes_loaded_ += view->nbytes;
+  read_f32(*view, out.data());
   if (view->dtype != Dtype::F8_E4M3) return out;
 
   // DeepSeek-style block scales: W[i, j] *= scale_inv[i / block_rows, j / block_cols].
@@ -141,8 +153,7 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   if (!is_float_dtype(scale->dtype))
     fail("{}: tensor '{}' has dtype {}, expected a float type", scale->file->string(), scale_name,
          dtype_name(scale->dtype));
-  convert_to_f32(scale->dtype, scale->data, scales.size(), scales.data());
-  bytes_loaded_ += scale->nbytes;
+  read_f32(*scale, scales.data());
   for (int64_t i = 0; i < rows; ++i) {
     const float* scale_row = &scales[size_t((i / block_rows) * scale_shape[1])];
     float* row = &out[size_t(i * cols)];

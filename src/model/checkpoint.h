@@ -47,6 +47,8 @@ class Checkpoint {
 
  private:
   const SafetensorsFile& shard_of(const TensorView& view) const;
+  // out[numel] = the float tensor `view` converted to fp32, read with pread.
+  void read_f32(const TensorView& view, float* out) const;
 
   std::filesystem::path dir_;
   std::optional<std::array<int, 2>> fp8_block_;

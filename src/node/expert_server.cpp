@@ -4,10 +4,12 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "common/error.h"
+#include "common/finite.h"
 
 namespace colibri {
 
@@ -52,6 +54,9 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
       auto scope = profiler.scope(Phase::kCompute, request.layer);
       backend.compute(request, partial.data());
     }
+    if (const auto bad = find_non_finite(std::span<const float>(partial.data(), values)))
+      fail("layer {}: the routed experts of this rank produced a non-finite partial ({} in row {})",
+           request.layer, partial[*bad], *bad / size_t(hidden));
     channel.reply(host_f32(partial.data(), values));
   }
 }

@@ -131,6 +131,27 @@ TEST(Engine, RefusesBadBatchesWithoutChangingState) {
   EXPECT_THROW(engine->open_sequence(), Error) << "a third sequence in two slots";
 }
 
+// Finite weights whose products overflow: the step ends with an error naming the layer, not a
+// stream of tokens chosen from NaN logits.
+TEST(Engine, NonFiniteActivationsAreAnErrorNamingTheLayer) {
+  LocalModel m("glm5");
+  int layer = 0;
+  while (!m.config.layer_is_moe[size_t(layer)]) ++layer;
+  for (MlpWeights& expert : m.weights.layers[size_t(layer)].experts)
+    for (float& w : expert.down.data) w = 3e38f;
+  EngineOptions options;
+  options.max_rows = 8;
+  const auto engine = m.engine(options);
+  const int seq = engine->open_sequence();
+  const int tokens[] = {1, 2, 3};
+  const std::string what = error_of([&] { engine->forward(seq, tokens); });
+  EXPECT_NE(what.find("layer " + std::to_string(layer) +
+                      ": the experts made the residual stream "
+                      "non-finite"),
+            std::string::npos)
+      << what;
+}
+
 TEST(KvManager, ExhaustionReuseAndLimitsNameTheNumbers) {
   ModelConfig config = load_model_config(kParityDir / "glm5" / "model");
   KvManager kv(config, /*kv_tokens=*/40, /*max_seqs=*/3, /*block_tokens=*/16);

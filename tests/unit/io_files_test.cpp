@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -21,6 +24,9 @@
 #include "common/finite.h"
 #include "common/input_file.h"
 #include "common/output_file.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/weights.h"
 #include "model_writer.h"
 
 namespace colibri {
@@ -57,6 +63,28 @@ bool is_root() {
 }
 
 // ---- input files ---------------------------------------------------------------------------
+
+// A checkpoint truncated after it was opened (a disk tier reading experts while someone rewrites
+// the file) is a read error naming the file and tensor, not a SIGBUS.
+TEST(InputFile, ACheckpointTruncatedUnderTheReaderIsAnError) {
+  const fs::path source = fs::path(COLIBRI_TEST_DATA) / "parity" / "glm5" / "model";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("colibri-trunc-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const auto& entry : fs::directory_iterator(source))
+    fs::copy_file(entry.path(), dir / entry.path().filename());
+  const ModelConfig config = load_model_config(dir);
+  const Checkpoint checkpoint(dir, config.fp8_block);
+  int layer = 0;
+  while (!config.layer_is_moe[size_t(layer)]) ++layer;
+  const MlpWeights before = load_routed_expert(config, checkpoint, layer, 0);
+  EXPECT_FALSE(before.empty());
+  fs::resize_file(dir / "model.safetensors", 64);  // past the header: every tensor is gone
+  const std::string what =
+      error_of([&] { load_routed_expert(config, checkpoint, layer, config.n_routed_experts - 1); });
+  EXPECT_THAT(what, AllOf(HasSubstr("model.safetensors"), HasSubstr("unexpected end of file")));
+  fs::remove_all(dir);
+}
 
 TEST(InputFile, ReadsARegularFileAndThroughASymlink) {
   test::TempDir dir;
