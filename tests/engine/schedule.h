@@ -147,12 +147,17 @@ inline std::vector<GenerateRequest> greedy_requests(const std::vector<ScriptedSe
   return requests;
 }
 
-// Checks a scheduled engine run and a batched greedy run against the oracle; returns the largest
-// logit difference. Expects the schedule to have exercised mixed batches and slot reuse when it
-// had more than one sequence. `bitwise`: every row sums its experts in the oracle's order (one
-// expert owner), so the logits must be identical.
-inline float expect_engine_matches_oracle(Engine& engine, ReferenceModel& oracle, int count,
-                                          uint64_t seed, bool bitwise) {
+struct OracleCheck {
+  float worst = 0;        // largest logit difference
+  int forward_calls = 0;  // engine calls made, every one with rows of up to `count` sequences
+};
+
+// Checks a scheduled engine run and a batched greedy run against the oracle. Expects the schedule
+// to have exercised mixed batches and slot reuse when it had more than one sequence. `bitwise`:
+// every row sums its experts in the oracle's order (one expert owner), so the logits must be
+// identical.
+inline OracleCheck expect_engine_matches_oracle(Engine& engine, ReferenceModel& oracle, int count,
+                                                uint64_t seed, bool bitwise) {
   const std::vector<ScriptedSequence> seqs =
       make_sequences(count, engine.config().vocab_size, seed);
   const ScheduleRun run = run_schedule(engine, seqs, /*chunk=*/5);
@@ -173,7 +178,8 @@ inline float expect_engine_matches_oracle(Engine& engine, ReferenceModel& oracle
   }
 
   const std::vector<GenerateRequest> requests = greedy_requests(seqs, 6);
-  const std::vector<GenerateResult> batched = generate_batch(engine, requests);
+  BatchGenerateStats stats;
+  const std::vector<GenerateResult> batched = generate_batch(engine, requests, {}, &stats);
   for (size_t i = 0; i < requests.size(); ++i) {
     KvCache cache(oracle.config());
     const GenerateResult alone =
@@ -181,7 +187,7 @@ inline float expect_engine_matches_oracle(Engine& engine, ReferenceModel& oracle
     EXPECT_EQ(batched[i].tokens, alone.tokens) << "sequence " << i << " of " << count;
   }
   EXPECT_EQ(engine.kv().free_blocks(), engine.kv().total_blocks()) << "KV blocks leaked";
-  return worst;
+  return {worst, run.steps + stats.steps};
 }
 
 }  // namespace colibri::testing

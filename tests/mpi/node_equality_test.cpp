@@ -272,18 +272,27 @@ TEST_P(NodeBatches, BatchedSequencesEqualSeparateReferenceRuns) {
   options.kv_tokens = 512;
   options.rank_timeout_s = 60;
   Node node(MPI_COMM_WORLD, options);
-  if (!node.is_coordinator()) {
+  testing::OracleCheck check;
+  if (node.is_coordinator()) {
+    const Checkpoint checkpoint(options.model_dir, node.config().fp8_block);
+    const ModelWeights weights = load_model_weights(node.config(), checkpoint);
+    ReferenceModel oracle(node.config(), weights);
+    check =
+        testing::expect_engine_matches_oracle(node.engine(), oracle, count, 17, world_size() <= 2);
+    node.shutdown();
+  } else {
     node.serve();
-    return;
   }
-  const Checkpoint checkpoint(options.model_dir, node.config().fp8_block);
-  const ModelWeights weights = load_model_weights(node.config(), checkpoint);
-  ReferenceModel oracle(node.config(), weights);
-  const float worst =
-      testing::expect_engine_matches_oracle(node.engine(), oracle, count, 17, world_size() <= 2);
-  node.shutdown();
-  std::printf("[np %d %s B=%d] max |logit diff| engine vs reference %.3g\n", world_size(),
-              fixture.c_str(), count, worst);
+  const std::vector<RankReport> reports = node.gather_reports();
+  if (!node.is_coordinator()) return;
+  // One dispatch and one combine per MoE layer per call, however many sequences the call holds.
+  if (world_size() > 1) {
+    uint64_t exchanges = 0;
+    for (const RankReport& r : reports) exchanges += r.slowest_count;
+    EXPECT_EQ(exchanges, uint64_t(check.forward_calls) * node.config().num_moe_layers());
+  }
+  std::printf("[np %d %s B=%d] max |logit diff| engine vs reference %.3g in %d calls\n",
+              world_size(), fixture.c_str(), count, check.worst, check.forward_calls);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeBatches,
