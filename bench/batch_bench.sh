@@ -11,7 +11,10 @@
 # (NP default 2, NGEN default 16) and prints, per (wire, S), the median aggregate decode tok/s
 # (decode-only steps: every running sequence's row in one call), and from the profile the bytes
 # the coordinator sent and received per MoE-layer exchange, per step and per row, and its
-# per-step phase times. Needs python3 to read the profile JSON.
+# per-step phase times. The memory read bandwidth is measured in the same run (quant_bench's
+# vectorised read, all cores) and turned into the step time a pass over the coordinator's
+# in-memory weights takes. OUT keeps the profiles (default: a temporary directory). Needs python3
+# to read the profile JSON and the checkpoint headers.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,13 +23,23 @@ node=${2:-$root/build/src/colibri-node}
 runs=${RUNS:-3} np=${NP:-2} ngen=${NGEN:-16} seqs=${SEQS:-1 4 16} wires=${WIRES:-f32 bf16}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 export OMP_WAIT_POLICY=PASSIVE
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+if [[ -n ${OUT:-} ]]; then
+  tmp=$OUT
+  mkdir -p "$tmp"
+else
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+fi
+quant_bench=$(dirname "$node")/../bench/quant_bench
 
 cores=$(getconf _NPROCESSORS_ONLN)
 echo "batch_bench: $model, np $np, --ngen $ngen --ignore-eos, $runs interleaved rounds"
 echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) | $cores cores |" \
      "$(mpirun --version | head -n 1) | load average $(cut -d' ' -f1-3 /proc/loadavg)"
+
+read_gbps=$("$quant_bench" --experts 2 --batch 1 --threads "$cores" --reps 5 --read-mib 1024 |
+  sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
+echo "memory read bandwidth (quant_bench, $cores threads, median of 5): $read_gbps GB/s"
 
 for ((run = 0; run < runs; ++run)); do
   for wire in $wires; do
@@ -39,9 +52,25 @@ for ((run = 0; run < runs; ++run)); do
   done
 done
 
-python3 - "$tmp" "$runs" "$wires" "$seqs" <<'PY'
-import json, statistics, sys
+python3 - "$tmp" "$runs" "$wires" "$seqs" "$model" "$read_gbps" <<'PY'
+import glob, json, os, statistics, struct, sys
 tmp, runs, wires, seqs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+model, read_gbps = sys.argv[5], float(sys.argv[6])
+# The coordinator's weights in memory: every non-expert tensor as fp32 (int8 container weights are
+# dequantized at load), embeddings excepted (a step reads a few rows).
+coord_bytes = 0
+for shard in glob.glob(os.path.join(model, "*.safetensors")):
+    with open(shard, "rb") as f:
+        header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+    for name, t in header.items():
+        if name == "__metadata__" or ".mlp.experts." in name or "embed_tokens" in name or name.endswith(".qs"):
+            continue
+        numel = 1
+        for d in t["shape"]:
+            numel *= d
+        coord_bytes += 4 * (t["data_offsets"][1] - t["data_offsets"][0]) if t["dtype"] == "U8" else 4 * numel
+pass_ms = coord_bytes / (read_gbps * 1e9) * 1e3
+print(f"coordinator weights in memory: {coord_bytes / 1e9:.2f} GB; one pass at {read_gbps} GB/s: {pass_ms:.1f} ms")
 print(f"\n{'wire':>5} {'seqs':>5} {'decode tok/s (median)':>22} {'all runs':>26} {'bytes/exchange':>15} "
       f"{'bytes/row':>10} {'ms/step attn':>13} {'dense':>7} {'shared':>7} {'lm_head':>8} {'wait':>7}")
 for wire in wires:
@@ -54,11 +83,12 @@ for wire in wires:
         rows = coord["rows"]
         bytes_ = coord["bytes_in"] + coord["bytes_out"]
         steps = exchanges / max(1, len([l for l in coord["layers"] if "dispatch" in l]))
-        ph = coord["phases"]
+        ph = coord["phases_us"]
         ms = lambda k: ph.get(k, 0) / 1000 / max(steps, 1)
         print(f"{wire:>5} {s:>5} {statistics.median(rates):>22.2f} {', '.join(f'{x:.2f}' for x in rates):>26} "
               f"{bytes_ / max(exchanges, 1):>15.0f} {bytes_ / max(rows, 1):>10.0f} {ms('attention'):>13.1f} "
-              f"{ms('dense_mlp'):>7.1f} {ms('shared_expert'):>7.1f} {ms('lm_head'):>8.1f} {ms('wait_slowest'):>7.1f}")
+              f"{ms('dense_mlp'):>7.1f} {ms('shared_expert'):>7.1f} {ms('lm_head'):>8.1f} {ms('wait_slowest'):>7.1f}"
+              f"  (weight-pass bound {int(s) * 1e3 / pass_ms:.1f} tok/s)")
         print(json.dumps({"bench": "batch", "wire": wire, "sequences": int(s),
                           "decode_tok_per_s": rates, "bytes_per_exchange": round(bytes_ / max(exchanges, 1)),
                           "bytes_per_row": round(bytes_ / max(rows, 1)), "steps": steps}))

@@ -13,7 +13,6 @@
 namespace colibri {
 
 using kernels::dot_f32;
-using kernels::linear_f32;
 
 namespace {
 
@@ -44,7 +43,7 @@ void CpuAttention::begin(const Batch& batch) {
 void CpuAttention::forward(int layer, const AttentionWeights& w, const float* x, float* out) {
   const double start_us = profiler_ ? profiler_->now_us() : 0;
   double indexer_us = 0;
-  const int n = batch_->size(), h = c_.hidden_size;
+  const int n = batch_->size();
   project(layer, w, x);
   if (w.indexer) {
     const double indexer_start_us = profiler_ ? profiler_->now_us() : 0;
@@ -55,8 +54,7 @@ void CpuAttention::forward(int layer, const AttentionWeights& w, const float* x,
     }
   }
   attend(layer, w);
-  linear_f32(heads_out_.data(), n, w.o_proj.data.data(), h, int64_t(c_.num_heads) * c_.v_head_dim,
-             out);
+  linear(w.o_proj, heads_out_.data(), n, out);
   if (profiler_)
     profiler_->add(Phase::kAttention, layer, start_us, profiler_->now_us() - start_us - indexer_us);
 }
@@ -64,21 +62,19 @@ void CpuAttention::forward(int layer, const AttentionWeights& w, const float* x,
 void CpuAttention::project(int layer, const AttentionWeights& w, const float* x) {
   const int n = batch_->size(), heads = c_.num_heads, dn = c_.qk_nope_head_dim;
   const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), r = c_.kv_lora_rank;
-  const int h = c_.hidden_size;
   grow(q_, size_t(n) * heads * dq);
   if (c_.q_lora_rank > 0) {
     grow(q_lora_, size_t(n) * c_.q_lora_rank);
-    linear_f32(x, n, w.q_a_proj.data.data(), c_.q_lora_rank, h, q_lora_.data());
+    linear(w.q_a_proj, x, n, q_lora_.data());
     kernels::rms_norm(q_lora_.data(), n, c_.q_lora_rank, w.q_a_norm.data(), c_.mla_norm_eps,
                       q_lora_.data());
-    linear_f32(q_lora_.data(), n, w.q_b_proj.data.data(), int64_t(heads) * dq, c_.q_lora_rank,
-               q_.data());
+    linear(w.q_b_proj, q_lora_.data(), n, q_.data());
   } else {
-    linear_f32(x, n, w.q_proj.data.data(), int64_t(heads) * dq, h, q_.data());
+    linear(w.q_proj, x, n, q_.data());
   }
 
   grow(kv_a_, size_t(n) * (r + dr));
-  linear_f32(x, n, w.kv_a_proj.data.data(), r + dr, h, kv_a_.data());
+  linear(w.kv_a_proj, x, n, kv_a_.data());
   float* latent = kv_.latent(layer);
   float* k_rope = kv_.k_rope(layer);
   for (int t = 0; t < n; ++t) {
@@ -96,17 +92,16 @@ void CpuAttention::project(int layer, const AttentionWeights& w, const float* x)
 
 void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* x) {
   const int n = batch_->size(), heads = c_.index_n_heads, dim = c_.index_head_dim;
-  const int h = c_.hidden_size, topk = c_.index_topk;
+  const int topk = c_.index_topk;
   if (c_.q_lora_rank == 0) fail("the DSA indexer needs q_lora_rank > 0");
   grow(index_q_, size_t(n) * heads * dim);
   grow(index_k_, size_t(n) * dim);
   grow(index_w_, size_t(n) * heads);
-  linear_f32(q_lora_.data(), n, w.wq_b.data.data(), int64_t(heads) * dim, c_.q_lora_rank,
-             index_q_.data());
-  linear_f32(x, n, w.wk.data.data(), dim, h, index_k_.data());
+  linear(w.wq_b, q_lora_.data(), n, index_q_.data());
+  linear(w.wk, x, n, index_k_.data());
   kernels::layer_norm(index_k_.data(), n, dim, w.k_norm_weight.data(), w.k_norm_bias.data(), 1e-6f,
                       index_k_.data());
-  linear_f32(x, n, w.weights_proj.data.data(), heads, h, index_w_.data());
+  linear(w.weights_proj, x, n, index_w_.data());
   const float head_scale = 1.0f / std::sqrt(float(heads));
   for (int i = 0; i < n * heads; ++i) index_w_[size_t(i)] *= head_scale;
 

@@ -123,8 +123,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
     ++rows;
   }
   std::vector<float> logits(size_t(rows) * config_.vocab_size);
-  kernels::linear_f32(normed, rows, weights_.lm_head.data.data(), config_.vocab_size, hidden,
-                      logits.data());
+  linear(weights_.lm_head, normed, rows, logits.data());
   return logits;
 }
 

@@ -1,6 +1,8 @@
-// Model weights as fp32 matrices, loaded from a Checkpoint with every shape checked against the
-// config. Expert ranks load only the routed experts they own. Routed experts of a colibri
-// container stay quantized in memory; every other quantized tensor is dequantized at load.
+// Model weights, loaded from a Checkpoint with every shape checked against the config. Expert
+// ranks load only the routed experts they own. Routed experts of a colibri container stay
+// quantized in memory; with LoadOptions::keep_quantized (the engine) so do its projections,
+// dense MLPs and shared experts, run by the quantized kernels. Otherwise (the reference) every
+// other quantized tensor is dequantized to fp32 at load.
 #pragma once
 
 #include <cstdint>
@@ -14,12 +16,19 @@
 
 namespace colibri {
 
-// Row-major [rows, cols] weight of a Linear layer: y = W x.
+// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, or a container weight kept as
+// stored (int8/int4 rows or groups with fp32 scales).
 struct Matrix {
   int64_t rows = 0, cols = 0;
-  std::vector<float> data;
-  bool empty() const { return data.empty(); }
+  std::vector<float> data;  // fp32; empty when quantized
+  QuantMatrix quant;
+  bool empty() const { return data.empty() && quant.empty(); }
+  bool quantized() const { return !quant.empty(); }
+  uint64_t bytes() const { return 4 * data.size() + quant.bytes(); }
 };
+
+// y[n, rows] = x[n, cols] · W^T with the kernel of W's representation.
+void linear(const Matrix& w, const float* x, int64_t n, float* y);
 
 // The three matrices of a quantized expert, in the container's layout.
 struct QuantMlp {
@@ -86,6 +95,9 @@ struct ModelWeights {
 struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;
+  // Container projections (attention but kv_b_proj, indexer, lm_head), dense MLPs and shared
+  // experts stay quantized; embeddings, norms, routers and kv_b_proj are fp32 regardless.
+  bool keep_quantized = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;
 };

@@ -1,6 +1,8 @@
 // The engine against its oracle in one process (the local dispatcher runs every expert), and the
 // KV manager's pool: exhaustion, reuse after free, a sequence longer than the pool, the context.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
@@ -11,6 +13,7 @@
 #include "model/checkpoint.h"
 #include "rank/expert_backend.h"
 #include "schedule.h"
+#include "tools/convert.h"
 #include "transport/local_dispatcher.h"
 
 namespace colibri {
@@ -37,11 +40,13 @@ struct LocalModel {
   std::unique_ptr<CpuExpertBackend> backend;
   std::unique_ptr<LocalDispatcher> dispatcher;
 
-  explicit LocalModel(const std::string& name) {
-    const auto dir = kParityDir / name / "model";
+  explicit LocalModel(const std::string& name) : LocalModel(kParityDir / name / "model", false) {}
+  LocalModel(const std::filesystem::path& dir, bool keep_quantized) {
     config = load_model_config(dir);
     checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
-    weights = load_model_weights(config, *checkpoint);
+    LoadOptions load;
+    load.keep_quantized = keep_quantized;
+    weights = load_model_weights(config, *checkpoint, load);
     placement =
         make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
     backend = std::make_unique<CpuExpertBackend>(config, weights);
@@ -129,6 +134,50 @@ TEST(Engine, RefusesBadBatchesWithoutChangingState) {
   batch.add(7, 1, 0, true);
   refused(batch, "slot 7 is not open");
   EXPECT_THROW(engine->open_sequence(), Error) << "a third sequence in two slots";
+}
+
+// A container's projections, dense MLPs and shared experts run quantized in the engine (int8 rows
+// and int4 groups through the quantized kernels); the oracle runs the same values dequantized to
+// fp32. The two differ only in summation order.
+TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("colibri-engine-int-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  ConvertOptions convert;
+  convert.input_dir = kParityDir / "glm52" / "model";
+  convert.output_dir = dir;
+  convert.dense_bits = 8;
+  convert.io_bits = 8;
+  convert_checkpoint(convert);
+
+  LocalModel quantized(dir, /*keep_quantized=*/true);
+  LocalModel dequantized(dir, /*keep_quantized=*/false);
+  ASSERT_TRUE(quantized.weights.layers[0].attn.o_proj.quantized());
+  ASSERT_TRUE(quantized.weights.lm_head.quantized());
+  ASSERT_FALSE(dequantized.weights.layers[0].attn.o_proj.quantized());
+  // The fp32 copies are what the quantized ones stand for: 4 bytes a weight against about 1.
+  EXPECT_LT(quantized.weights.layers[0].attn.o_proj.bytes() * 3,
+            dequantized.weights.layers[0].attn.o_proj.bytes());
+
+  EngineOptions options;
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  const auto engine = quantized.engine(options);
+  ReferenceModel oracle(dequantized.config, dequantized.weights);
+  const std::vector<testing::ScriptedSequence> seqs =
+      testing::make_sequences(3, quantized.config.vocab_size, 5);
+  const testing::ScheduleRun run = testing::run_schedule(*engine, seqs, 5);
+  float worst = 0, scale = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<float> want = testing::reference_logits(oracle, seqs[i]);
+    worst = std::max(worst, testing::max_abs_diff(run.logits[i], want));
+    for (float v : want) scale = std::max(scale, std::abs(v));
+  }
+  std::printf("quantized engine vs dequantized oracle: max |logit diff| %.3g (max |logit| %.3g)\n",
+              worst, scale);
+  EXPECT_GT(scale, 0.1f);
+  EXPECT_LE(worst, 1e-5f * scale);  // measured 1.1e-5 with max |logit| 12.8
+  std::filesystem::remove_all(dir);
 }
 
 // Finite weights whose products overflow: the step ends with an error naming the layer, not a
