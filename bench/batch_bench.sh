@@ -56,8 +56,10 @@ python3 - "$tmp" "$runs" "$wires" "$seqs" "$model" "$read_gbps" <<'PY'
 import glob, json, os, statistics, struct, sys
 tmp, runs, wires, seqs = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
 model, read_gbps = sys.argv[5], float(sys.argv[6])
-# The coordinator's weights in memory: every non-expert tensor as fp32 (int8 container weights are
-# dequantized at load), embeddings excepted (a step reads a few rows).
+# The coordinator's weights in memory, each read once per step: container weights as stored (the
+# engine keeps int8/int4 projections quantized; their .qs scales are small and left out) except
+# kv_b_proj, which the absorbed attention keeps as fp32; embeddings excepted (a step reads a few
+# rows).
 coord_bytes = 0
 for shard in glob.glob(os.path.join(model, "*.safetensors")):
     with open(shard, "rb") as f:
@@ -68,11 +70,12 @@ for shard in glob.glob(os.path.join(model, "*.safetensors")):
         numel = 1
         for d in t["shape"]:
             numel *= d
-        coord_bytes += 4 * (t["data_offsets"][1] - t["data_offsets"][0]) if t["dtype"] == "U8" else 4 * numel
+        stored = t["data_offsets"][1] - t["data_offsets"][0]
+        coord_bytes += 4 * numel if t["dtype"] != "U8" or "kv_b_proj" in name else stored
 pass_ms = coord_bytes / (read_gbps * 1e9) * 1e3
 print(f"coordinator weights in memory: {coord_bytes / 1e9:.2f} GB; one pass at {read_gbps} GB/s: {pass_ms:.1f} ms")
 print(f"\n{'wire':>5} {'seqs':>5} {'decode tok/s (median)':>22} {'all runs':>26} {'bytes/exchange':>15} "
-      f"{'bytes/row':>10} {'ms/step attn':>13} {'dense':>7} {'shared':>7} {'lm_head':>8} {'wait':>7}")
+      f"{'bytes/row':>10} {'ms/step attn':>13} {'dense':>7} {'shared':>7} {'lm_head':>8} {'wait':>7} {'experts':>8}")
 for wire in wires:
     for s in seqs:
         docs = [json.load(open(f"{tmp}/{wire}-{s}-{r}.json")) for r in range(runs)]
@@ -84,10 +87,12 @@ for wire in wires:
         bytes_ = coord["bytes_in"] + coord["bytes_out"]
         steps = exchanges / max(1, len([l for l in coord["layers"] if "dispatch" in l]))
         ph = coord["phases_us"]
+        experts_ms = sum(r["phases_us"].get("compute", 0) for r in d["ranks"] if r["role"] != "coordinator") / 1000 / max(steps, 1)
         ms = lambda k: ph.get(k, 0) / 1000 / max(steps, 1)
         print(f"{wire:>5} {s:>5} {statistics.median(rates):>22.2f} {', '.join(f'{x:.2f}' for x in rates):>26} "
               f"{bytes_ / max(exchanges, 1):>15.0f} {bytes_ / max(rows, 1):>10.0f} {ms('attention'):>13.1f} "
               f"{ms('dense_mlp'):>7.1f} {ms('shared_expert'):>7.1f} {ms('lm_head'):>8.1f} {ms('wait_slowest'):>7.1f}"
+              f" {experts_ms:>8.1f}"
               f"  (weight-pass bound {int(s) * 1e3 / pass_ms:.1f} tok/s)")
         print(json.dumps({"bench": "batch", "wire": wire, "sequences": int(s),
                           "decode_tok_per_s": rates, "bytes_per_exchange": round(bytes_ / max(exchanges, 1)),

@@ -169,9 +169,11 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   const int threads = omp_get_max_threads();
   grow(scratch_, size_t(threads) * per_thread);
 
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int t = 0; t < n; ++t) {
-    for (int head = 0; head < heads; ++head) {
+  // Head outer, row inner: a head's absorbed W_UK and W_UV (dn and dv rows of r floats) are read
+  // from memory once per call and reused from cache for every row of the batch.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int head = 0; head < heads; ++head) {
+    for (int t = 0; t < n; ++t) {
       float* p = &scratch_[size_t(omp_get_thread_num()) * per_thread];
       float* q_abs = p + max_keys_;
       float* o_latent = q_abs + r;
