@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/json_depth.h"
 
 namespace colibri {
 namespace {
@@ -162,7 +163,7 @@ float ModelConfig::softmax_scale() const {
 ModelConfig parse_model_config(const std::string& config_json, const std::string& source) {
   json root;
   try {
-    root = json::parse(config_json);
+    root = json::parse(config_json, json_depth_limit(source));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", source, e.what());
   }
@@ -321,9 +322,10 @@ std::string read_text(const std::filesystem::path& path) {
 }
 
 void apply_generation_config(const std::filesystem::path& path, GenerationDefaults& gen) {
+  const std::string source = path.string();
   json root;
   try {
-    root = json::parse(read_text(path));
+    root = json::parse(read_text(path), json_depth_limit(source));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path.string(), e.what());
   }
