@@ -20,6 +20,7 @@
 // RSS limit.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,7 +33,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <new>
 #include <set>
 #include <string>
 #include <string_view>
@@ -117,7 +117,6 @@ const uint8_t* g_input = nullptr;
 size_t g_input_size = 0;
 char g_artifact_prefix[4096] = "./";
 std::atomic<int64_t> g_input_started_ms{0};  // 0: no input running
-size_t g_malloc_limit_bytes = 0;               // 0: not armed yet
 
 // Async-signal-safe: writes the current input to <prefix><kind>-<fnv1a hex> and says so.
 void save_input(const char* kind) {
@@ -509,37 +508,29 @@ Corpus load_corpus(const std::vector<std::string>& paths) {
 }  // namespace
 
 // Oversized allocations are findings: in the ASan build through the sanitizer's own limit (a
-// report naming the allocation site), otherwise through the replaced operator new.
+// report naming the allocation site; -malloc_limit_mb is then fixed at 1024), otherwise through
+// an address-space limit of -malloc_limit_mb plus 1 GiB, under which a large allocation throws
+// std::bad_alloc, which run_one reports.
 #ifdef COLIBRI_FUZZ_ASAN
 extern "C" const char* __asan_default_options() {
   return "max_allocation_size_mb=1024:allocator_may_return_null=0";
 }
-#else
-void* operator new(size_t size) {
-  if (g_malloc_limit_bytes && size > g_malloc_limit_bytes) {
-    std::fprintf(stderr, "fuzz: allocation of %zu bytes is above -malloc_limit_mb\n", size);
-    save_input("oom");
-    std::_Exit(1);
-  }
-  if (void* p = std::malloc(size ? size : 1)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](size_t size) {
-  return operator new(size);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, size_t) noexcept {
-  std::free(p);
-}
 #endif
+// UBSan (a runtime of its own with g++) ends with abort(), so that the SIGABRT handler keeps the
+// input; its death callbacks are not ASan's.
+extern "C" const char* __ubsan_default_options() {
+  return "print_stacktrace=1:abort_on_error=1";
+}
+
+void limit_allocations(size_t malloc_limit_mb) {
+#ifndef COLIBRI_FUZZ_ASAN
+  const rlim_t bytes = rlim_t(malloc_limit_mb + 1024) << 20;
+  const rlimit limit{bytes, bytes};
+  if (::setrlimit(RLIMIT_AS, &limit) != 0) std::perror("fuzz: setrlimit(RLIMIT_AS)");
+#else
+  (void)malloc_limit_mb;
+#endif
+}
 
 int main(int argc, char** argv) {
   const Options options = parse_options(argc, argv);
@@ -550,7 +541,7 @@ int main(int argc, char** argv) {
   size_t max_len = options.max_len;
   for (const Bytes& seed : corpus.seeds) max_len = std::max(max_len, seed.size());
   std::thread(watchdog, options.timeout, options.rss_limit_mb).detach();
-  g_malloc_limit_bytes = options.malloc_limit_mb << 20;
+  limit_allocations(options.malloc_limit_mb);
 
   const auto run = [](const Bytes& input) {
     g_input = input.data();
