@@ -17,8 +17,7 @@ inline constexpr int kMaxJsonDepth = 128;
 // colibri::Error naming `source` at the first value nested deeper than kMaxJsonDepth.
 inline auto json_depth_limit(const std::string& source) {
   return [&source](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > kMaxJsonDepth)
-      fail("{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
+    if (depth > kMaxJsonDepth) fail("{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
     return true;
   };
 }

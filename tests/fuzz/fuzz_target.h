@@ -46,8 +46,8 @@ inline RejectionStats& rejection_stats() {
 }
 
 // Aborts with `what` when an accepted input breaks an invariant of the parsed result.
-#define fuzz_require(condition, what)                                      \
-  do {                                                                     \
+#define fuzz_require(condition, what)                                              \
+  do {                                                                             \
     if (!(condition)) ::colibri::fuzz::finding("invariant", #condition ": " what); \
   } while (0)
 

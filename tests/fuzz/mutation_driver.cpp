@@ -6,12 +6,12 @@
 //
 // CORPUS are files or directories of seed inputs. Every seed runs once as it is (regression inputs
 // live in the corpus too), then N mutated inputs run (or until S seconds have passed): each is a
-// seed, or the previous mutant, with 1 to 5 stacked mutations (1 half of the time). Byte mutations: bit flips, random
-// bytes, inserts, deletes, duplicated ranges, interesting integers (1, 2, 4, 8 bytes), truncation,
-// splices with another seed. Token mutations, for the JSON, Python-dict and text inside the inputs:
-// a number, string or word replaced by an interesting value or a token from the seeds, tokens
-// deleted, duplicated or swapped, values wrapped in deep nesting. The same seed gives the same
-// inputs.
+// seed, or the previous mutant, with 1 to 5 stacked mutations (1 half of the time). Byte mutations:
+// bit flips, random bytes, inserts, deletes, duplicated ranges, interesting integers (1, 2, 4, 8
+// bytes), truncation, splices with another seed. Token mutations, for the JSON, Python-dict and
+// text inside the inputs: a number, string or word replaced by an interesting value or a token from
+// the seeds, tokens deleted, duplicated or swapped, values wrapped in deep nesting. The same seed
+// gives the same inputs.
 //
 // Findings end the run with exit status 1 after writing the input to
 // <artifact_prefix>crash-<hash> (or timeout-/oom-): an exception other than colibri::Error or a
@@ -278,6 +278,7 @@ std::vector<Token> lex(const Bytes& in) {
   return tokens;
 }
 
+// clang-format off
 const char* const kInterestingNumbers[] = {
     "0",          "-0",          "1",           "-1",          "2",
     "3",          "7",           "8",           "127",         "128",
@@ -296,6 +297,7 @@ const char* const kInterestingValues[] = {
     "0", "-1", "{\"\":0}", "[null]", "\"\\u0000\"", "\"\\ud800\"", "\"\\n\"", "-", "F", "S",
     "coordinator", "gpu-expert", "cpu-expert", "nan", "inf", "1e999", "False", "True", "()", "(0,)",
     "(1, 2)", "'<f4'", "'<f8'", "'>f4'"};
+// clang-format on
 
 struct Corpus {
   std::vector<Bytes> seeds;
@@ -383,12 +385,14 @@ class Mutator {
   }
 
   void overwrite_integer(Bytes& in) {
+    // clang-format off
     static const uint64_t kValues[] = {0,          1,          2,          7,
                                        0x7f,       0x80,       0xff,       0x100,
                                        0x7fff,     0x8000,     0xffff,     0x10000,
                                        0x7fffffff, 0x80000000, 0xffffffff, 0x100000000,
                                        0x7fffffffffffffff,     0x8000000000000000,
                                        0xffffffffffffffff,     0x1000000000000000};
+    // clang-format on
     const size_t width = size_t(1) << rng_.below(4);
     if (in.size() < width) return;
     uint64_t v = kValues[rng_.below(std::size(kValues))];
@@ -428,8 +432,8 @@ class Mutator {
       case 2:  // a string's content: empty, long, escaped, or another seed string
         if (t.kind == TokenKind::kString) {
           static const char* const kStrings[] = {
-              "\"\"", "\"\\\"\"", "\"\\\\\"", "\"\\u00e9\"", "\"\\ud83d\\ude00\"",
-              "\"\\udc00\"", "\"\\u0000x\"", "\"\\t\\r\\n\"", "\"{}\"", "\"%s%n\""};
+              "\"\"",        "\"\\\"\"",     "\"\\\\\"",      "\"\\u00e9\"", "\"\\ud83d\\ude00\"",
+              "\"\\udc00\"", "\"\\u0000x\"", "\"\\t\\r\\n\"", "\"{}\"",      "\"%s%n\""};
           if (rng_.one_in(3)) {
             replace(in, t, "\"" + std::string(1 + rng_.below(4096), 'a') + "\"");
           } else {
