@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,13 @@
 #include "common/output_file.h"
 
 namespace colibri {
+namespace {
+
+// Limits on what a header may claim; the parity goldens are far below them.
+constexpr size_t kMaxHeaderBytes = 1 << 20;
+constexpr int64_t kMaxElements = int64_t(1) << 40;
+
+}  // namespace
 
 void write_npy_f32(const std::filesystem::path& path, std::span<const float> data,
                    std::span<const int64_t> shape) {
@@ -48,6 +56,9 @@ NpyArray read_npy_f32(const std::filesystem::path& path) {
     header_len = uint8_t(prefix[8]) | (size_t(uint8_t(prefix[9])) << 8) |
                  (size_t(uint8_t(more[0])) << 16) | (size_t(uint8_t(more[1])) << 24);
   }
+  if (header_len > kMaxHeaderBytes)
+    fail("{}: header length {} exceeds the {} byte limit", path.string(), header_len,
+         kMaxHeaderBytes);
   std::string header(header_len, '\0');
   if (!in.read(header.data(), std::streamsize(header_len)))
     fail("{}: truncated header", path.string());
@@ -61,10 +72,29 @@ NpyArray read_npy_f32(const std::filesystem::path& path) {
   int64_t numel = 1;
   std::istringstream dims(header.substr(shape_at + 10, shape_end - shape_at - 10));
   for (std::string dim; std::getline(dims, dim, ',');) {
-    if (dim.find_first_not_of(' ') == std::string::npos) continue;  // trailing comma of 1-D shapes
-    array.shape.push_back(std::stoll(dim));
-    numel *= array.shape.back();
+    const size_t first = dim.find_first_not_of(' ');
+    if (first == std::string::npos) continue;  // trailing comma of 1-D shapes
+    const size_t last = dim.find_last_not_of(' ');
+    int64_t d = -1;
+    const char* end = dim.data() + last + 1;
+    const auto [ptr, ec] = std::from_chars(dim.data() + first, end, d);
+    if (ec != std::errc() || ptr != end || d < 0)
+      fail("{}: shape entry {:?} is not a non-negative integer", path.string(), dim);
+    if (d != 0 && numel > kMaxElements / d)
+      fail("{}: shape has more than {} elements", path.string(), kMaxElements);
+    array.shape.push_back(d);
+    numel *= d;
   }
+  // The data must be in the file before it is allocated: a header cannot claim gigabytes.
+  const std::streamoff data_at = in.tellg();
+  in.seekg(0, std::ios::end);
+  const std::streamoff file_end = in.tellg();
+  in.seekg(data_at);
+  if (data_at < 0 || file_end < data_at || !in)
+    fail("{}: cannot determine the size of the data", path.string());
+  if (numel * 4 > file_end - data_at)
+    fail("{}: truncated data: shape needs {} bytes, the file has {} after the header",
+         path.string(), numel * 4, file_end - data_at);
   array.data.resize(size_t(numel));
   if (!in.read(reinterpret_cast<char*>(array.data.data()), std::streamsize(numel * 4)))
     fail("{}: truncated data", path.string());

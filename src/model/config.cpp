@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/json_depth.h"
 
 namespace colibri {
 namespace {
@@ -161,7 +162,7 @@ float ModelConfig::softmax_scale() const {
 ModelConfig parse_model_config(const std::string& config_json, const std::string& source) {
   json root;
   try {
-    root = json::parse(config_json);
+    root = json::parse(config_json, json_depth_limit(source));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", source, e.what());
   }
@@ -315,9 +316,10 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
 namespace {
 
 void apply_generation_config(const std::filesystem::path& path, GenerationDefaults& gen) {
+  const std::string source = path.string();
   json root;
   try {
-    root = json::parse(read_regular_file(path, "the generation config"));
+    root = json::parse(read_regular_file(path, "the generation config"), json_depth_limit(source));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", path.string(), e.what());
   }

@@ -140,10 +140,13 @@ Regex::Regex(std::string_view onig_pattern, std::string where) : where_(std::mov
   int error = 0;
   PCRE2_SIZE error_offset = 0;
   auto code = std::make_shared<Code>();
+  // \C matches one byte of a character: pieces could then end inside one, and subjects are
+  // matched with PCRE2_NO_UTF_CHECK. Refused at compile time.
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                             PCRE2_UTF | PCRE2_UCP, &error, &error_offset, nullptr);
+                             PCRE2_UTF | PCRE2_UCP | PCRE2_NEVER_BACKSLASH_C, &error, &error_offset,
+                             nullptr);
   if (!code->code)
-    fail("{}: regex does not compile at offset {}: {} (pattern as given to PCRE2: {})", where_,
+    fail("{}: regex does not compile at offset {}: {} (pattern as given to PCRE2: {:?})", where_,
          error_offset, pcre2_message(error), pattern);
   // JIT is an optimisation; the interpreter gives the same matches when it is unavailable.
   pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);

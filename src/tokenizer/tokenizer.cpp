@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "common/json_depth.h"
 #include "tokenizer/added_vocabulary.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/json_fields.h"
@@ -184,7 +185,7 @@ Tokenizer Tokenizer::load(const std::filesystem::path& path) {
 Tokenizer Tokenizer::from_json_text(std::string_view json_text, const std::string& origin) {
   json root;
   try {
-    root = json::parse(json_text);
+    root = json::parse(json_text, json_depth_limit(origin));
   } catch (const json::exception& e) {
     fail("{}: not valid JSON: {}", origin, e.what());
   }
