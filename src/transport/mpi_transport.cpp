@@ -180,33 +180,17 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
 }
 
 void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
-  const std::string from = rank_identity().name_of(peer.rank);
-  if (count_bytes < int(kHeaderBytes))
-    abort_job(
-        fmt::format("corrupted reply from {}: {} bytes, shorter than a header", from, count_bytes));
-  wire::Header h;
-  std::memcpy(&h, peer.recv.data(), kHeaderBytes);
-  const size_t rows = peer.share->rows.size();
-  const size_t expected = wire::reply_payload_bytes(uint32_t(rows), shape_.hidden, elem_bytes_);
-  std::string problem;
-  if (h.magic != wire::kMagic) {
-    problem = fmt::format("bad magic {:#x}", h.magic);
-  } else if (h.version != wire::kProtocolVersion) {
-    problem = fmt::format("protocol version {} (expected {})", h.version, wire::kProtocolVersion);
-  } else if (h.opcode != uint16_t(wire::Opcode::kExpertReply)) {
-    problem = fmt::format("opcode {} where a reply was expected", h.opcode);
-  } else if (h.sequence != peer.sequence || h.layer != layer_) {
-    problem = fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
-                          peer.sequence, layer_);
-  } else if (h.n_rows != rows || h.payload_bytes != expected ||
-             size_t(count_bytes) != kHeaderBytes + expected) {
-    problem = fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, count_bytes,
-                          rows, kHeaderBytes + expected);
-  } else if (wire::checksum(peer.recv.data() + kHeaderBytes, expected) != h.checksum) {
-    problem = "payload checksum mismatch";
-  }
+  wire::ReplyCheck check;
+  check.expected_sequence = peer.sequence;
+  check.layer = layer_;
+  check.n_rows = uint32_t(peer.share->rows.size());
+  check.hidden = shape_.hidden;
+  check.elem_bytes = elem_bytes_;
+  const std::string problem =
+      wire::check_reply(peer.recv.data(), size_t(std::max(count_bytes, 0)), check);
   if (!problem.empty())
-    abort_job(fmt::format("corrupted reply from {} in layer {}: {}", from, layer_, problem));
+    abort_job(fmt::format("corrupted reply from {} in layer {}: {}",
+                          rank_identity().name_of(peer.rank), layer_, problem));
 }
 
 void MpiTransport::combine(View out) {

@@ -65,4 +65,25 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
   return {};
 }
 
+std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check) {
+  if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
+  Header h;
+  std::memcpy(&h, message, sizeof(Header));
+  const size_t expected = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
+  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
+  if (h.version != kProtocolVersion)
+    return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
+  if (h.opcode != uint16_t(Opcode::kExpertReply))
+    return fmt::format("opcode {} where a reply was expected", h.opcode);
+  if (h.sequence != check.expected_sequence || h.layer != check.layer)
+    return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
+                       check.expected_sequence, check.layer);
+  if (h.n_rows != check.n_rows || h.payload_bytes != expected || bytes != sizeof(Header) + expected)
+    return fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, bytes,
+                       check.n_rows, sizeof(Header) + expected);
+  if (checksum(message + sizeof(Header), expected) != h.checksum)
+    return "payload checksum mismatch";
+  return {};
+}
+
 }  // namespace colibri::wire

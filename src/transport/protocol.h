@@ -69,4 +69,16 @@ struct RequestCheck {
 std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
                           Header& header);
 
+// What a valid reply must agree with on the coordinator.
+struct ReplyCheck {
+  uint32_t expected_sequence = 0;
+  int layer = 0;
+  uint32_t n_rows = 0;  // rows sent to that owner
+  int hidden = 0;
+  size_t elem_bytes = 4;
+};
+
+// Validates one reply message (header + partial rows). Returns "" when valid, else what is wrong.
+std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check);
+
 }  // namespace colibri::wire

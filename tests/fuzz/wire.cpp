@@ -1,0 +1,69 @@
+// Fuzz target: one message of the MPI exchange as an expert rank (request or shutdown) or the
+// coordinator (reply) receives it, through wire::check_request / wire::check_reply. The first
+// byte chooses: bit 0 recomputes the payload checksum (so mutations reach the checks after it),
+// bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire. Limits: hidden 4, at most 8
+// rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted request's
+// rows and pairs lie inside the message, and its pairs are valid.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fuzz_target.h"
+#include "transport/protocol.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace colibri;
+  if (size < 1) return 0;
+  const uint8_t flags = data[0];
+  std::vector<std::byte> message(size - 1);
+  if (!message.empty()) std::memcpy(message.data(), data + 1, message.size());
+  const size_t elem_bytes = (flags & 4) ? 2 : 4;
+  if ((flags & 1) && message.size() >= sizeof(wire::Header)) {
+    const uint32_t sum = wire::checksum(message.data() + sizeof(wire::Header),
+                                        message.size() - sizeof(wire::Header));
+    std::memcpy(message.data() + offsetof(wire::Header, checksum), &sum, sizeof(sum));
+  }
+  return fuzz::run_one([&] {
+    if (flags & 2) {
+      wire::ReplyCheck check;
+      check.expected_sequence = 1;
+      check.layer = 1;
+      check.n_rows = 2;
+      check.hidden = 4;
+      check.elem_bytes = elem_bytes;
+      const std::string problem = wire::check_reply(message.data(), message.size(), check);
+      if (!problem.empty()) throw Error(problem);
+      fuzz_require(message.size() == sizeof(wire::Header) + 2 * 4 * elem_bytes, "exact size");
+      return;
+    }
+    wire::RequestCheck check;
+    check.expected_sequence = 1;
+    check.num_layers = 3;
+    check.max_rows = 8;
+    check.top_k = 2;
+    check.hidden = 4;
+    check.num_experts = 8;
+    check.elem_bytes = elem_bytes;
+    check.owned = [](int, uint32_t expert) { return expert % 2 == 0; };
+    wire::Header h;
+    const std::string problem = wire::check_request(message.data(), message.size(), check, h);
+    if (!problem.empty()) throw Error(problem);
+    if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return;
+    const size_t rows_bytes = size_t(h.n_rows) * 4 * elem_bytes;
+    fuzz_require(h.n_rows >= 1 && h.n_rows <= 8, "rows within the limit");
+    fuzz_require(sizeof(wire::Header) + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair) ==
+                     message.size(),
+                 "rows and pairs fill the message");
+    for (uint32_t i = 0; i < h.n_pairs; ++i) {
+      wire::Pair pair;
+      std::memcpy(&pair,
+                  message.data() + sizeof(wire::Header) + rows_bytes + i * sizeof(wire::Pair),
+                  sizeof(pair));
+      fuzz_require(pair.row < h.n_rows && pair.expert < 8 && pair.expert % 2 == 0 &&
+                       std::isfinite(pair.weight),
+                   "valid pair");
+    }
+  });
+}
