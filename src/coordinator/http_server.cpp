@@ -109,14 +109,18 @@ class Api {
     const int64_t max_tokens = r.max_tokens
                                    ? *r.max_tokens
                                    : std::min<int64_t>(kDefaultMaxTokens, context - prompt_tokens);
-    const int64_t positions = prompt_tokens + std::max<int64_t>(max_tokens, 1);
+    // max_tokens may be as large as int64 allows: compare before adding.
+    const int64_t positions =
+        max_tokens > context ? context + 1 : prompt_tokens + std::max<int64_t>(max_tokens, 1);
     const char* param = r.max_tokens ? "max_tokens" : (chat ? "messages" : "prompt");
     if (positions > context || max_tokens < 1)
       throw ApiError(
           400,
           fmt::format("this model's maximum context length is {} tokens; the request has {} "
                       "prompt tokens and asks for {} more ({} in all)",
-                      context, prompt_tokens, max_tokens, prompt_tokens + max_tokens),
+                      context, prompt_tokens, max_tokens,
+                      max_tokens > context ? fmt::format("more than {}", context)
+                                           : std::to_string(prompt_tokens + max_tokens)),
           param, "context_length_exceeded");
     if (!scheduler_.fits(positions))
       throw ApiError(
