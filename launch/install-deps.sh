@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev     # tests
   libpcre2-dev libutf8proc-dev  # tokenizer: pre-tokenizer regexes (PCRE2 >= 10.40), NFC
   pkg-config                    # finds the two above
+  libcpp-httplib-dev            # HTTP server of --serve (cpp-httplib 0.11)
 )
 
 missing=()

@@ -17,6 +17,9 @@
 #include <string>
 #include <vector>
 
+#ifdef COLIBRI_HAVE_SERVE
+#include "coordinator/http_server.h"
+#endif
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/layout.h"
@@ -68,7 +71,14 @@ struct Args {
   std::string seed_text = "0";
   uint64_t seed = 0;
   bool ignore_eos = false, print_placement = false, quiet = false;
+  // --serve
+  bool serve = false, no_prefix_cache = false;
+  std::string host = "127.0.0.1", api_key;
+  int port = 8080, max_batch_tokens = 0, max_queue = 64;
+  double max_body_mb = 1;
 };
+
+constexpr int kServeDefaultMaxSeqs = 32;
 
 constexpr const char* kDefaultPrompt = "And God said,";
 
@@ -146,6 +156,19 @@ void validate_args(Args& args) {
     fail("--chat-format wraps a text prompt; it cannot be used with --prompt-ids");
   if (args.chat_format && !args.score_file.empty())
     fail("--chat-format cannot be used with --score");
+  if (args.serve) {
+    if (args.prompt_given || !args.prompt_ids.empty() || args.chat || args.chat_format ||
+        !args.score_file.empty() || !args.logits_out.empty() || args.sequences != 1)
+      fail(
+          "--serve takes its prompts from HTTP requests: it cannot be used with --prompt, "
+          "--prompt-ids, --chat, --chat-format, --score, --logits-out or --sequences");
+    if (args.port < 0 || args.port > 65535) fail("--port {} must be in [0, 65535]", args.port);
+    if (args.max_queue < 1) fail("--max-queue {} must be at least 1", args.max_queue);
+    if (!std::isfinite(args.max_body_mb) || args.max_body_mb <= 0 || args.max_body_mb > 1024)
+      fail("--max-body-mb {} must be in (0, 1024]", args.max_body_mb);
+    if (args.api_key.empty())
+      if (const char* key = std::getenv("COLIBRI_API_KEY")) args.api_key = key;
+  }
   if (!args.logits_out.empty() && (args.chat || !args.score_file.empty()))
     fail("--logits-out is written for one generation; it cannot be used with {}",
          args.chat ? "--chat" : "--score");
@@ -292,6 +315,29 @@ int run(const Args& args) {
     std::fputs(
         colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(),
         stderr);
+
+  if (args.serve) {
+#ifdef COLIBRI_HAVE_SERVE
+    const colibri::Tokenizer tokenizer = load_tokenizer(args.node.model_dir);
+    colibri::ServeOptions options;
+    options.host = args.host;
+    options.port = args.port;
+    options.api_key = args.api_key;
+    options.max_body_bytes = size_t(args.max_body_mb * 1024 * 1024);
+    options.model_name = std::filesystem::weakly_canonical(args.node.model_dir).filename().string();
+    options.multi_rank = node.size() > 1;
+    options.scheduler.max_batch_tokens = args.max_batch_tokens;
+    options.scheduler.max_queue = args.max_queue;
+    options.scheduler.prefix_cache = !args.no_prefix_cache;
+    const int code = colibri::serve(node.engine(), tokenizer, options);
+    node.shutdown();
+    const std::vector<colibri::RankReport> reports = node.gather_reports();
+    if (!args.quiet) colibri::print_profile(stderr, reports, {});
+    if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, {});
+    if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
+    return code;
+#endif
+  }
 
   colibri::GenerateRequest request;
   request.max_new_tokens = args.ngen;
@@ -475,6 +521,27 @@ int main(int argc, char** argv) {
   app.add_option("--wire", args.wire,
                  "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)")
       ->capture_default_str();
+  auto* serve = app.add_flag("--serve", args.serve,
+                             "serve an OpenAI-compatible HTTP API (continuous batching) on the "
+                             "coordinator until SIGINT/SIGTERM");
+  serve->excludes(prompt)->excludes(prompt_ids)->excludes(chat)->excludes(score);
+  app.add_option("--host", args.host, "--serve: address to bind")->capture_default_str();
+  app.add_option("--port", args.port, "--serve: TCP port (0: any free port, printed)")
+      ->capture_default_str();
+  app.add_option("--api-key", args.api_key,
+                 "--serve: require 'Authorization: Bearer KEY' on every route but /health "
+                 "(default: $COLIBRI_API_KEY)");
+  app.add_option("--max-batch-tokens", args.max_batch_tokens,
+                 "--serve: rows per forward call, decode rows plus prompt chunks (default: "
+                 "--max-rows)")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--max-queue", args.max_queue,
+                 "--serve: waiting requests; more are answered 429 with Retry-After")
+      ->capture_default_str();
+  app.add_option("--max-body-mb", args.max_body_mb, "--serve: largest request body in MiB (413)")
+      ->capture_default_str();
+  app.add_flag("--no-prefix-cache", args.no_prefix_cache,
+               "--serve: do not keep finished sequences' KV blocks for prompts that continue them");
   app.add_option("--profile-json", args.profile_json, "write the per-rank profile as JSON");
   app.add_option("--trace", args.trace,
                  "write a Chrome/Perfetto trace-event JSON, one process per rank");
@@ -514,7 +581,24 @@ int main(int argc, char** argv) {
     args.node.keep_trace = !args.trace.empty();
     args.node.fault = colibri::test_fault_from_env(rank);
     args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
-    if (app.count("--max-seqs") == 0) args.node.max_seqs = args.sequences;
+    if (app.count("--max-seqs") == 0)
+      args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
+    if (args.serve) {
+#ifndef COLIBRI_HAVE_SERVE
+      fail(
+          "--serve: this colibri-node was built without cpp-httplib (apt-get install "
+          "libcpp-httplib-dev, then reconfigure)");
+#endif
+      if (args.max_batch_tokens == 0) args.max_batch_tokens = args.node.max_rows;
+      if (args.max_batch_tokens > args.node.max_rows)
+        fail("--max-batch-tokens {} exceeds --max-rows {}", args.max_batch_tokens,
+             args.node.max_rows);
+      if (args.max_batch_tokens <= args.node.max_seqs)
+        fail(
+            "--max-batch-tokens {} must exceed --max-seqs {}: every running sequence takes a "
+            "decode row per step and prompts need room too",
+            args.max_batch_tokens, args.node.max_seqs);
+    }
     if (args.node.max_seqs > args.node.max_rows)
       fail("--max-seqs {} exceeds --max-rows {}: every running sequence needs a row per step",
            args.node.max_seqs, args.node.max_rows);

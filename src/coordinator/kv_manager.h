@@ -37,6 +37,8 @@ class KvManager {
   // Sets how many positions `seq` holds (after a forward wrote them); at most what is reserved.
   void set_length(int seq, int tokens);
   int length(int seq) const;
+  // Blocks `seq` holds (reserved, possibly beyond its length).
+  int blocks(int seq) const { return int(seqs_[size_t(seq)].blocks.size()); }
 
   // Pool slot of position `pos` of `seq` (reserved).
   int slot(int seq, int pos) const {

@@ -18,9 +18,9 @@ TestFault test_fault_from_env(int rank) {
   const char* spec = std::getenv("COLIBRI_TEST_FAULT");
   if (!spec) return fault;
   char kind[16] = {};
-  int fault_rank = -1, layer = -1;
-  if (std::sscanf(spec, "%15[a-z]:%d:%d", kind, &fault_rank, &layer) != 3)
-    fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER", spec);
+  int fault_rank = -1, layer = -1, after = 1;
+  const int fields = std::sscanf(spec, "%15[a-z]:%d:%d:%d", kind, &fault_rank, &layer, &after);
+  if (fields < 3 || after < 1) fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER]", spec);
   const std::string k = kind;
   if (k != "corrupt" && k != "kill" && k != "stop")
     fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, corrupt)", k);
@@ -30,6 +30,7 @@ TestFault test_fault_from_env(int rank) {
   } else {
     fault.signal_at_layer = layer;
     fault.signal = k == "kill" ? SIGKILL : SIGSTOP;
+    fault.signal_after = after;
   }
   return fault;
 }
@@ -38,8 +39,9 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
                    const TestFault& fault) {
   ExpertRequest request;
   std::vector<float> partial;
+  int fault_layer_requests = 0;
   while (channel.receive(request)) {
-    if (request.layer == fault.signal_at_layer) {
+    if (request.layer == fault.signal_at_layer && ++fault_layer_requests == fault.signal_after) {
       const double now =
           std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
               .count();

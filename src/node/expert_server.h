@@ -8,11 +8,13 @@
 
 namespace colibri {
 
-// Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER": that expert rank kills itself,
-// stops itself, or corrupts its reply when serving LAYER.
+// Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER[:AFTER]": that expert rank kills
+// itself, stops itself, or corrupts its reply when serving LAYER (kill and stop: the AFTER-th
+// request for LAYER, counting from 1; default the first).
 struct TestFault {
   int signal_at_layer = -1;  // raise `signal` when a request for this layer arrives
   int signal = 0;
+  int signal_after = 1;             // which request for that layer
   int corrupt_reply_at_layer = -1;  // flip a byte of the reply (the transport does it)
 };
 // The fault of `rank` from the environment; none when unset or meant for another rank.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdio>
 
 namespace colibri {
@@ -16,7 +17,20 @@ std::string RankIdentity::name_of(int r) const {
   return fmt::format("rank {}@{}", r, h);
 }
 
+namespace {
+std::function<void(const std::string&)>& abort_hook() {
+  static std::function<void(const std::string&)> hook;
+  return hook;
+}
+}  // namespace
+
+void set_abort_hook(std::function<void(const std::string&)> hook) {
+  abort_hook() = std::move(hook);
+}
+
 void abort_job(const std::string& what) {
+  static std::atomic<bool> hook_ran{false};
+  if (abort_hook() && !hook_ran.exchange(true)) abort_hook()(what);
   const RankIdentity& me = rank_identity();
   int initialized = 0, finalized = 0, size = 1;
   MPI_Initialized(&initialized);

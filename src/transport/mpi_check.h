@@ -4,6 +4,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,10 @@ RankIdentity& rank_identity();
 
 // Prints "[rank r@host] error: <what>" to stderr and aborts every rank of the job.
 [[noreturn]] void abort_job(const std::string& what);
+
+// Runs once, first thing in abort_job, with its message: the server ends every client's stream
+// with an error before the job goes down. Empty: nothing. Set before serving, from one thread.
+void set_abort_hook(std::function<void(const std::string&)> hook);
 
 void check_mpi(int code, const char* call, const char* file, int line);
 

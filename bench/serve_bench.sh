@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# serve_bench.sh: starts `mpirun -np NP colibri-node --serve` on MODEL, waits for /health, runs
+# build/bench/serve_bench (aggregate streamed tok/s, TTFT, inter-token latency p50/p99 at 1, 4,
+# 16 and 64 concurrent streaming clients), then stops the server.
+#
+#   bench/serve_bench.sh [MODEL_DIR]   (default: models/glm5-tiny-kjv)
+#   NP (7), MAX_TOKENS (64), REQUESTS (2 per client), CLIENTS ("1 4 16 64"), EXTRA (server flags)
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+model=${1:-$root/models/glm5-tiny-kjv}
+np=${NP:-7} max_tokens=${MAX_TOKENS:-64} requests=${REQUESTS:-2} clients=${CLIENTS:-1 4 16 64}
+node=$root/build/src/colibri-node bench=$root/build/bench/serve_bench
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1
+log=$(mktemp)
+# 64 streams at once: 64 sequence slots, KV for 64 x (prompt + max_tokens).
+mpirun --oversubscribe -np "$np" "$node" --model "$model" --serve --port 0 --quiet \
+  --max-seqs 64 --max-queue 128 --kv-tokens 16384 ${EXTRA:-} 2>"$log" &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
+port=
+for _ in $(seq 1 600); do
+  port=$(grep -o 'on http://127.0.0.1:[0-9]*' "$log" | head -n 1 | sed 's/.*://') || true
+  [[ -n $port ]] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  kill -0 $server 2>/dev/null || { cat "$log" >&2; exit 1; }
+  sleep 0.2
+done
+[[ -n $port ]] || { echo "serve_bench: the server did not start" >&2; cat "$log" >&2; exit 1; }
+# shellcheck disable=SC2086
+"$bench" --port "$port" --clients $clients --requests "$requests" --max-tokens "$max_tokens" \
+  --label "$(basename "$model") np $np, $(mpirun --version | head -n 1)"

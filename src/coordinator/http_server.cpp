@@ -1,0 +1,451 @@
+#include "coordinator/http_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <thread>
+
+#include "common/error.h"
+#include "coordinator/openai_api.h"
+#include "transport/mpi_check.h"
+
+namespace colibri {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+// ---- signals: the handler only writes a byte to a pipe, a watcher thread acts on it ----------
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int signo) {
+  const char byte = char(signo);
+  (void)!::write(g_signal_pipe[1], &byte, 1);
+}
+
+void install_signal_handlers() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) fail("pipe: {}", std::strerror(errno));
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+}
+
+// httplib 0.11.4 listens with a backlog of 5; a burst of clients would wait for SYN retries.
+class Server : public httplib::Server {
+ public:
+  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
+};
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+void reply_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(error_body(e), "application/json");
+}
+
+class Api {
+ public:
+  Api(Scheduler& scheduler, ServeMetrics& metrics, const Tokenizer& tokenizer,
+      const ModelConfig& config, const ServeOptions& options)
+      : scheduler_(scheduler),
+        metrics_(metrics),
+        tokenizer_(tokenizer),
+        config_(config),
+        options_(options),
+        format_(chat_format_for(config)),
+        chat_stop_ids_(chat_stop_ids(format_, config, tokenizer)) {}
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+    try {
+      handle(req, res, chat);
+    } catch (const ApiError& e) {
+      reply_error(res, e);
+    }
+  }
+
+ private:
+  static constexpr int kDefaultMaxTokens = 512;
+
+  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const CompletionRequest r = parse_completion_request(req.body, chat, config_.vocab_size);
+    auto job = std::make_shared<ServeJob>();
+    ServeRequest& s = job->request;
+    if (chat) {
+      std::string text;
+      try {
+        text = render_chat(format_, r.messages, true);
+      } catch (const Error& e) {
+        throw ApiError(400, e.what(), "messages");
+      }
+      s.prompt = tokenizer_.encode(text);
+      s.stop_ids = chat_stop_ids_;
+    } else {
+      s.prompt = r.prompt_is_ids ? r.prompt_ids : tokenizer_.encode(r.prompt_text);
+      s.stop_ids = config_.generation.eos_token_ids;
+    }
+    if (r.ignore_eos) s.stop_ids.clear();
+    if (s.prompt.empty())
+      throw ApiError(400, "the prompt has no tokens", chat ? "messages" : "prompt");
+    const int64_t context = config_.max_position_embeddings;
+    const int64_t prompt_tokens = int64_t(s.prompt.size());
+    const int64_t max_tokens = r.max_tokens
+                                   ? *r.max_tokens
+                                   : std::min<int64_t>(kDefaultMaxTokens, context - prompt_tokens);
+    // max_tokens may be as large as int64 allows: compare before adding.
+    const int64_t positions =
+        max_tokens > context ? context + 1 : prompt_tokens + std::max<int64_t>(max_tokens, 1);
+    const char* param = r.max_tokens ? "max_tokens" : (chat ? "messages" : "prompt");
+    if (positions > context || max_tokens < 1)
+      throw ApiError(
+          400,
+          fmt::format("this model's maximum context length is {} tokens; the request has {} "
+                      "prompt tokens and asks for {} more ({} in all)",
+                      context, prompt_tokens, max_tokens,
+                      max_tokens > context ? fmt::format("more than {}", context)
+                                           : std::to_string(prompt_tokens + max_tokens)),
+          param, "context_length_exceeded");
+    if (!scheduler_.fits(positions))
+      throw ApiError(
+          400,
+          fmt::format("the request needs {} KV positions ({} prompt + {} max_tokens), more than "
+                      "the KV pool of {} tokens (--kv-tokens)",
+                      positions, prompt_tokens, max_tokens, scheduler_.kv_capacity_tokens()),
+          param, "context_length_exceeded");
+    s.max_tokens = int(max_tokens);
+    s.sampling.temperature = r.temperature;
+    s.sampling.top_p = r.top_p;
+    s.sampling.seed = r.seed ? *r.seed : next_seed();
+    s.stop_strings = r.stop;
+
+    switch (scheduler_.submit(job)) {
+      case SubmitResult::kAccepted:
+        break;
+      case SubmitResult::kQueueFull:
+        res.set_header("Retry-After", "1");
+        throw ApiError(429, "the request queue is full; retry later", {}, "rate_limit_exceeded",
+                       "rate_limit_error");
+      case SubmitResult::kDraining:
+        res.set_header("Retry-After", "5");
+        throw ApiError(503, "the server is shutting down", {}, "unavailable", "unavailable_error");
+    }
+    ResponseIdentity who{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", ++ids_),
+                         int64_t(std::time(nullptr)), options_.model_name, chat};
+    if (r.stream) {
+      stream(res, job, who, r);
+    } else {
+      whole(res, job, who, r);
+    }
+  }
+
+  uint64_t next_seed() {
+    return std::chrono::steady_clock::now().time_since_epoch().count() ^
+           (ids_.load() * 0x9E3779B97F4A7C15ull);
+  }
+
+  void whole(httplib::Response& res, const std::shared_ptr<ServeJob>& job,
+             const ResponseIdentity& who, const CompletionRequest& r) {
+    std::string text;
+    std::vector<int> tokens;
+    std::vector<ServeEvent> events;
+    for (;;) {
+      events.clear();
+      job->channel.wait(events, std::chrono::milliseconds(1000));
+      for (const ServeEvent& e : events) {
+        if (e.kind == ServeEvent::Kind::kDelta) {
+          text += e.text;
+          tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
+        } else if (e.kind == ServeEvent::Kind::kError) {
+          throw ApiError(e.status, e.text, {}, "unavailable", "unavailable_error");
+        } else {
+          res.set_content(completion_body(who, text, tokens, e, r.return_token_ids),
+                          "application/json");
+          return;
+        }
+      }
+    }
+  }
+
+  struct StreamState {
+    std::shared_ptr<ServeJob> job;
+    ResponseIdentity who;
+    bool include_usage = false, return_token_ids = false;
+    bool started = false, ended = false;
+    Clock::time_point last_write = Clock::now();
+    std::vector<ServeEvent> events;
+  };
+
+  void stream(httplib::Response& res, const std::shared_ptr<ServeJob>& job,
+              const ResponseIdentity& who, const CompletionRequest& r) {
+    auto state = std::make_shared<StreamState>();
+    state->job = job;
+    state->who = who;
+    state->include_usage = r.include_usage;
+    state->return_token_ids = r.return_token_ids;
+    res.set_header("Cache-Control", "no-cache");
+    // cpp-httplib 0.11.4 calls the provider in a loop until sink.done() or false: every call
+    // blocks on the channel (bounded), and a client gone (write fails, or the socket is no
+    // longer writable) returns false, which cancels the request.
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [state](size_t, httplib::DataSink& sink) {
+          if (state->ended) {
+            sink.done();
+            return true;
+          }
+          std::string out;
+          if (!state->started) {
+            state->started = true;
+            if (state->who.chat) out += sse_role_chunk(state->who);
+          }
+          state->events.clear();
+          state->job->channel.wait(state->events, std::chrono::milliseconds(out.empty() ? 250 : 0));
+          for (const ServeEvent& e : state->events) {
+            if (e.kind == ServeEvent::Kind::kDelta) {
+              if (!e.text.empty() || state->return_token_ids)
+                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids);
+            } else {
+              if (e.kind == ServeEvent::Kind::kError) {
+                out += sse_error(e.text, e.status);
+              } else {
+                out += sse_finish_chunk(state->who, e.finish);
+                if (state->include_usage) out += sse_usage_chunk(state->who, e);
+              }
+              out += kSseDone;
+              state->ended = true;
+              break;
+            }
+          }
+          const auto now = Clock::now();
+          if (out.empty()) {
+            if (!sink.is_writable()) return false;
+            if (now - state->last_write < std::chrono::seconds(10)) return true;
+            out = ": keep-alive\n\n";  // SSE comment, ignored by clients
+          }
+          if (!sink.write(out.data(), out.size())) return false;
+          state->last_write = now;
+          if (state->ended) sink.done();
+          return true;
+        },
+        [state](bool) {
+          if (!state->ended) state->job->channel.cancel();
+        });
+  }
+
+  Scheduler& scheduler_;
+  ServeMetrics& metrics_;
+  const Tokenizer& tokenizer_;
+  const ModelConfig& config_;
+  const ServeOptions& options_;
+  ChatFormat format_;
+  std::vector<int> chat_stop_ids_;
+  std::atomic<uint64_t> ids_{0};
+};
+
+const char* reason_phrase_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "invalid_request_error";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "unavailable_error";
+    default:
+      return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+}  // namespace
+
+int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& options) {
+  ServeMetrics metrics;
+  Scheduler scheduler(engine, tokenizer, metrics, options.scheduler);
+  Api api(scheduler, metrics, tokenizer, engine.config(), options);
+  Server server;
+  const int threads =
+      std::clamp(options.scheduler.max_queue + engine.kv().max_seqs() + 8, 16, 1024);
+  server.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  server.set_tcp_nodelay(true);
+  server.set_payload_max_length(options.max_body_bytes);
+  server.set_keep_alive_timeout(2);
+  server.set_read_timeout(10);
+  server.set_write_timeout(10);
+
+  server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
+    if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
+      res.set_header("WWW-Authenticate", "Bearer");
+      reply_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", {},
+                                "invalid_api_key", "authentication_error"));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = fmt::format("HTTP {}", res.status);
+    if (res.status == 404) message = "no such route";
+    if (res.status == 413) message = "the request body is too large";
+    if (res.status == 400) message = "malformed HTTP request";
+    reply_error(res, ApiError(res.status, message, {}, {}, reason_phrase_type(res.status)));
+  });
+  server.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        std::fprintf(stderr, "colibri-node: serve: internal error: %s\n", what.c_str());
+        reply_error(res, ApiError(500, "internal error: " + what, {}, {}, "server_error"));
+      });
+  server.set_logger([&](const httplib::Request&, const httplib::Response& res) {
+    metrics.count_response(res.status);
+  });
+
+  server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
+    if (metrics.gauges().ready && !scheduler.draining()) {
+      res.set_content(R"({"status":"ok"})", "application/json");
+    } else {
+      reply_error(res, ApiError(503, scheduler.draining() ? "shutting down" : "loading", {},
+                                "unavailable", "unavailable_error"));
+    }
+  });
+  server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(), "text/plain; version=0.0.4");
+  });
+  server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
+    const json body = {
+        {"object", "list"},
+        {"data", json::array({{{"id", options.model_name},
+                               {"object", "model"},
+                               {"created", 0},
+                               {"owned_by", "colibri-node"},
+                               {"max_model_len", engine.config().max_position_embeddings}}})}};
+    res.set_content(dump_json(body), "application/json");
+  });
+  server.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    api.completions(req, res, true);
+  });
+  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
+    api.completions(req, res, false);
+  });
+
+  int port = options.port;
+  if (port == 0) {
+    port = server.bind_to_any_port(options.host);
+    if (port < 0) fail("--serve: cannot bind {} on any port", options.host);
+  } else if (!server.bind_to_port(options.host, port)) {
+    fail("--serve: cannot bind {}:{} ({})", options.host, port, std::strerror(errno));
+  }
+  server.widen_backlog();
+
+  // Before the server answers: one forward, then /health says ready.
+  scheduler.warm_up();
+  install_signal_handlers();
+  set_abort_hook([&](const std::string& what) {
+    scheduler.fail_all("the job is ending: " + what);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let the streams flush
+  });
+
+  std::thread listener([&] { server.listen_after_bind(); });
+  const std::string base = fmt::format("http://{}:{}", options.host, port);
+  std::fprintf(stderr,
+               "colibri-node: serving %s on %s (OpenAI API: /v1/chat/completions, /v1/completions, "
+               "/v1/models, /health, /metrics)\n"
+               "  try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d "
+               "'{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":32}'\n",
+               options.model_name.c_str(), base.c_str(), base.c_str(),
+               options.api_key.empty() ? "" : " -H \"Authorization: Bearer $COLIBRI_API_KEY\"");
+  std::fflush(stderr);
+
+  // The watcher: a first signal drains; a second one, or (in a job) a signal while an exchange
+  // makes no progress, ends every request with an error and the process with exit code 1.
+  std::atomic<bool> watching{true};
+  std::thread watcher([&] {
+    int signals = 0;
+    while (watching) {
+      pollfd fd{g_signal_pipe[0], POLLIN, 0};
+      if (::poll(&fd, 1, 50) > 0) {
+        char byte = 0;
+        while (::read(g_signal_pipe[0], &byte, 1) == 1) {
+          ++signals;
+          std::fprintf(
+              stderr, "colibri-node: signal %d: %s\n", int(byte),
+              signals == 1 ? "draining (no new requests; running ones finish)" : "stopping now");
+          std::fflush(stderr);
+        }
+        if (signals == 1) scheduler.drain();
+      }
+      if (signals == 0) continue;
+      bool give_up = signals > 1;
+      const int64_t started = scheduler.step_started_ns();
+      if (!give_up && options.multi_rank && started != 0) {
+        const double stalled = double(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          Clock::now().time_since_epoch())
+                                          .count() -
+                                      started) *
+                               1e-9;
+        give_up = stalled > std::max(0.25, 2 * scheduler.longest_step_seconds());
+      }
+      if (give_up) {
+        const std::string why =
+            signals > 1 ? "the server was stopped"
+                        : "an exchange with the expert ranks stalled after a termination "
+                          "signal (an expert rank died or the job is being torn down)";
+        scheduler.fail_all("the job is ending: " + why);
+        std::fprintf(stderr, "colibri-node: error: %s; every request was ended with an error\n",
+                     why.c_str());
+        std::fflush(stderr);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        std::_Exit(1);
+      }
+    }
+  });
+
+  const auto stop_threads = [&] {
+    server.stop();
+    listener.join();
+    watching = false;
+    watcher.join();
+    set_abort_hook({});
+  };
+  try {
+    scheduler.run();  // until drained
+  } catch (const std::exception& e) {
+    // An engine error ends the job (main aborts it); the clients hear of it first.
+    scheduler.fail_all(std::string("the job is ending: ") + e.what());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop_threads();
+    throw;
+  }
+  stop_threads();
+  std::fprintf(stderr, "colibri-node: server drained\n");
+  return 0;
+}
+
+}  // namespace colibri

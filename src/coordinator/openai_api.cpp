@@ -1,0 +1,314 @@
+#include "coordinator/openai_api.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+namespace colibri {
+namespace {
+
+using json = nlohmann::json;
+
+std::string type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number with a fraction";
+    default:
+      return "an integer";
+  }
+}
+
+[[noreturn]] void wrong_type(const std::string& field, const char* expected, const json& v) {
+  throw ApiError(400, fmt::format("'{}' must be {}, not {}", field, expected, type_name(v)), field,
+                 "invalid_type");
+}
+
+bool get_bool(const json& v, const std::string& field) {
+  if (!v.is_boolean()) wrong_type(field, "a boolean", v);
+  return v.get<bool>();
+}
+
+double get_number(const json& v, const std::string& field, double lo, double hi) {
+  if (!v.is_number()) wrong_type(field, "a number", v);
+  const double x = v.get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw ApiError(400, fmt::format("'{}' must be a number in [{}, {}]", field, lo, hi), field);
+  return x;
+}
+
+std::string get_string(const json& v, const std::string& field) {
+  if (!v.is_string()) wrong_type(field, "a string", v);
+  return v.get<std::string>();
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts.
+std::string get_content(const json& v, const std::string& field, bool null_ok) {
+  if (v.is_null() && null_ok) return {};
+  if (v.is_string()) return v.get<std::string>();
+  if (!v.is_array()) wrong_type(field, "a string or an array of text parts", v);
+  std::string text;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string part = fmt::format("{}[{}]", field, i);
+    const json& p = v[i];
+    if (!p.is_object()) wrong_type(part, "an object", p);
+    const auto type = p.find("type");
+    if (type == p.end() || !type->is_string() || *type != "text")
+      throw ApiError(
+          400, fmt::format("'{}.type' must be \"text\" (only text content is supported)", part),
+          part + ".type");
+    const auto t = p.find("text");
+    if (t == p.end())
+      throw ApiError(400, fmt::format("'{}.text' is missing", part), part + ".text",
+                     "missing_field");
+    text += get_string(*t, part + ".text");
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string dump_json(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::exception& e) {
+    throw ApiError(400, fmt::format("the body is not valid JSON: {}", e.what()), {},
+                   "invalid_json");
+  }
+  if (!j.is_object()) throw ApiError(400, "the body must be a JSON object", {}, "invalid_json");
+  CompletionRequest r;
+  r.chat = chat;
+  const auto field = [&](const char* name) -> const json* {
+    const auto it = j.find(name);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  };
+
+  if (const json* m = field("model")) get_string(*m, "model");
+  if (chat) {
+    const json* messages = field("messages");
+    if (!messages) throw ApiError(400, "'messages' is missing", "messages", "missing_field");
+    if (!messages->is_array()) wrong_type("messages", "an array", *messages);
+    if (messages->empty()) throw ApiError(400, "'messages' is empty", "messages");
+    for (size_t i = 0; i < messages->size(); ++i) {
+      const std::string f = fmt::format("messages[{}]", i);
+      const json& m = (*messages)[i];
+      if (!m.is_object()) wrong_type(f, "an object", m);
+      const auto role = m.find("role");
+      if (role == m.end())
+        throw ApiError(400, fmt::format("'{}.role' is missing", f), f + ".role", "missing_field");
+      std::string role_name = get_string(*role, f + ".role");
+      if (role_name == "developer") role_name = "system";
+      if (role_name != "system" && role_name != "user" && role_name != "assistant")
+        throw ApiError(
+            400,
+            fmt::format("'{}.role' is '{}'; supported roles are system, developer, user, assistant",
+                        f, role_name),
+            f + ".role");
+      const auto content = m.find("content");
+      if (content == m.end() && role_name != "assistant")
+        throw ApiError(400, fmt::format("'{}.content' is missing", f), f + ".content",
+                       "missing_field");
+      r.messages.push_back({role_name, content == m.end() ? std::string()
+                                                          : get_content(*content, f + ".content",
+                                                                        role_name == "assistant")});
+    }
+  } else {
+    const json* prompt = field("prompt");
+    if (!prompt) throw ApiError(400, "'prompt' is missing", "prompt", "missing_field");
+    if (prompt->is_string()) {
+      r.prompt_text = prompt->get<std::string>();
+    } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+      r.prompt_text = (*prompt)[0].get<std::string>();
+    } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) {
+      r.prompt_is_ids = true;
+      for (size_t i = 0; i < prompt->size(); ++i) {
+        const json& id = (*prompt)[i];
+        const std::string f = fmt::format("prompt[{}]", i);
+        if (!id.is_number_integer()) wrong_type(f, "an integer token id", id);
+        const int64_t value = id.get<int64_t>();
+        if (value < 0 || value >= vocab ||
+            (id.is_number_unsigned() && id.get<uint64_t>() >= uint64_t(vocab)))
+          throw ApiError(400,
+                         fmt::format("'{}' = {} is not a token id in [0, {})", f, value, vocab), f);
+        r.prompt_ids.push_back(int(value));
+      }
+    } else {
+      throw ApiError(400,
+                     "'prompt' must be a string, an array of one string, or an array of token ids",
+                     "prompt", "invalid_type");
+    }
+    if (!r.prompt_is_ids && r.prompt_text.empty())
+      throw ApiError(400, "'prompt' is empty", "prompt");
+  }
+
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    const json* v = field(name);
+    if (!v) continue;
+    if (!v->is_number_integer()) wrong_type(name, "an integer", *v);
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      r.max_tokens = std::numeric_limits<int64_t>::max();
+    else
+      r.max_tokens = v->get<int64_t>();
+    if (*r.max_tokens < 1) throw ApiError(400, fmt::format("'{}' must be at least 1", name), name);
+  }
+  if (const json* v = field("temperature"))
+    r.temperature = float(get_number(*v, "temperature", 0, 2));
+  if (const json* v = field("top_p")) {
+    r.top_p = float(get_number(*v, "top_p", 0, 1));
+    if (r.top_p <= 0) throw ApiError(400, "'top_p' must be in (0, 1]", "top_p");
+  }
+  if (const json* v = field("seed")) {
+    if (!v->is_number_integer()) wrong_type("seed", "an integer", *v);
+    r.seed = v->is_number_unsigned() ? v->get<uint64_t>() : uint64_t(v->get<int64_t>());
+  }
+  if (const json* v = field("n")) {
+    if (!v->is_number_integer()) wrong_type("n", "an integer", *v);
+    if (v->get<int64_t>() != 1 || (v->is_number_unsigned() && v->get<uint64_t>() != 1))
+      throw ApiError(400, "'n' must be 1: one choice per request is supported", "n");
+  }
+  if (const json* v = field("logprobs")) {
+    const bool wanted =
+        v->is_boolean() ? v->get<bool>() : !(v->is_number_integer() && v->get<int64_t>() == 0);
+    if (wanted) throw ApiError(400, "'logprobs' is not supported", "logprobs", "not_supported");
+  }
+  if (const json* v = field("stop")) {
+    if (v->is_string()) {
+      r.stop.push_back(v->get<std::string>());
+    } else if (v->is_array()) {
+      if (v->size() > 16) throw ApiError(400, "'stop' has more than 16 strings", "stop");
+      for (size_t i = 0; i < v->size(); ++i)
+        r.stop.push_back(get_string((*v)[i], fmt::format("stop[{}]", i)));
+    } else {
+      wrong_type("stop", "a string or an array of strings", *v);
+    }
+    for (size_t i = 0; i < r.stop.size(); ++i)
+      if (r.stop[i].empty()) throw ApiError(400, "'stop' strings must not be empty", "stop");
+  }
+  if (const json* v = field("stream")) r.stream = get_bool(*v, "stream");
+  if (const json* v = field("stream_options")) {
+    if (!v->is_object()) wrong_type("stream_options", "an object", *v);
+    const auto u = v->find("include_usage");
+    if (u != v->end() && !u->is_null())
+      r.include_usage = get_bool(*u, "stream_options.include_usage");
+  }
+  if (const json* v = field("ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
+  if (const json* v = field("return_token_ids"))
+    r.return_token_ids = get_bool(*v, "return_token_ids");
+  return r;
+}
+
+std::string error_body(const ApiError& e) {
+  json error = {{"message", e.what()}, {"type", e.type}, {"param", nullptr}, {"code", nullptr}};
+  if (!e.param.empty()) error["param"] = e.param;
+  if (!e.code.empty()) error["code"] = e.code;
+  return dump_json({{"error", error}});
+}
+
+json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+}
+
+namespace {
+
+json envelope(const ResponseIdentity& who, bool chunk) {
+  return {{"id", who.id},
+          {"object",
+           who.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion"},
+          {"created", who.created},
+          {"model", who.model}};
+}
+
+std::string sse(const json& j) {
+  return "data: " + dump_json(j) + "\n\n";
+}
+
+}  // namespace
+
+std::string completion_body(const ResponseIdentity& who, const std::string& text,
+                            const std::vector<int>& tokens, const ServeEvent& finish,
+                            bool return_token_ids) {
+  json j = envelope(who, false);
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish.finish)}};
+  if (who.chat)
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  else
+    choice["text"] = text;
+  if (return_token_ids) choice["token_ids"] = tokens;
+  j["choices"] = json::array({choice});
+  j["usage"] = usage_json(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens);
+  return dump_json(j);
+}
+
+std::string sse_role_chunk(const ResponseIdentity& who) {
+  json j = envelope(who, true);
+  j["choices"] = json::array({{{"index", 0},
+                               {"delta", {{"role", "assistant"}, {"content", ""}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
+                            const std::vector<int>& tokens, bool return_token_ids) {
+  json j = envelope(who, true);
+  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (who.chat)
+    choice["delta"] = {{"content", text}};
+  else
+    choice["text"] = text;
+  if (return_token_ids) choice["token_ids"] = tokens;
+  j["choices"] = json::array({choice});
+  j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason) {
+  json j = envelope(who, true);
+  json choice = {
+      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+  if (who.chat)
+    choice["delta"] = json::object();
+  else
+    choice["text"] = "";
+  j["choices"] = json::array({choice});
+  j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish) {
+  json j = envelope(who, true);
+  j["choices"] = json::array();
+  j["usage"] = usage_json(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens);
+  return sse(j);
+}
+
+std::string sse_error(const std::string& message, int status) {
+  return sse({{"error",
+               {{"message", message},
+                {"type", status == 503 ? "unavailable_error" : "server_error"},
+                {"param", nullptr},
+                {"code", status}}}});
+}
+
+}  // namespace colibri

@@ -1,0 +1,87 @@
+// The OpenAI wire format of POST /v1/chat/completions and /v1/completions: request bodies parsed
+// and checked field by field (wrong types or values are an ApiError naming the field; unknown
+// fields are ignored, as OpenAI clients expect), and the JSON of responses, stream chunks and
+// error bodies ({"error": {"message", "type", "param", "code"}}).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "coordinator/chat.h"
+#include "coordinator/scheduler.h"
+
+namespace colibri {
+
+class ApiError : public std::runtime_error {
+ public:
+  ApiError(int http_status, const std::string& message, std::string field = {},
+           std::string error_code = "invalid_value",
+           std::string error_type = "invalid_request_error")
+      : std::runtime_error(message),
+        status(http_status),
+        param(std::move(field)),
+        code(std::move(error_code)),
+        type(std::move(error_type)) {}
+  int status;
+  std::string param, code, type;
+};
+
+struct CompletionRequest {
+  bool chat = false;
+  std::vector<ChatMessage> messages;  // chat
+  std::string prompt_text;            // completions: text ...
+  std::vector<int> prompt_ids;        // ... or token ids
+  bool prompt_is_ids = false;
+  std::optional<int64_t> max_tokens;  // max_tokens or max_completion_tokens
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;     // stream_options.include_usage
+  bool ignore_eos = false;        // extension (vLLM): keep going after end-of-sequence ids
+  bool return_token_ids = false;  // extension (vLLM): the generated ids in every choice
+};
+
+// Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
+// ids of a prompt given as ids.
+CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab);
+
+// {"error": {...}} of an ApiError.
+std::string error_body(const ApiError& error);
+
+// Identity of one response: the same id and created time in every chunk.
+struct ResponseIdentity {
+  std::string id;
+  int64_t created = 0;
+  std::string model;
+  bool chat = true;
+};
+
+nlohmann::json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens);
+
+// A whole (non-streamed) response.
+std::string completion_body(const ResponseIdentity& who, const std::string& text,
+                            const std::vector<int>& tokens, const ServeEvent& finish,
+                            bool return_token_ids);
+
+// One server-sent event "data: {...}\n\n": the first chunk of a chat stream (role), a text
+// delta, the finish chunk, the usage chunk (choices: []), an error.
+std::string sse_role_chunk(const ResponseIdentity& who);
+std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
+                            const std::vector<int>& tokens, bool return_token_ids);
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason);
+std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish);
+std::string sse_error(const std::string& message, int status);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// JSON text; bytes that are not UTF-8 become U+FFFD rather than an exception.
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace colibri

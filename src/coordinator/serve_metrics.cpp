@@ -1,0 +1,165 @@
+#include "coordinator/serve_metrics.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace colibri {
+
+void Histogram::observe(double value) {
+  const size_t i =
+      size_t(std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& help) const {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name,
+                     sum_, name, count_);
+}
+
+namespace {
+
+std::vector<double> latency_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.15, 0.2,
+          0.3,   0.4,    0.5,   0.75, 1.0,  2.5,  5.0,  10.0, 20.0, 40.0, 80.0};
+}
+
+}  // namespace
+
+ServeMetrics::ServeMetrics()
+    : ttft_(latency_bounds()),
+      itl_(latency_bounds()),
+      e2e_(latency_bounds()),
+      queue_(latency_bounds()),
+      step_rows_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}),
+      step_seconds_(latency_bounds()) {}
+
+void ServeMetrics::count_response(int status) {
+  std::lock_guard lock(mutex_);
+  ++responses_[status];
+}
+void ServeMetrics::count_finished(const std::string& reason) {
+  std::lock_guard lock(mutex_);
+  ++finished_[reason];
+}
+void ServeMetrics::add_prompt_tokens(uint64_t n, uint64_t cached) {
+  std::lock_guard lock(mutex_);
+  prompt_tokens_ += n;
+  cached_prompt_tokens_ += cached;
+}
+void ServeMetrics::add_generated_tokens(uint64_t n) {
+  std::lock_guard lock(mutex_);
+  generated_tokens_ += n;
+}
+void ServeMetrics::prefix_query(bool hit) {
+  std::lock_guard lock(mutex_);
+  ++prefix_queries_;
+  prefix_hits_ += hit ? 1 : 0;
+}
+void ServeMetrics::observe_ttft(double s) {
+  std::lock_guard lock(mutex_);
+  ttft_.observe(s);
+}
+void ServeMetrics::observe_itl(double s) {
+  std::lock_guard lock(mutex_);
+  itl_.observe(s);
+}
+void ServeMetrics::observe_e2e(double s) {
+  std::lock_guard lock(mutex_);
+  e2e_.observe(s);
+}
+void ServeMetrics::observe_queue(double s) {
+  std::lock_guard lock(mutex_);
+  queue_.observe(s);
+}
+void ServeMetrics::observe_step(int rows, double s) {
+  std::lock_guard lock(mutex_);
+  ++steps_;
+  step_rows_.observe(rows);
+  step_seconds_.observe(s);
+}
+void ServeMetrics::set_gauges(const ServeGauges& gauges) {
+  std::lock_guard lock(mutex_);
+  gauges_ = gauges;
+}
+void ServeMetrics::set_phases(const std::array<double, kPhaseCount>& phase_us) {
+  std::lock_guard lock(mutex_);
+  phase_us_ = phase_us;
+}
+ServeGauges ServeMetrics::gauges() const {
+  std::lock_guard lock(mutex_);
+  return gauges_;
+}
+
+std::string ServeMetrics::render() const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  const auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+  };
+  out +=
+      "# HELP colibri_http_responses_total HTTP responses by status code\n"
+      "# TYPE colibri_http_responses_total counter\n";
+  for (const auto& [status, n] : responses_)
+    out += fmt::format("colibri_http_responses_total{{status=\"{}\"}} {}\n", status, n);
+  out +=
+      "# HELP colibri_request_finished_total generation requests by how they ended\n"
+      "# TYPE colibri_request_finished_total counter\n";
+  for (const char* reason : {"stop", "length", "error", "cancelled"}) {
+    const auto it = finished_.find(reason);
+    out += fmt::format("colibri_request_finished_total{{finished_reason=\"{}\"}} {}\n", reason,
+                       it == finished_.end() ? 0 : it->second);
+  }
+  metric("colibri_ready", "gauge", "1 once the weights are loaded and one forward has run",
+         gauges_.ready ? 1 : 0);
+  metric("colibri_num_requests_waiting", "gauge", "requests in the queue", gauges_.waiting);
+  metric("colibri_num_requests_running", "gauge", "sequences prefilling or decoding",
+         gauges_.running);
+  metric("colibri_kv_blocks_total", "gauge", "KV pool blocks", gauges_.kv_blocks_total);
+  metric("colibri_kv_blocks_free", "gauge", "KV pool blocks free", gauges_.kv_blocks_free);
+  metric("colibri_kv_blocks_running", "gauge", "KV blocks held by running sequences",
+         gauges_.kv_blocks_running);
+  metric("colibri_kv_blocks_cached", "gauge",
+         "KV blocks held by finished conversations kept for prefix reuse",
+         gauges_.kv_blocks_cached);
+  metric("colibri_prefix_cache_sequences", "gauge", "finished conversations kept for prefix reuse",
+         gauges_.cached_sequences);
+  metric("colibri_kv_cache_usage_perc", "gauge", "fraction of KV blocks in use",
+         gauges_.kv_blocks_total
+             ? double(gauges_.kv_blocks_total - gauges_.kv_blocks_free) / gauges_.kv_blocks_total
+             : 0.0);
+  metric("colibri_prompt_tokens_total", "counter", "prompt tokens of admitted requests",
+         prompt_tokens_);
+  metric("colibri_prompt_tokens_cached_total", "counter",
+         "prompt tokens whose KV was reused from the prefix cache", cached_prompt_tokens_);
+  metric("colibri_generation_tokens_total", "counter", "generated tokens", generated_tokens_);
+  metric("colibri_prefix_cache_queries_total", "counter",
+         "admissions that looked up the prefix cache", prefix_queries_);
+  metric("colibri_prefix_cache_hits_total", "counter", "admissions that reused cached KV blocks",
+         prefix_hits_);
+  metric("colibri_engine_steps_total", "counter", "forward calls of the scheduler", steps_);
+  ttft_.render(out, "colibri_time_to_first_token_seconds", "queue + prefill until the first token");
+  itl_.render(out, "colibri_time_per_output_token_seconds", "inter-token latency");
+  e2e_.render(out, "colibri_e2e_request_latency_seconds", "arrival to the last token");
+  queue_.render(out, "colibri_request_queue_time_seconds", "arrival to admission");
+  step_rows_.render(out, "colibri_iteration_tokens", "rows per forward call");
+  step_seconds_.render(out, "colibri_iteration_seconds", "time of one forward call");
+  out +=
+      "# HELP colibri_coordinator_phase_seconds_total coordinator time per phase "
+      "(wait_slowest: waiting for the expert ranks' partials)\n"
+      "# TYPE colibri_coordinator_phase_seconds_total counter\n";
+  for (int p = 0; p < int(Phase::kRecvWait); ++p)
+    out += fmt::format("colibri_coordinator_phase_seconds_total{{phase=\"{}\"}} {}\n",
+                       phase_name(Phase(p)), phase_us_[size_t(p)] * 1e-6);
+  return out;
+}
+
+}  // namespace colibri

@@ -1,0 +1,830 @@
+// colibri-node --serve as a user runs it: a subprocess (alone, or mpirun at 3 ranks) on a free
+// port, driven by cpp-httplib's client. Every wait has a deadline and the server's whole session
+// is killed at the end of each test, so nothing outlives a test.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace colibri {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+const std::string kModel = COLIBRI_EMBEDDED_MODEL;
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, separator)) parts.push_back(part);
+  return parts;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Processes of session `sid` (from /proc/<pid>/stat), zombies excluded.
+std::vector<int> session_members(pid_t sid) {
+  std::vector<int> members;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream fields(line.substr(close + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
+    if (session == sid && state != "Z") members.push_back(std::stoi(name));
+  }
+  return members;
+}
+
+// A colibri-node --serve subprocess in its own session, stdout/stderr to files.
+class ServerProcess {
+ public:
+  ServerProcess(int np, const std::vector<std::string>& extra_args,
+                const std::map<std::string, std::string>& extra_env = {}) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    static int instance = 0;
+    dir_ = fs::path(::testing::TempDir()) /
+           ("colibri_serve_" + std::string(info->name()) + "_" + std::to_string(::getpid()) + "_" +
+            std::to_string(++instance));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::vector<std::string> args;
+    if (np > 1) {
+      args = split(COLIBRI_MPIRUN, '|');
+      args.insert(args.end(), {"-np", std::to_string(np)});
+    }
+    args.insert(args.end(), {COLIBRI_NODE_BINARY, "--model", kModel, "--serve", "--port", "0",
+                             "--quiet", "--kv-tokens", "16384"});
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    std::map<std::string, std::string> env_map = {
+        {"OMPI_ALLOW_RUN_AS_ROOT", "1"},       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
+        {"OMPI_MCA_mpi_yield_when_idle", "1"}, {"OMPI_MCA_rmaps_base_oversubscribe", "1"},
+        {"OMP_WAIT_POLICY", "PASSIVE"},        {"OMP_NUM_THREADS", "1"}};
+    for (const auto& [k, v] : extra_env) env_map[k] = v;
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e;
+      const std::string key = entry.substr(0, entry.find('='));
+      if (key == "COLIBRI_TEST_FAULT" || key == "COLIBRI_API_KEY" || env_map.count(key)) continue;
+      env.push_back(entry);
+    }
+    for (const auto& [k, v] : env_map) env.push_back(k + "=" + v);
+    std::vector<char*> argv, envp;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setsid();
+      const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(o, STDOUT_FILENO);
+      ::dup2(e, STDERR_FILENO);
+      ::execve(argv[0], argv.data(), envp.data());
+      ::_exit(127);
+    }
+  }
+  ~ServerProcess() {
+    kill_all();
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // Waits (up to `limit_s`) for the "serving ... on http://host:port" line, then for /health.
+  bool wait_ready(double limit_s = 60) {
+    const auto start = Clock::now();
+    const std::regex listening(R"(on http://127\.0\.0\.1:(\d+))");
+    while (std::chrono::duration<double>(Clock::now() - start).count() < limit_s) {
+      if (!alive()) return false;
+      std::smatch m;
+      const std::string err = stderr_text();
+      if (port_ == 0 && std::regex_search(err, m, listening)) port_ = std::stoi(m[1]);
+      if (port_ != 0) {
+        httplib::Client c("127.0.0.1", port_);
+        c.set_connection_timeout(1);
+        c.set_read_timeout(2);
+        if (auto r = c.Get("/health"); r && r->status == 200) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  bool alive() {
+    if (exited_) return false;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      exited_ = true;
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      return false;
+    }
+    return true;
+  }
+  // Waits up to `limit_s` for the process to exit; its exit code, or -1.
+  int wait_exit(double limit_s) {
+    const auto start = Clock::now();
+    while (alive() && std::chrono::duration<double>(Clock::now() - start).count() < limit_s)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return exited_ ? exit_code_ : -1;
+  }
+  void signal(int signo) { ::kill(pid_, signo); }
+  std::vector<int> leftover() { return session_members(pid_); }
+  void kill_all() {
+    for (int p : session_members(pid_)) ::kill(p, SIGKILL);
+    if (!exited_) {
+      ::kill(pid_, SIGKILL);
+      wait_exit(5);
+    }
+  }
+  int port() const { return port_; }
+  std::string stderr_text() const { return read_file(dir_ / "stderr"); }
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool exited_ = false;
+  int exit_code_ = -1;
+};
+
+// ---- client side ---------------------------------------------------------------------------
+
+struct Reply {
+  int status = -1;
+  json body;  // non-streamed
+  std::string raw;
+  std::string retry_after;
+  // streamed
+  std::vector<json> chunks;  // every data: object, in order
+  bool done = false;         // data: [DONE] seen
+  bool error_event = false;
+  std::string text;
+  std::vector<int> tokens;
+  std::string finish_reason;
+  json usage;
+};
+
+httplib::Headers auth(const std::string& key) {
+  if (key.empty()) return {};
+  return {{"Authorization", "Bearer " + key}};
+}
+
+Reply post(int port, const std::string& path, const std::string& body, const std::string& key = {},
+           int read_timeout_s = 60) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(read_timeout_s);
+  Reply r;
+  auto res = c.Post(path.c_str(), auth(key), body, "application/json");
+  if (!res) return r;
+  r.status = res->status;
+  r.raw = res->body;
+  r.retry_after = res->get_header_value("Retry-After");
+  r.body = json::parse(res->body, nullptr, false);
+  if (r.status == 200 && r.body.is_object()) {
+    const json& choice = r.body["choices"][0];
+    r.text = choice.contains("message") ? choice["message"]["content"].get<std::string>()
+                                        : choice["text"].get<std::string>();
+    if (choice.contains("token_ids")) r.tokens = choice["token_ids"].get<std::vector<int>>();
+    r.finish_reason = choice["finish_reason"].get<std::string>();
+    r.usage = r.body["usage"];
+  }
+  return r;
+}
+
+// A streamed request; `on_chunk` returning false disconnects.
+Reply post_stream(int port, const std::string& path, json body,
+                  const std::function<bool(const Reply&)>& on_chunk = {}, int read_timeout_s = 60) {
+  body["stream"] = true;
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(read_timeout_s);
+  Reply r;
+  std::string buffer;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.response_handler = [&](const httplib::Response& res) {
+    r.status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    buffer.append(data, n);
+    r.raw.append(data, n);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;  // comments (keep-alives)
+      const std::string data_text = event.substr(6);
+      if (data_text == "[DONE]") {
+        r.done = true;
+        continue;
+      }
+      json j = json::parse(data_text, nullptr, false);
+      if (j.contains("error")) r.error_event = true;
+      if (j.contains("choices") && !j["choices"].empty()) {
+        const json& choice = j["choices"][0];
+        if (choice.contains("delta") && choice["delta"].contains("content"))
+          r.text += choice["delta"]["content"].get<std::string>();
+        if (choice.contains("text")) r.text += choice["text"].get<std::string>();
+        if (choice.contains("token_ids"))
+          for (int t : choice["token_ids"]) r.tokens.push_back(t);
+        if (!choice["finish_reason"].is_null()) r.finish_reason = choice["finish_reason"];
+      }
+      if (j.contains("usage") && !j["usage"].is_null()) r.usage = j["usage"];
+      r.chunks.push_back(std::move(j));
+      if (on_chunk && !on_chunk(r)) return false;
+    }
+    return true;
+  };
+  c.send(req);
+  return r;
+}
+
+std::string get(int port, const std::string& path, int* status = nullptr,
+                const std::string& key = {}) {
+  httplib::Client c("127.0.0.1", port);
+  c.set_connection_timeout(5);
+  c.set_read_timeout(10);
+  auto res = c.Get(path.c_str(), auth(key));
+  if (status) *status = res ? res->status : -1;
+  return res ? res->body : std::string();
+}
+
+// A metric's value from /metrics text ("name value" or "name{labels} value").
+double metric(const std::string& text, const std::string& name) {
+  for (const std::string& line : split(text, '\n'))
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return -1;
+}
+
+json completion(const std::string& prompt, int max_tokens) {
+  return {{"prompt", prompt},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"return_token_ids", true}};
+}
+
+const std::vector<std::string>& prompts() {
+  static const std::vector<std::string> p = {
+      "And God said,",
+      "In the beginning",
+      "The LORD is my shepherd; I shall not want.",
+      "Jesus wept.",
+      "And it came to pass, when the men of the city saw it,",
+      "Blessed are the meek",
+      "Then said he unto them,",
+      "For God so loved the world,",
+      "Now the serpent was more subtil than any beast of the field",
+      "And Moses said",
+      "Hear, O Israel:",
+      "Let there be light:",
+      "Vanity of vanities, saith the Preacher,",
+      "And the LORD spake unto Moses, saying,",
+      "In my Father's house are many mansions:",
+      "The heavens declare the glory of God;"};
+  return p;
+}
+
+// 16 greedy requests of different prompt and output lengths, alone and then all at once.
+void expect_concurrent_equals_alone(int port) {
+  const size_t n = prompts().size();
+  std::vector<Reply> alone(n), together(n);
+  for (size_t i = 0; i < n; ++i) {
+    alone[i] = post(port, "/v1/completions", completion(prompts()[i], 4 + int(i) * 3).dump());
+    ASSERT_EQ(alone[i].status, 200) << alone[i].raw;
+    ASSERT_EQ(alone[i].tokens.size(), size_t(4 + i * 3));
+  }
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < n; ++i)
+    clients.emplace_back([&, i] {
+      // Half stream, half not: both must give the same tokens.
+      if (i % 2)
+        together[i] =
+            post_stream(port, "/v1/completions", completion(prompts()[i], 4 + int(i) * 3));
+      else
+        together[i] =
+            post(port, "/v1/completions", completion(prompts()[i], 4 + int(i) * 3).dump());
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(together[i].status, 200) << together[i].raw;
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << prompts()[i];
+    EXPECT_EQ(together[i].text, alone[i].text) << prompts()[i];
+    EXPECT_EQ(together[i].finish_reason, "length");
+  }
+}
+
+// ---- single process --------------------------------------------------------------------------
+
+TEST(Serve, SixteenConcurrentClientsGetTheirTokensAlone) {
+  ServerProcess server(1, {"--max-seqs", "16", "--max-batch-tokens", "48"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  expect_concurrent_equals_alone(server.port());
+}
+
+TEST(Serve, MatchesTheCommandLineAndStreamedEqualsWhole) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const json request = completion("And God said,", 20);
+  const Reply whole = post(port, "/v1/completions", request.dump());
+  const Reply streamed = post_stream(port, "/v1/completions", request);
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  ASSERT_EQ(streamed.status, 200) << streamed.raw;
+  EXPECT_TRUE(streamed.done);
+  EXPECT_EQ(streamed.tokens, whole.tokens);
+  EXPECT_EQ(streamed.text, whole.text);
+  EXPECT_EQ(streamed.finish_reason, "length");
+  EXPECT_EQ(whole.usage["completion_tokens"], 20);
+  EXPECT_EQ(whole.usage["prompt_tokens"].get<int>() + 20, whole.usage["total_tokens"].get<int>());
+
+  // The command line, given the prompt as ids, gives the same ids.
+  const std::vector<int> prompt_ids(whole.tokens.begin(), whole.tokens.begin() + 6);
+  std::string ids_arg;
+  for (int id : prompt_ids) ids_arg += (ids_arg.empty() ? "" : ",") + std::to_string(id);
+  const std::string cmd = std::string(COLIBRI_NODE_BINARY) + " --model " + kModel +
+                          " --prompt-ids " + ids_arg +
+                          " --ngen 12 --ignore-eos --quiet 2>/dev/null";
+  std::string cli_out;
+  if (FILE* pipe = ::popen(cmd.c_str(), "r")) {
+    char buffer[4096];
+    size_t n;
+    while ((n = std::fread(buffer, 1, sizeof buffer, pipe)) > 0) cli_out.append(buffer, n);
+    ::pclose(pipe);
+  }
+  std::vector<int> cli_tokens;
+  std::istringstream cli_in(cli_out);
+  for (int t; cli_in >> t;) cli_tokens.push_back(t);
+  json by_ids = completion("", 12);
+  by_ids["prompt"] = prompt_ids;
+  const Reply served = post(port, "/v1/completions", by_ids.dump());
+  EXPECT_EQ(served.tokens, cli_tokens) << cli_out;
+  EXPECT_EQ(cli_tokens.size(), 12u) << cli_out;
+
+  // Chat: a role chunk first, then content; finish_reason and usage on request.
+  json chat = {{"messages",
+                {{{"role", "system"}, {"content", "You are terse."}},
+                 {{"role", "user"}, {"content", "Who made the heaven?"}}}},
+               {"max_tokens", 12},
+               {"temperature", 0},
+               {"stream_options", {{"include_usage", true}}}};
+  const Reply chat_stream = post_stream(port, "/v1/chat/completions", chat);
+  ASSERT_EQ(chat_stream.status, 200) << chat_stream.raw;
+  ASSERT_GE(chat_stream.chunks.size(), 3u);
+  EXPECT_EQ(chat_stream.chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(chat_stream.chunks[0]["object"], "chat.completion.chunk");
+  EXPECT_TRUE(chat_stream.chunks.back()["choices"].empty());  // the usage chunk
+  EXPECT_LE(chat_stream.usage["completion_tokens"].get<int>(), 12);
+  EXPECT_TRUE(chat_stream.done);
+  chat.erase("stream_options");
+  const Reply chat_whole = post(port, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(chat_whole.status, 200);
+  EXPECT_EQ(chat_whole.text, chat_stream.text);
+  EXPECT_EQ(chat_whole.body["object"], "chat.completion");
+  EXPECT_EQ(chat_whole.body["choices"][0]["message"]["role"], "assistant");
+
+  int status = 0;
+  const json models = json::parse(get(port, "/v1/models", &status));
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(models["data"][0]["id"], "glm5-tiny-kjv");
+}
+
+TEST(Serve, StopStringsMaxTokensAndSeeds) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const Reply full = post(port, "/v1/completions", completion("In the beginning", 30).dump());
+  ASSERT_EQ(full.status, 200);
+  ASSERT_GT(full.text.size(), 20u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 5);
+  json stopped = completion("In the beginning", 30);
+  stopped["stop"] = {"zzzz", stop};
+  const Reply cut = post(port, "/v1/completions", stopped.dump());
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(cut.finish_reason, "stop");
+  const Reply cut_stream = post_stream(port, "/v1/completions", stopped);
+  EXPECT_EQ(cut_stream.text, cut.text);
+  EXPECT_EQ(cut_stream.finish_reason, "stop");
+
+  for (int max_tokens : {1, 7}) {
+    const Reply r = post(port, "/v1/completions", completion("Jesus wept.", max_tokens).dump());
+    EXPECT_EQ(r.usage["completion_tokens"], max_tokens);
+    EXPECT_EQ(r.tokens.size(), size_t(max_tokens));
+    EXPECT_EQ(r.finish_reason, "length");
+  }
+
+  json sampled = completion("And God said,", 24);
+  sampled["temperature"] = 1.0;
+  sampled["seed"] = 1234;
+  const Reply a = post(port, "/v1/completions", sampled.dump());
+  const Reply b = post_stream(port, "/v1/completions", sampled);
+  sampled["seed"] = 99;
+  const Reply c = post(port, "/v1/completions", sampled.dump());
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_NE(a.tokens, c.tokens);
+  EXPECT_EQ(a.tokens.size(), 24u);
+}
+
+TEST(Serve, PrefixReuseGivesTheTokensOfRecomputation) {
+  ServerProcess cached(1, {});
+  ServerProcess uncached(1, {"--no-prefix-cache"});
+  ASSERT_TRUE(cached.wait_ready()) << cached.stderr_text();
+  ASSERT_TRUE(uncached.wait_ready()) << uncached.stderr_text();
+  json turn1 = {
+      {"messages", {{{"role", "user"}, {"content", "Who made the heaven and the earth?"}}}},
+      {"max_tokens", 16},
+      {"temperature", 0},
+      {"return_token_ids", true}};
+  const Reply r1 = post(cached.port(), "/v1/chat/completions", turn1.dump());
+  ASSERT_EQ(r1.status, 200);
+  json turn2 = turn1;
+  turn2["messages"].push_back({{"role", "assistant"}, {"content", r1.text}});
+  turn2["messages"].push_back({{"role", "user"}, {"content", "And what did he say?"}});
+  const Reply hit = post(cached.port(), "/v1/chat/completions", turn2.dump());
+  const Reply miss = post(uncached.port(), "/v1/chat/completions", turn2.dump());
+  ASSERT_EQ(hit.status, 200);
+  EXPECT_GT(hit.usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 10) << hit.raw;
+  EXPECT_EQ(miss.usage["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(hit.tokens, miss.tokens);
+  EXPECT_EQ(hit.text, miss.text);
+  EXPECT_GE(metric(get(cached.port(), "/metrics"), "colibri_prefix_cache_hits_total"), 1);
+}
+
+// Bodies that must be refused with 4xx: bad JSON, wrong types, bad values, empty messages,
+// unknown roles, invalid UTF-8, huge numbers, context overflow.
+std::vector<std::pair<std::string, std::string>> hostile_requests() {
+  std::vector<std::pair<std::string, std::string>> out;  // path, body
+  const std::vector<std::string> bad_json = {
+      "",
+      "{",
+      "}",
+      "[",
+      "null",
+      "1",
+      "\"x\"",
+      "[1,2]",
+      "{\"messages\":",
+      "{'a':1}",
+      "{\"messages\":[}",
+      "{\"prompt\":\"a\",}",
+      "\xff\xfe",
+      "{\"prompt\":\"\xc3\x28\"}",
+      "{\"messages\":[{\"role\":\"user\",\"content\":\"\xed\xa0\x80\"}]}",
+      "{\"prompt\":\"a\"}garbage",
+      std::string("{\"prompt\":\"a\0b\"}", 16),
+      "{\"prompt\": nan}",
+      "{\"max_tokens\": 1e999999}",
+      "{\"prompt\":\"\\ud800\"}"};
+  for (const std::string& b : bad_json) {
+    out.push_back({"/v1/completions", b});
+    out.push_back({"/v1/chat/completions", b});
+  }
+  const json user = {{{"role", "user"}, {"content", "hi"}}};
+  const std::vector<json> bad_values = {
+      json::object(),
+      {{"messages", nullptr}},
+      {{"messages", json::array()}},
+      {{"messages", "hi"}},
+      {{"messages", 5}},
+      {{"messages", {1, 2}}},
+      {{"messages", {json::array()}}},
+      {{"messages", {{{"content", "hi"}}}}},
+      {{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}},
+      {{"messages", {{{"role", "tool"}, {"content", "hi"}}}}},
+      {{"messages", {{{"role", 7}, {"content", "hi"}}}}},
+      {{"messages", {{{"role", "user"}}}}},
+      {{"messages", {{{"role", "user"}, {"content", 5}}}}},
+      {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+      {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}},
+      {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", 3}}}}}}}},
+      {{"messages", user}, {"max_tokens", -1}},
+      {{"messages", user}, {"max_tokens", 0}},
+      {{"messages", user}, {"max_tokens", "10"}},
+      {{"messages", user}, {"max_tokens", 1.5}},
+      {{"messages", user}, {"max_tokens", 1e300}},
+      {{"messages", user}, {"max_tokens", 18446744073709551615ull}},
+      {{"messages", user}, {"max_tokens", 9223372036854775807ll}},
+      {{"messages", user}, {"max_tokens", 2048}},
+      {{"messages", user}, {"max_completion_tokens", 100000}},
+      {{"messages", user}, {"temperature", -1}},
+      {{"messages", user}, {"temperature", 2.5}},
+      {{"messages", user}, {"temperature", "hot"}},
+      {{"messages", user}, {"temperature", 1e308}},
+      {{"messages", user}, {"top_p", 0}},
+      {{"messages", user}, {"top_p", 1.5}},
+      {{"messages", user}, {"top_p", true}},
+      {{"messages", user}, {"seed", "1"}},
+      {{"messages", user}, {"seed", 1.5}},
+      {{"messages", user}, {"seed", 1e30}},
+      {{"messages", user}, {"stop", 5}},
+      {{"messages", user}, {"stop", {1}}},
+      {{"messages", user}, {"stop", ""}},
+      {{"messages", user}, {"stop", {"a", ""}}},
+      {{"messages", user}, {"stream", "yes"}},
+      {{"messages", user}, {"stream", 1}},
+      {{"messages", user}, {"stream_options", 1}},
+      {{"messages", user}, {"stream_options", {{"include_usage", "yes"}}}},
+      {{"messages", user}, {"n", 2}},
+      {{"messages", user}, {"n", "1"}},
+      {{"messages", user}, {"logprobs", true}},
+      {{"messages", user}, {"model", 5}},
+      {{"messages", user}, {"ignore_eos", "no"}},
+      {{"messages", {{{"role", "user"}, {"content", std::string(9000, 'a')}}}}, {"max_tokens", 10}},
+  };
+  for (const json& b : bad_values) {
+    out.push_back({"/v1/chat/completions", b.dump()});
+    json streamed = b;
+    if (streamed.is_object() && !streamed.contains("stream")) {
+      streamed["stream"] = true;
+      out.push_back({"/v1/chat/completions", streamed.dump()});
+    }
+  }
+  const std::vector<json> bad_prompts = {
+      json::object(),
+      {{"prompt", nullptr}},
+      {{"prompt", ""}},
+      {{"prompt", 5}},
+      {{"prompt", json::array()}},
+      {{"prompt", {"a", "b"}}},
+      {{"prompt", {1, "b"}}},
+      {{"prompt", {-1}}},
+      {{"prompt", {1.5}}},
+      {{"prompt", {99999999}}},
+      {{"prompt", {18446744073709551615ull}}},
+      {{"prompt", {{{"a", 1}}}}},
+      {{"prompt", "a"}, {"max_tokens", 5000}},
+      {{"prompt", std::string(12000, 'x')}},
+      {{"prompt", "a"}, {"temperature", nullptr}, {"top_p", -0.5}},
+      {{"prompt", "a"},
+       {"stop",
+        {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q"}}},
+  };
+  for (const json& b : bad_prompts) {
+    out.push_back({"/v1/completions", b.dump()});
+    json streamed = b;
+    streamed["stream"] = true;
+    out.push_back({"/v1/completions", streamed.dump()});
+  }
+  for (const char* b :
+       {"{\"prompt\":\"a\",\"max_tokens\":-9223372036854775808}",
+        "{\"prompt\":\"a\",\"seed\":-1e400}", "{\"prompt\":\"a\",\"temperature\":1e400}",
+        "{\"prompt\":[0,1,2],\"top_p\":\"0.5\"}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":"
+        "99999999999999999999999}",
+        "{\"messages\":[{\"role\":\"assistant\",\"content\":null},{\"role\":\"user\",\"content\":"
+        "null}]}",
+        "{\"messages\":[{\"role\":\"\",\"content\":\"hi\"}]}",
+        "{\"messages\":[{\"role\":\"USER\",\"content\":\"hi\"}]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stop\":[null]}",
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream_options\":[]}"}) {
+    out.push_back({"/v1/completions", b});
+    out.push_back({"/v1/chat/completions", b});
+  }
+  out.push_back({"/v1/nothing", "{}"});
+  out.push_back({"/v1/completions/extra", "{}"});
+  out.push_back({"/health", "{}"});  // POST to a GET route
+  return out;
+}
+
+TEST(Serve, HostileRequestsGet4xxAndTheServerKeepsServing) {
+  const std::string key = "test-key-123";
+  ServerProcess server(1, {"--api-key", key, "--max-body-mb", "0.05"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  size_t sent = 0;
+  std::map<int, int> statuses;
+  const auto expect_4xx = [&](const Reply& r, const std::string& what) {
+    ++sent;
+    ++statuses[r.status];
+    EXPECT_GE(r.status, 400) << what << " -> " << r.raw;
+    EXPECT_LT(r.status, 500) << what << " -> " << r.raw;
+    const json body = json::parse(r.raw, nullptr, false);
+    EXPECT_TRUE(body.is_object() && body.contains("error") && body["error"].contains("message"))
+        << what << " -> " << r.raw;
+  };
+  for (const auto& [path, body] : hostile_requests())
+    expect_4xx(post(port, path, body, key), path + " " + body.substr(0, 200));
+  // Oversized bodies (the limit is 0.05 MiB): 413.
+  for (size_t size : {size_t(60000), size_t(200000), size_t(2000000)}) {
+    const std::string big = "{\"prompt\":\"" + std::string(size, 'a') + "\"}";
+    const Reply r = post(port, "/v1/completions", big, key);
+    EXPECT_EQ(r.status, 413);
+    expect_4xx(r, "oversized");
+  }
+  // Missing or wrong keys, on every route but /health.
+  for (const std::string& wrong :
+       {std::string(), std::string("wrong"), key + "x", std::string("Bearer")}) {
+    for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+      const Reply r = post(port, path, completion("a", 2).dump(), wrong);
+      EXPECT_EQ(r.status, 401);
+      expect_4xx(r, std::string("auth ") + path);
+    }
+    int status = 0;
+    get(port, "/metrics", &status, wrong);
+    EXPECT_EQ(status, 401);
+    get(port, "/v1/models", &status, wrong);
+    EXPECT_EQ(status, 401);
+    sent += 2;
+  }
+  EXPECT_GE(sent, 200u);
+  int status = 0;
+  get(port, "/health", &status);  // no key needed
+  EXPECT_EQ(status, 200);
+  // Still serving, and the counts of what was refused are in /metrics.
+  const Reply ok = post(port, "/v1/completions", completion("And God said,", 5).dump(), key);
+  EXPECT_EQ(ok.status, 200) << ok.raw;
+  EXPECT_EQ(ok.tokens.size(), 5u);
+  const std::string metrics = get(port, "/metrics", &status, key);
+  EXPECT_GT(metric(metrics, "colibri_http_responses_total{status=\"400\"}"), 100);
+  EXPECT_EQ(metric(metrics, "colibri_http_responses_total{status=\"500\"}"), -1);  // none
+  // The context check names the counts.
+  const Reply context =
+      post(port, "/v1/completions", json{{"prompt", "a"}, {"max_tokens", 5000}}.dump(), key);
+  EXPECT_EQ(context.status, 400);
+  EXPECT_NE(context.raw.find("2048"), std::string::npos) << context.raw;
+  EXPECT_NE(context.raw.find("5000"), std::string::npos) << context.raw;
+  EXPECT_EQ(context.body["error"]["param"], "max_tokens");
+  EXPECT_TRUE(server.alive());
+  std::printf("[serve] %zu hostile requests: ", sent);
+  for (const auto& [s, n] : statuses) std::printf("%d x%d ", s, n);
+  std::printf("\n");
+}
+
+TEST(Serve, ClientDisconnectFreesTheSequenceAndItsBlocks) {
+  ServerProcess server(1, {"--no-prefix-cache"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  double running_blocks_mid_stream = -1;
+  const Reply r = post_stream(
+      port, "/v1/completions", completion("And God said,", 1500), [&](const Reply& so_far) {
+        if (so_far.chunks.size() < 5) return true;
+        running_blocks_mid_stream = metric(get(port, "/metrics"), "colibri_kv_blocks_running");
+        return false;  // disconnect
+      });
+  EXPECT_GT(running_blocks_mid_stream, 0);
+  EXPECT_FALSE(r.done);
+  const auto start = Clock::now();
+  std::string metrics;
+  while (Clock::now() - start < std::chrono::seconds(5)) {
+    metrics = get(port, "/metrics");
+    if (metric(metrics, "colibri_num_requests_running") == 0 &&
+        metric(metrics, "colibri_kv_blocks_running") == 0)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(metric(metrics, "colibri_num_requests_running"), 0) << metrics;
+  EXPECT_EQ(metric(metrics, "colibri_kv_blocks_running"), 0) << metrics;
+  EXPECT_EQ(metric(metrics, "colibri_kv_blocks_free"), metric(metrics, "colibri_kv_blocks_total"));
+  EXPECT_EQ(metric(metrics, "colibri_request_finished_total{finished_reason=\"cancelled\"}"), 1);
+  EXPECT_LT(metric(metrics, "colibri_generation_tokens_total"), 1500);
+}
+
+TEST(Serve, FullQueueAnswers429WithRetryAfter) {
+  ServerProcess server(1, {"--max-seqs", "1", "--max-queue", "1", "--max-batch-tokens", "8"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  std::atomic<bool> release{false}, running{false};
+  std::thread first([&] {
+    post_stream(port, "/v1/completions", completion("And God said,", 1000), [&](const Reply&) {
+      running = true;
+      return !release.load();
+    });
+  });
+  const auto start = Clock::now();
+  while (!running && Clock::now() - start < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(running);
+  std::thread second([&] { post(port, "/v1/completions", completion("Jesus wept.", 2).dump()); });
+  // The second waits in the queue; the third finds it full.
+  while (metric(get(port, "/metrics"), "colibri_num_requests_waiting") != 1 &&
+         Clock::now() - start < std::chrono::seconds(20))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const Reply third = post(port, "/v1/completions", completion("Hear, O Israel:", 2).dump());
+  EXPECT_EQ(third.status, 429) << third.raw;
+  EXPECT_EQ(third.retry_after, "1");
+  EXPECT_EQ(third.body["error"]["type"], "rate_limit_error");
+  release = true;
+  first.join();
+  second.join();
+}
+
+TEST(Serve, SigtermDrainsRunningStreamsAndExitsZero) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  std::atomic<bool> signalled{false};
+  Reply streamed;
+  std::thread client([&] {
+    streamed =
+        post_stream(port, "/v1/completions", completion("And God said,", 200), [&](const Reply& r) {
+          if (r.chunks.size() == 3 && !signalled) {
+            server.signal(SIGTERM);
+            signalled = true;
+          }
+          return true;
+        });
+  });
+  client.join();
+  EXPECT_TRUE(signalled);
+  EXPECT_TRUE(streamed.done);
+  EXPECT_FALSE(streamed.error_event);
+  EXPECT_EQ(streamed.tokens.size(), 200u);  // the running request finished
+  EXPECT_EQ(server.wait_exit(20), 0) << server.stderr_text();
+  EXPECT_NE(server.stderr_text().find("drained"), std::string::npos);
+}
+
+// ---- under mpirun at 3 ranks -----------------------------------------------------------------
+
+TEST(ServeMpi, SixteenConcurrentClientsAtThreeRanks) {
+  ServerProcess server(3, {"--max-seqs", "16", "--max-batch-tokens", "48"});
+  ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
+  expect_concurrent_equals_alone(server.port());
+  server.signal(SIGTERM);  // mpirun forwards it to every rank
+  const int code = server.wait_exit(20);
+  EXPECT_NE(code, -1) << server.stderr_text();
+  const auto start = Clock::now();
+  while (!server.leftover().empty() && Clock::now() - start < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(server.leftover().empty()) << code << "\n" << server.stderr_text();
+}
+
+TEST(ServeMpi, KilledExpertRankEndsEveryStreamWithAnErrorWithinFiveSeconds) {
+  // Rank 2 kills itself at its 40th layer-2 request: after start-up, during the streams.
+  ServerProcess server(3, {"--max-seqs", "8"}, {{"COLIBRI_TEST_FAULT", "kill:2:2:40"}});
+  ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
+  const int port = server.port();
+  constexpr int kStreams = 4;
+  std::vector<Reply> replies(kStreams);
+  std::vector<double> ended_at(kStreams, 0);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i)
+    clients.emplace_back([&, i] {
+      replies[i] =
+          post_stream(port, "/v1/completions", completion(prompts()[size_t(i)], 1500), {}, 30);
+      ended_at[size_t(i)] =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+    });
+  for (auto& t : clients) t.join();
+  const int code = server.wait_exit(20);
+  const std::string err = server.stderr_text();
+  const std::regex fault_line(R"(test fault: rank 2 raises signal 9 at ([0-9.]+))");
+  std::smatch fault;
+  ASSERT_TRUE(std::regex_search(err, fault, fault_line)) << err;
+  const double killed_at = std::stod(fault[1]);
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(replies[i].error_event)
+        << "stream " << i << " ended without an error event:\n"
+        << replies[i].raw.substr(replies[i].raw.size() > 600 ? replies[i].raw.size() - 600 : 0);
+    EXPECT_TRUE(replies[i].done) << "stream " << i;
+    EXPECT_LT(replies[i].tokens.size(), 1500u);
+    EXPECT_LT(ended_at[size_t(i)] - killed_at, 5.0) << "stream " << i;
+  }
+  EXPECT_NE(code, 0) << err;
+  EXPECT_NE(code, -1) << "the job did not end\n" << err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_TRUE(server.leftover().empty()) << err;
+  EXPECT_NE(err.find("rank 2"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace colibri

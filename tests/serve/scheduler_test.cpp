@@ -1,0 +1,215 @@
+// The server's scheduler on a one-process engine over the embedded model: prefix reuse gives
+// bitwise the logits of recomputing the prompt, batching many requests gives each the tokens it
+// gets alone, stop strings cut the text, and the KV pool is back to empty afterwards.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "coordinator/scheduler.h"
+#include "model/checkpoint.h"
+#include "rank/expert_backend.h"
+#include "transport/local_dispatcher.h"
+
+namespace colibri {
+namespace {
+
+const std::filesystem::path kModel = COLIBRI_EMBEDDED_MODEL;
+
+struct LocalModel {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+  PlacementTable placement;
+  std::unique_ptr<CpuExpertBackend> backend;
+  std::unique_ptr<LocalDispatcher> dispatcher;
+  Tokenizer tokenizer = Tokenizer::load(kModel / "tokenizer.json");
+
+  LocalModel() {
+    config = load_model_config(kModel);
+    checkpoint = std::make_unique<Checkpoint>(kModel, config.fp8_block);
+    weights = load_model_weights(config, *checkpoint);
+    placement =
+        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+    backend = std::make_unique<CpuExpertBackend>(config, weights);
+    dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
+  }
+};
+
+LocalModel& model() {
+  static LocalModel m;
+  return m;
+}
+
+struct Outcome {
+  std::vector<int> tokens;
+  std::string text;
+  std::vector<std::vector<float>> logits;  // one row per generated token
+  ServeEvent finish;
+};
+
+// Submits `requests` at once and runs the scheduler until all are done (drain after submit).
+std::vector<Outcome> run_all(const std::vector<ServeRequest>& requests, bool prefix_cache,
+                             int max_batch_tokens = 64) {
+  LocalModel& m = model();
+  EngineOptions eo;
+  eo.max_rows = 64;
+  eo.max_seqs = 8;
+  eo.kv_tokens = 4096;
+  Engine engine(m.config, m.weights, m.placement, *m.dispatcher, eo);
+  ServeMetrics metrics;
+  SchedulerOptions so;
+  so.max_batch_tokens = max_batch_tokens;
+  so.prefix_cache = prefix_cache;
+  Scheduler scheduler(engine, m.tokenizer, metrics, so);
+  std::map<const ServeJob*, size_t> index;
+  std::vector<Outcome> out(requests.size());
+  scheduler.on_logits = [&](const ServeJob& job, std::span<const float> row) {
+    out[index.at(&job)].logits.emplace_back(row.begin(), row.end());
+  };
+  std::vector<std::shared_ptr<ServeJob>> jobs;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    auto job = std::make_shared<ServeJob>();
+    job->request = requests[i];
+    index[job.get()] = i;
+    jobs.push_back(job);
+    EXPECT_EQ(scheduler.submit(job), SubmitResult::kAccepted);
+  }
+  // drain() would end queued requests: drain once every job has finished.
+  std::thread stopper([&] {
+    for (const auto& job : jobs)
+      while (!job->channel.ended()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    scheduler.drain();
+  });
+  scheduler.run();
+  stopper.join();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    std::vector<ServeEvent> events;
+    jobs[i]->channel.wait(events, std::chrono::milliseconds(0));
+    for (const ServeEvent& e : events) {
+      if (e.kind == ServeEvent::Kind::kDelta) {
+        out[i].text += e.text;
+        out[i].tokens.insert(out[i].tokens.end(), e.tokens.begin(), e.tokens.end());
+      } else {
+        out[i].finish = e;
+      }
+    }
+  }
+  const ServeGauges g = metrics.gauges();
+  EXPECT_EQ(g.running, 0);
+  EXPECT_EQ(g.kv_blocks_running, 0);
+  return out;
+}
+
+ServeRequest greedy(const std::string& text, int max_tokens) {
+  ServeRequest r;
+  r.prompt = model().tokenizer.encode(text);
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+TEST(Scheduler, BatchedRequestsGetTheTokensTheyGetAlone) {
+  std::vector<ServeRequest> requests;
+  const char* prompts[] = {"And God said,",
+                           "In the beginning God created the heaven and the earth.",
+                           "The LORD is my shepherd;",
+                           "Jesus wept.",
+                           "And it came to pass",
+                           "Blessed are the meek: for they shall inherit the earth."};
+  for (size_t i = 0; i < std::size(prompts); ++i)
+    requests.push_back(greedy(prompts[i], 6 + 3 * int(i)));
+  const std::vector<Outcome> together = run_all(requests, false, 16);  // prompts span several steps
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const std::vector<Outcome> alone = run_all({requests[i]}, false);
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << prompts[i];
+    EXPECT_EQ(together[i].text, alone[0].text);
+    ASSERT_EQ(together[i].logits.size(), alone[0].logits.size());
+    for (size_t t = 0; t < alone[0].logits.size(); ++t)
+      EXPECT_EQ(together[i].logits[t], alone[0].logits[t]) << prompts[i] << " token " << t;
+    EXPECT_EQ(int(together[i].tokens.size()), requests[i].max_tokens);
+    EXPECT_EQ(together[i].finish.finish, FinishReason::kLength);
+  }
+}
+
+TEST(Scheduler, PrefixReuseGivesBitwiseTheLogitsOfRecomputation) {
+  LocalModel& m = model();
+  EngineOptions eo;
+  eo.max_rows = 64;
+  eo.max_seqs = 8;
+  eo.kv_tokens = 4096;
+  // Turn 1, then turn 2 whose prompt continues turn 1's prompt and reply.
+  const ServeRequest first = greedy("In the beginning God created", 12);
+  const std::vector<Outcome> turn1 = run_all({first}, false);
+  ServeRequest second = first;
+  second.prompt.insert(second.prompt.end(), turn1[0].tokens.begin(), turn1[0].tokens.end());
+  const std::vector<int> more = m.tokenizer.encode(" And the earth was without form");
+  second.prompt.insert(second.prompt.end(), more.begin(), more.end());
+  second.max_tokens = 10;
+  const std::vector<Outcome> fresh = run_all({second}, false);
+
+  // One scheduler: turn 1, then turn 2 once turn 1 is done (its slot is cached by then).
+  Engine engine2(m.config, m.weights, m.placement, *m.dispatcher, eo);
+  ServeMetrics metrics;
+  SchedulerOptions so;
+  so.max_batch_tokens = 64;
+  Scheduler scheduler(engine2, m.tokenizer, metrics, so);
+  std::vector<std::vector<float>> logits2;
+  auto job1 = std::make_shared<ServeJob>(), job2 = std::make_shared<ServeJob>();
+  job1->request = first;
+  job2->request = second;
+  scheduler.on_logits = [&](const ServeJob& job, std::span<const float> row) {
+    if (&job == job2.get()) logits2.emplace_back(row.begin(), row.end());
+  };
+  ASSERT_EQ(scheduler.submit(job1), SubmitResult::kAccepted);
+  std::thread feeder([&] {
+    while (!job1->channel.ended()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(scheduler.submit(job2), SubmitResult::kAccepted);
+    while (!job2->channel.ended()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    scheduler.drain();
+  });
+  scheduler.run();
+  feeder.join();
+  std::vector<ServeEvent> events;
+  job2->channel.wait(events, std::chrono::milliseconds(0));
+  ASSERT_FALSE(events.empty());
+  const ServeEvent& finish = events.back();
+  ASSERT_EQ(finish.kind, ServeEvent::Kind::kFinish);
+  // Everything turn 1 put in the KV cache is reused: its prompt and its reply but the last token.
+  EXPECT_EQ(finish.cached_tokens, int(first.prompt.size() + turn1[0].tokens.size() - 1));
+  ASSERT_EQ(logits2.size(), fresh[0].logits.size());
+  ASSERT_FALSE(logits2.empty());
+  for (size_t t = 0; t < logits2.size(); ++t)
+    EXPECT_EQ(0, std::memcmp(logits2[t].data(), fresh[0].logits[t].data(),
+                             logits2[t].size() * sizeof(float)))
+        << "generated token " << t;
+  EXPECT_GT(metrics.gauges().kv_blocks_cached, 0);
+}
+
+TEST(Scheduler, StopStringsCutTheTextAndEndWithStop) {
+  const ServeRequest plain = greedy("And God said,", 24);
+  const Outcome full = run_all({plain}, false)[0];
+  ASSERT_GT(full.text.size(), 12u) << full.text;
+  // A stop string from the middle of the greedy text: the reply is the text before it.
+  const std::string stop = full.text.substr(full.text.size() / 2, 4);
+  ServeRequest stopped = plain;
+  stopped.stop_strings = {"never appears", stop};
+  const Outcome cut = run_all({stopped}, false)[0];
+  EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(cut.finish.finish, FinishReason::kStop);
+  EXPECT_LT(cut.tokens.size(), full.tokens.size());
+}
+
+TEST(Scheduler, Utf8CompletePrefix) {
+  const std::string euro = "a\xE2\x82\xAC";  // a€
+  EXPECT_EQ(utf8_complete_prefix(euro, 4), 4u);
+  EXPECT_EQ(utf8_complete_prefix(euro, 3), 1u);
+  EXPECT_EQ(utf8_complete_prefix(euro, 2), 1u);
+  EXPECT_EQ(utf8_complete_prefix(euro, 1), 1u);
+  EXPECT_EQ(utf8_complete_prefix("", 0), 0u);
+}
+
+}  // namespace
+}  // namespace colibri
