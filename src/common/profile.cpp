@@ -196,6 +196,8 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
   for (const RankReport& r : reports) {
     Json to_rank = Json::object();
     for (const auto& [peer, bytes] : r.bytes_to_rank) to_rank[std::to_string(peer)] = bytes;
+    Json replies = Json::object();
+    for (const auto& [peer, us] : r.reply_us) replies[std::to_string(peer)] = us;
     Json phases = Json::object();
     for (int p = 0; p < kPhaseCount; ++p) phases[phase_name(Phase(p))] = r.phase_us[size_t(p)];
     Json layers = Json::array();
@@ -218,6 +220,7 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"bytes_in", r.bytes_in},
                      {"bytes_out", r.bytes_out},
                      {"bytes_to_rank", std::move(to_rank)},
+                     {"reply_us", std::move(replies)},
                      {"slowest_count", r.slowest_count},
                      {"weight_bytes_read", r.weight_bytes_read},
                      {"pinned_hits", r.pinned_hits},

@@ -63,6 +63,9 @@ struct RankReport {
   uint64_t experts = 0;  // (row, expert) pairs computed
   uint64_t bytes_in = 0, bytes_out = 0;
   std::map<int, uint64_t> bytes_to_rank;  // per link, bytes sent to each peer
+  // Coordinator: per expert rank, time from the end of dispatch until its partial arrived (its
+  // compute plus transfer), summed over exchanges.
+  std::map<int, double> reply_us;
   uint64_t slowest_count = 0;      // times this rank's partial arrived last in a layer exchange
   uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
   std::vector<TraceEvent> events;
@@ -76,8 +79,8 @@ struct RankReport {
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
-       bytes_to_rank, slowest_count, weight_bytes_read, events, dropped_events, pinned_hits,
-       ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us);
+       bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
+       pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us);
   }
 };
 

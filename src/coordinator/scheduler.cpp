@@ -190,7 +190,10 @@ void Scheduler::update_gauges() {
   for (const Cached& c : cache_) g.kv_blocks_cached += kv.blocks(c.slot);
   g.cached_sequences = int(cache_.size());
   metrics_.set_gauges(g);
-  if (Profiler* p = engine_.profiler()) metrics_.set_phases(p->counters().phase_us);
+  if (Profiler* p = engine_.profiler()) {
+    metrics_.set_phases(p->counters().phase_us);
+    metrics_.set_rank_replies(p->counters().reply_us);
+  }
 }
 
 void Scheduler::evict(size_t i) {

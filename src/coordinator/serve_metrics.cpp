@@ -94,6 +94,10 @@ void ServeMetrics::set_phases(const std::array<double, kPhaseCount>& phase_us) {
   std::lock_guard lock(mutex_);
   phase_us_ = phase_us;
 }
+void ServeMetrics::set_rank_replies(const std::map<int, double>& reply_us) {
+  std::lock_guard lock(mutex_);
+  reply_us_ = reply_us;
+}
 ServeGauges ServeMetrics::gauges() const {
   std::lock_guard lock(mutex_);
   return gauges_;
@@ -159,6 +163,13 @@ std::string ServeMetrics::render() const {
   for (int p = 0; p < int(Phase::kRecvWait); ++p)
     out += fmt::format("colibri_coordinator_phase_seconds_total{{phase=\"{}\"}} {}\n",
                        phase_name(Phase(p)), phase_us_[size_t(p)] * 1e-6);
+  out +=
+      "# HELP colibri_expert_rank_reply_seconds_total per expert rank, time from the end of "
+      "dispatch until its partial arrived (its compute plus transfer), summed over exchanges\n"
+      "# TYPE colibri_expert_rank_reply_seconds_total counter\n";
+  for (const auto& [rank, us] : reply_us_)
+    out +=
+        fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
   return out;
 }
 

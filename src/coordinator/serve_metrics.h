@@ -60,6 +60,8 @@ class ServeMetrics {
   void observe_step(int rows, double s);
   void set_gauges(const ServeGauges& gauges);
   void set_phases(const std::array<double, kPhaseCount>& phase_us);
+  // Per expert rank: dispatch-to-partial time summed (RankReport::reply_us).
+  void set_rank_replies(const std::map<int, double>& reply_us);
   ServeGauges gauges() const;
 
   std::string render() const;
@@ -73,6 +75,7 @@ class ServeMetrics {
   Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
   ServeGauges gauges_;
   std::array<double, kPhaseCount> phase_us_{};
+  std::map<int, double> reply_us_;
 };
 
 }  // namespace colibri

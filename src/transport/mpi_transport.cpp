@@ -177,6 +177,7 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     counters.bytes_out += kHeaderBytes + payload_bytes;
     counters.bytes_to_rank[peer.rank] += kHeaderBytes + payload_bytes;
   }
+  dispatched_us_ = profiler_.now_us();
 }
 
 void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
@@ -216,6 +217,7 @@ void MpiTransport::combine(View out) {
         CHECK_MPI(MPI_Test(requests[i], &done, &statuses[i]));
         if (!done) continue;
         CHECK_MPI(MPI_Get_count(&statuses[i], MPI_BYTE, &counts[i]));
+        profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
         last = int(i);
         --remaining;
       }

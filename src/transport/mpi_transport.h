@@ -65,6 +65,7 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   uint32_t sequence_ = 0;  // expert side: messages received from the coordinator
   int layer_ = -1;
   int n_rows_ = 0;
+  double dispatched_us_ = 0;  // end of the last dispatch (profiler clock)
 
   // coordinator side
   std::vector<Peer> peers_;        // one per expert rank

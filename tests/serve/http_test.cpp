@@ -778,6 +778,13 @@ TEST(ServeMpi, SixteenConcurrentClientsAtThreeRanks) {
   ServerProcess server(3, {"--max-seqs", "16", "--max-batch-tokens", "48"});
   ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
   expect_concurrent_equals_alone(server.port());
+  // Both expert ranks answered: their dispatch-to-partial time is in /metrics.
+  const std::string metrics = get(server.port(), "/metrics");
+  for (const char* rank : {"1", "2"})
+    EXPECT_GT(metric(metrics,
+                     std::string("colibri_expert_rank_reply_seconds_total{rank=\"") + rank + "\"}"),
+              0)
+        << metrics;
   server.signal(SIGTERM);  // mpirun forwards it to every rank
   const int code = server.wait_exit(20);
   EXPECT_NE(code, -1) << server.stderr_text();
