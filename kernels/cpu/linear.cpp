@@ -1,8 +1,58 @@
 #include "cpu/linear.h"
 
-namespace colibri::kernels {
+#include <stdexcept>
+#include <string>
 
-float dot_f32(const float* a, const float* b, int64_t n) {
+#include "cpu/quant.h"
+#include "cpu/vec_detail.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define COLIBRI_VEC_X86 1
+#else
+#define COLIBRI_VEC_X86 0
+#endif
+
+namespace colibri::kernels {
+namespace {
+
+using DotFn = float (*)(const float*, const float*, int64_t);
+using AxpyFn = void (*)(float, const float*, float*, int64_t);
+
+DotFn dot_kernel(QuantIsa isa) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return detail::dot_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::dot_avx2;
+#endif
+  return dot_f32_scalar;
+}
+
+AxpyFn axpy_kernel(QuantIsa isa) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return detail::axpy_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::axpy_avx2;
+#endif
+  return axpy_f32_scalar;
+}
+
+// Resolved once, like the quantized kernels' ISA (COLIBRI_ISA caps it).
+DotFn selected_dot() {
+  static const DotFn fn = dot_kernel(quant_isa_selected());
+  return fn;
+}
+AxpyFn selected_axpy() {
+  static const AxpyFn fn = axpy_kernel(quant_isa_selected());
+  return fn;
+}
+
+void require_available(QuantIsa isa) {
+  if (!quant_isa_available(isa))
+    throw std::invalid_argument(std::string("vector kernels: ISA ") + quant_isa_name(isa) +
+                                " is not available on this CPU or in this build");
+}
+
+}  // namespace
+
+float dot_f32_scalar(const float* a, const float* b, int64_t n) {
   float partial[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -13,12 +63,35 @@ float dot_f32(const float* a, const float* b, int64_t n) {
          ((partial[2] + partial[6]) + (partial[3] + partial[7]));
 }
 
+void axpy_f32_scalar(float alpha, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  return selected_dot()(a, b, n);
+}
+
+void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
+  selected_axpy()(alpha, x, y, n);
+}
+
+float dot_f32(QuantIsa isa, const float* a, const float* b, int64_t n) {
+  require_available(isa);
+  return dot_kernel(isa)(a, b, n);
+}
+
+void axpy_f32(QuantIsa isa, float alpha, const float* x, float* y, int64_t n) {
+  require_available(isa);
+  axpy_kernel(isa)(alpha, x, y, n);
+}
+
 void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y) {
+  const DotFn dot = selected_dot();
   // Weight row outer, token inner: each weight row is read from memory once per call and reused
   // from cache for every token, so a batch of n rows costs about one pass over the weights.
 #pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot_f32(x + t * cols, w + r * cols, cols);
+    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, w + r * cols, cols);
 }
 
 }  // namespace colibri::kernels

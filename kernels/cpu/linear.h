@@ -1,8 +1,13 @@
-// Dense fp32 linear layers: the production path for fp32 weights (attention, dense MLPs, shared
-// experts, lm_head), portable C++ that the compiler vectorises. Quantized weights use quant.h.
+// Dense fp32 linear layers and vector primitives: the production path for fp32 weights
+// (attention, kv_b_proj's absorbed products, fp32 checkpoints' projections, lm_head). Each
+// primitive has a scalar reference and AVX2+FMA / AVX-512 variants, chosen once at run time with
+// the quantized kernels' ISA (quant.h: the best the CPU has, capped by COLIBRI_ISA). Quantized
+// weights use quant.h.
 #pragma once
 
 #include <cstdint>
+
+#include "cpu/quant.h"
 
 namespace colibri::kernels {
 
@@ -10,7 +15,17 @@ namespace colibri::kernels {
 // output is one dot_f32, so a row's result does not depend on n.
 void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y);
 
-// Dot product of two fp32 vectors with 8 partial sums (vectorisable without -ffast-math).
+// Dot product of two fp32 vectors on the selected ISA.
 float dot_f32(const float* a, const float* b, int64_t n);
+// y[i] += alpha * x[i] on the selected ISA.
+void axpy_f32(float alpha, const float* x, float* y, int64_t n);
+
+// The scalar references: 8 partial sums (vectorisable without -ffast-math), and a plain loop.
+float dot_f32_scalar(const float* a, const float* b, int64_t n);
+void axpy_f32_scalar(float alpha, const float* x, float* y, int64_t n);
+
+// On an explicit ISA, for tests and benchmarks (std::invalid_argument when not available).
+float dot_f32(QuantIsa isa, const float* a, const float* b, int64_t n);
+void axpy_f32(QuantIsa isa, float alpha, const float* x, float* y, int64_t n);
 
 }  // namespace colibri::kernels

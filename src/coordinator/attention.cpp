@@ -177,7 +177,7 @@ void MlaAttention::attend_absorbed(const AttentionWeights& w, const float* q, in
       // q_abs = W_UK^T q_nope: the query in latent space.
       std::vector<float> q_abs(size_t(r), 0.0f);
       for (int i = 0; i < dn; ++i)
-        for (int j = 0; j < r; ++j) q_abs[size_t(j)] += q_head[i] * w_uk[size_t(i) * r + j];
+        kernels::axpy_f32(q_head[i], w_uk + size_t(i) * r, q_abs.data(), r);
       std::vector<float> p(keys.size());
       for (size_t i = 0; i < keys.size(); ++i) {
         const size_t s = size_t(keys[i]);
@@ -186,10 +186,8 @@ void MlaAttention::attend_absorbed(const AttentionWeights& w, const float* q, in
       }
       kernels::softmax(p.data(), int64_t(p.size()));
       std::vector<float> o_latent(size_t(r), 0.0f);
-      for (size_t i = 0; i < keys.size(); ++i) {
-        const float* latent = &cache.latent[size_t(keys[i]) * r];
-        for (int j = 0; j < r; ++j) o_latent[size_t(j)] += p[i] * latent[j];
-      }
+      for (size_t i = 0; i < keys.size(); ++i)
+        kernels::axpy_f32(p[i], &cache.latent[size_t(keys[i]) * r], o_latent.data(), r);
       float* o = heads_out + (size_t(t) * heads + head) * dv;
       for (int j = 0; j < dv; ++j) o[j] = dot_f32(w_uv + size_t(j) * r, o_latent.data(), r);
     }

@@ -185,8 +185,7 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
       const float* w_uv = w_uk + size_t(dn) * r;                            // [dv, r]
       // q_abs = W_UK^T q_nope: the query in latent space.
       std::fill_n(q_abs, r, 0.0f);
-      for (int i = 0; i < dn; ++i)
-        for (int j = 0; j < r; ++j) q_abs[j] += q_head[i] * w_uk[size_t(i) * r + j];
+      for (int i = 0; i < dn; ++i) kernels::axpy_f32(q_head[i], w_uk + size_t(i) * r, q_abs, r);
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
         p[i] =
@@ -195,8 +194,8 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
       kernels::softmax(p, count);
       std::fill_n(o_latent, r, 0.0f);
       for (int i = 0; i < count; ++i) {
-        const float* lat = latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r;
-        for (int j = 0; j < r; ++j) o_latent[j] += p[i] * lat[j];
+        kernels::axpy_f32(p[i], latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r,
+                          o_latent, r);
       }
       float* o = &heads_out_[(size_t(t) * heads + head) * dv];
       for (int j = 0; j < dv; ++j) o[j] = dot_f32(w_uv + size_t(j) * r, o_latent, r);

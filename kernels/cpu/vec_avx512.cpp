@@ -1,0 +1,46 @@
+// AVX-512 fp32 vector primitives (compiled with -mavx512f -mfma; called only after CPUID).
+#include <immintrin.h>
+
+#include "cpu/vec_detail.h"
+
+namespace colibri::kernels::detail {
+
+float dot_avx512(const float* a, const float* b, int64_t n) {
+  // Four independent accumulators hide the FMA latency; the tail uses a masked load.
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    for (int k = 0; k < 4; ++k)
+      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k),
+                               acc[k]);
+  for (; i + 16 <= n; i += 16)
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc[0]);
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                             acc[1]);
+  }
+  // Through memory: GCC 12's _mm512_reduce_add_ps warns about an uninitialised temporary.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes,
+                  _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  float total = 0.0f;
+  for (int k = 0; k < 8; ++k) total += lanes[k] + lanes[k + 8];
+  return total;
+}
+
+void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
+  const __m512 a = _mm512_set1_ps(alpha);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+  if (i < n) {
+    const __mmask16 m = __mmask16((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(
+        y + i, m,
+        _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
+}  // namespace colibri::kernels::detail

@@ -1,0 +1,14 @@
+// Per-ISA fp32 vector primitives behind dot_f32 and axpy_f32 (linear.h). Declarations only, for
+// the reason given in quant_detail.h: the ISA files are compiled with their own -m flags.
+#pragma once
+
+#include <cstdint>
+
+namespace colibri::kernels::detail {
+
+float dot_avx2(const float* a, const float* b, int64_t n);
+float dot_avx512(const float* a, const float* b, int64_t n);
+void axpy_avx2(float alpha, const float* x, float* y, int64_t n);
+void axpy_avx512(float alpha, const float* x, float* y, int64_t n);
+
+}  // namespace colibri::kernels::detail

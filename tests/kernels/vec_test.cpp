@@ -1,0 +1,71 @@
+// fp32 vector primitives on every ISA this machine has, against the scalar references: exact on
+// small integers (every partial sum is exact, whatever the order), within a rounding bound on
+// random data, for lengths covering every tail of every vector width.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu/linear.h"
+
+namespace colibri::kernels {
+namespace {
+
+std::vector<QuantIsa> available_isas() {
+  std::vector<QuantIsa> out;
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
+    if (quant_isa_available(isa)) out.push_back(isa);
+  return out;
+}
+
+TEST(Vec, DotAndAxpyMatchTheScalarReferenceOnEveryIsa) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int checked = 0;
+  for (QuantIsa isa : available_isas()) {
+    for (int64_t n : {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 192, 512, 1031}) {
+      const size_t len = static_cast<size_t>(n);
+      std::vector<float> a(len), b(len), y(len), y_ref(len);
+      // Integers: the sum is exact in any order.
+      for (int64_t i = 0; i < n; ++i) {
+        a[size_t(i)] = float(small(rng));
+        b[size_t(i)] = float(small(rng));
+        y[size_t(i)] = y_ref[size_t(i)] = float(small(rng));
+      }
+      EXPECT_EQ(dot_f32(isa, a.data(), b.data(), n), dot_f32_scalar(a.data(), b.data(), n))
+          << quant_isa_name(isa) << " n " << n;
+      axpy_f32(isa, 3.0f, a.data(), y.data(), n);
+      axpy_f32_scalar(3.0f, a.data(), y_ref.data(), n);
+      EXPECT_EQ(y, y_ref) << quant_isa_name(isa) << " n " << n;
+      // Random data: within n * eps of the sum of magnitudes (reassociation, FMA rounding).
+      double magnitude = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        a[size_t(i)] = normal(rng);
+        b[size_t(i)] = normal(rng);
+        magnitude += std::abs(double(a[size_t(i)]) * b[size_t(i)]);
+      }
+      const float got = dot_f32(isa, a.data(), b.data(), n);
+      const float want = dot_f32_scalar(a.data(), b.data(), n);
+      EXPECT_LE(std::abs(double(got) - want), double(n + 1) * 1.2e-7 * magnitude + 1e-30)
+          << quant_isa_name(isa) << " n " << n;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 18);  // at least the scalar ISA ran every length
+}
+
+TEST(Vec, LinearIsOneDotPerOutput) {
+  const int64_t n = 3, rows = 5, cols = 37;
+  std::vector<float> x(size_t(n * cols)), w(size_t(rows * cols)), y(size_t(n * rows));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 7) - 3);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i % 5) - 2);
+  linear_f32(x.data(), n, w.data(), rows, cols, y.data());
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_EQ(y[size_t(t * rows + r)], dot_f32(x.data() + t * cols, w.data() + r * cols, cols));
+}
+
+}  // namespace
+}  // namespace colibri::kernels
