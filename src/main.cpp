@@ -606,7 +606,8 @@ int main(int argc, char** argv) {
       fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
     code = run(args);
   } catch (const colibri::StartupRefused& e) {
-    if (rank == 0) std::fprintf(stderr, "colibri-node: error: %s\n", e.what());
+    if (rank == 0)
+      std::fprintf(stderr, "colibri-node: error: %s\n", colibri::one_line(e.what()).c_str());
     code = 1;
   } catch (const colibri::Error& e) {
     colibri::abort_job(e.what());

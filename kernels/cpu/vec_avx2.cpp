@@ -12,8 +12,8 @@ float dot_avx2(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32)
     for (int k = 0; k < 4; ++k)
-      acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k),
-                               acc[k]);
+      acc[k] =
+          _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), _mm256_loadu_ps(b + i + 8 * k), acc[k]);
   for (; i + 8 <= n; i += 8)
     acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc[0]);
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));

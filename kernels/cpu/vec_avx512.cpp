@@ -12,14 +12,14 @@ float dot_avx512(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   for (; i + 64 <= n; i += 64)
     for (int k = 0; k < 4; ++k)
-      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k),
-                               acc[k]);
+      acc[k] =
+          _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), acc[k]);
   for (; i + 16 <= n; i += 16)
     acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc[0]);
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
-                             acc[1]);
+    acc[1] =
+        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc[1]);
   }
   // Through memory: GCC 12's _mm512_reduce_add_ps warns about an uninitialised temporary.
   alignas(64) float lanes[16];

@@ -21,6 +21,10 @@ class StartupRefused : public Error {
   using Error::Error;
 };
 
+// `message` on one line: control characters (a newline quoted from an input file) are escaped as
+// \n, \r, \t or \xNN, so every error the user sees is one line.
+std::string one_line(const std::string& message);
+
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
   throw Error(fmt::format(format, std::forward<Args>(args)...));

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "common/error.h"
+
 #include <atomic>
 #include <cstdio>
 
@@ -38,11 +40,12 @@ void abort_job(const std::string& what) {
   const bool running = initialized && !finalized;
   if (running) MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size == 1) {  // alone: a plain error line, no job to tear down
-    std::fprintf(stderr, "colibri-node: error: %s\n", what.c_str());
+    std::fprintf(stderr, "colibri-node: error: %s\n", one_line(what).c_str());
     if (running) MPI_Finalize();
     std::exit(1);
   }
-  std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(), what.c_str());
+  std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(),
+               one_line(what).c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);

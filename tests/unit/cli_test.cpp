@@ -182,6 +182,18 @@ const CliCase kCliCases[] = {
      [](const fs::path& dir, const test::TinyModel&) {
        return std::vector<std::string>{(dir / "config.json").string(), "'hidden_size'"};
      }},
+    // An error quoting a string from the input stays one line: its newline is escaped.
+    {"ConfigStringWithANewline",
+     [](const fs::path& dir, const test::TinyModel&) {
+       edit_config(dir, [](test::json& c) {
+         const char* key = c.contains("rope_parameters") ? "rope_parameters" : "rope_scaling";
+         c[key] = {{"rope_type", "yarn\nfactor: 1"}, {"factor", 2.0}};
+       });
+     },
+     [](const fs::path& dir, const test::TinyModel&) {
+       return std::vector<std::string>{(dir / "config.json").string(),
+                                       "rope type 'yarn\\nfactor: 1'"};
+     }},
     // ---- numbers in config.json
     {"RoutedScalingFactorZero",
      [](const fs::path& dir, const test::TinyModel&) {
