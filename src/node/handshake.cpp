@@ -99,10 +99,8 @@ StartupVerdict agree_to_start(MPI_Comm comm, const StartupStatus& mine, const De
   CHECK_MPI(MPI_Comm_rank(comm, &rank));
   CHECK_MPI(MPI_Comm_size(comm, &size));
   const int root = 0;
-  const std::vector<std::string> reports =
-      gather_within(comm, root, to_bytes(Report{rank_identity().host, mine}), deadline);
-  Answer answer;
-  if (rank == root) {
+  const auto decide = [&](const std::vector<std::string>& reports) {
+    Answer answer;
     int first_help = -1;
     for (int r = 0; r < size; ++r) {
       const Report report = from_bytes<Report>(reports[size_t(r)]);
@@ -119,9 +117,10 @@ StartupVerdict agree_to_start(MPI_Comm comm, const StartupStatus& mine, const De
         }
       }
     }
-  }
-  answer = from_bytes<Answer>(
-      broadcast_within(comm, root, rank == root ? to_bytes(answer) : std::string(), deadline));
+    return to_bytes(answer);
+  };
+  Answer answer = from_bytes<Answer>(
+      agree_within(comm, root, to_bytes(Report{rank_identity().host, mine}), decide, deadline));
   rank_identity().hosts = answer.hosts;
   return {answer.reporter, std::move(answer.status), std::move(answer.hosts)};
 }
@@ -200,10 +199,8 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
   hello.settings = input.settings;
 
   const int root = 0;
-  const std::vector<std::string> hellos =
-      gather_within(comm, root, to_bytes(hello), input.deadline);
-  StartupPlan plan;
-  if (rank == root) {
+  const auto decide = [&](const std::vector<std::string>& hellos) {
+    StartupPlan plan;
     plan.wire_type = input.wire_type;
     std::vector<Hello> all(static_cast<size_t>(size));
     for (int r = 0; r < size && plan.error.empty(); ++r) {
@@ -285,9 +282,10 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
       plan.heartbeat_s =
           coordinator.thread_level >= MPI_THREAD_MULTIPLE ? heartbeat_period(shortest_timeout) : 0;
     }
-  }
-  plan = from_bytes<StartupPlan>(
-      broadcast_within(comm, root, rank == root ? to_bytes(plan) : std::string(), input.deadline));
+    return to_bytes(plan);
+  };
+  const StartupPlan plan =
+      from_bytes<StartupPlan>(agree_within(comm, root, to_bytes(hello), decide, input.deadline));
   if (!plan.hosts.empty()) rank_identity().hosts = plan.hosts;
   if (!plan.error.empty()) throw StartupRefused(plan.error, plan.reporter, plan.names_reporter);
   return plan;

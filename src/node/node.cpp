@@ -107,8 +107,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
                                        profiler_.get());
   }
   // Every rank has loaded its weights and built its exchange.
-  gather_within(comm_, 0, {}, startup_deadline("start-up (weights loaded)"));
-  broadcast_within(comm_, 0, {}, startup_deadline("start-up (weights loaded)"));
+  agree_within(
+      comm_, 0, {}, [](const std::vector<std::string>&) { return std::string(); },
+      startup_deadline("start-up (exchange ready)"));
   profiler_->restart_epoch();
 }
 

@@ -103,44 +103,64 @@ std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::strin
   return all;
 }
 
-std::string broadcast_within(MPI_Comm comm, int root, const std::string& bytes,
-                             const Deadline& deadline) {
+std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
+                         const std::function<std::string(const std::vector<std::string>&)>& decide,
+                         const Deadline& deadline) {
   const auto start = std::chrono::steady_clock::now();
   int rank = 0, size = 0;
   CHECK_MPI(MPI_Comm_rank(comm, &rank));
   CHECK_MPI(MPI_Comm_size(comm, &size));
   if (rank == root) {
+    // "Arrived" (an empty message) first, then the gather, then the answer: on one tag, in order.
     std::vector<MPI_Request> sends;
     std::vector<int> peers;
     for (int r = 0; r < size; ++r) {
       if (r == root) continue;
       peers.push_back(r);
-      CHECK_MPI(MPI_Isend(bytes.data(), int(bytes.size()), MPI_BYTE, r, wire::kTagCollective, comm,
-                          &sends.emplace_back()));
+      CHECK_MPI(
+          MPI_Isend(nullptr, 0, MPI_BYTE, r, wire::kTagCollective, comm, &sends.emplace_back()));
     }
-    wait_sends(sends, peers, deadline, start);
-    return bytes;
+    const std::string answer = decide(gather_within(comm, root, bytes, deadline));
+    for (int r : peers)
+      CHECK_MPI(MPI_Isend(answer.data(), int(answer.size()), MPI_BYTE, r, wire::kTagCollective,
+                          comm, &sends.emplace_back()));
+    peers.insert(peers.end(), peers.begin(), peers.end());
+    wait_sends(sends, peers, deadline, std::chrono::steady_clock::now());
+    return answer;
   }
-  const double limit = deadline.seconds + (reports_first(rank, root) ? 0 : kLaterReportSeconds);
-  Backoff backoff(2000);
-  for (;;) {
-    int found = 0;
-    MPI_Message message;
-    MPI_Status status;
-    CHECK_MPI(MPI_Improbe(root, wire::kTagCollective, comm, &found, &message, &status));
-    if (found) {
-      int count = 0;
-      CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-      std::string out(size_t(count), '\0');
-      CHECK_MPI(MPI_Mrecv(out.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
-      return out;
+  std::vector<MPI_Request> send(1, MPI_REQUEST_NULL);
+  CHECK_MPI(MPI_Isend(bytes.data(), int(bytes.size()), MPI_BYTE, root, wire::kTagCollective, comm,
+                      send.data()));
+  const double later = reports_first(rank, root) ? 0 : kLaterReportSeconds;
+  // Receives the root's next message; names it silent after `limit` seconds from `since`.
+  const auto receive = [&](std::chrono::steady_clock::time_point since, double limit,
+                           const char* silence) {
+    Backoff backoff(2000);
+    for (;;) {
+      int found = 0;
+      MPI_Message message;
+      MPI_Status status;
+      CHECK_MPI(MPI_Improbe(root, wire::kTagCollective, comm, &found, &message, &status));
+      if (found) {
+        int count = 0;
+        CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+        std::string out(size_t(count), '\0');
+        CHECK_MPI(MPI_Mrecv(out.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+        return out;
+      }
+      if (seconds_since(since) > limit + later)
+        abort_job(fmt::format("{} is silent: {} {} within {:.1f} s ({})",
+                              rank_identity().name_of(root), silence, deadline.stage, limit,
+                              deadline.flag));
+      backoff.pause();
     }
-    if (seconds_since(start) > limit)
-      abort_job(fmt::format("{} is silent: no answer at {} within {:.1f} s ({})",
-                            rank_identity().name_of(root), deadline.stage, deadline.seconds,
-                            deadline.flag));
-    backoff.pause();
-  }
+  };
+  receive(start, deadline.seconds, "did not reach");
+  // The root waits deadline.seconds at most for the others, then answers or ends the job.
+  std::string answer = receive(std::chrono::steady_clock::now(),
+                               deadline.seconds + kLaterReportSeconds, "no answer at");
+  wait_sends(send, {root}, deadline, start);
+  return answer;
 }
 
 }  // namespace colibri

@@ -1,4 +1,4 @@
-// Collectives that cannot hang: a gather to one rank and a broadcast from it, built on
+// Collectives that cannot hang: a gather to one rank, and a gather-decide-answer step, built on
 // point-to-point messages (tag wire::kTagCollective) whose every wait polls against a deadline.
 // When the deadline passes, the waiting rank names the rank that did not arrive and ends the job
 // (a non-blocking MPI collective would only say "not yet", never who is missing). Start-up, the
@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,9 +50,15 @@ inline bool reports_first(int rank, int awaited) {
 std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::string& bytes,
                                        const Deadline& deadline);
 
-// `bytes` of `root`, on every rank. A rank that has waited deadline.seconds names the root and
-// aborts the job; past the first of them, ranks wait 2 s longer, so that one rank reports it.
-std::string broadcast_within(MPI_Comm comm, int root, const std::string& bytes,
-                             const Deadline& deadline);
+// One start-up step as a collective: every rank's `bytes` reach `root`, which calls `decide` on
+// them ([size]) and sends its answer to every rank; returns the answer on every rank. The root
+// tells every rank when it has arrived, so that a rank waiting for it blames the right one: the
+// root names the ranks that did not arrive within deadline.seconds of its own arrival; a rank
+// names the root when it did not arrive within deadline.seconds, or did not answer within
+// deadline.seconds more. Past the first rank to report a silent root, the others wait
+// kLaterReportSeconds longer.
+std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
+                         const std::function<std::string(const std::vector<std::string>&)>& decide,
+                         const Deadline& deadline);
 
 }  // namespace colibri
