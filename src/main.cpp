@@ -14,6 +14,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -131,10 +132,10 @@ uint64_t parse_seed(const std::string& text) {
 // or silently ignored.
 void validate_args(Args& args) {
   const colibri::NodeOptions& node = args.node;
-  if (!std::isfinite(node.rank_timeout_s) || node.rank_timeout_s <= 0 ||
-      node.rank_timeout_s > kMaxRankTimeoutSeconds)
-    fail("--rank-timeout {} must be a number of seconds in (0, {}]", node.rank_timeout_s,
-         kMaxRankTimeoutSeconds);
+  for (const auto& [flag, seconds] : {std::pair{"--rank-timeout", node.rank_timeout_s},
+                                      {"--startup-timeout", node.startup_timeout_s}})
+    if (!std::isfinite(seconds) || seconds <= 0 || seconds > kMaxRankTimeoutSeconds)
+      fail("{} {} must be a number of seconds in (0, {}]", flag, seconds, kMaxRankTimeoutSeconds);
   for (const auto& [flag, gib] : {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}})
     if (!std::isfinite(gib) || gib < 0 || gib > colibri::kMaxBudgetGib)
       fail("{} {} must be a number of GiB in [0, {}]", flag, gib, colibri::kMaxBudgetGib);
@@ -218,6 +219,107 @@ void check_context(const colibri::ModelConfig& config, size_t prompt_tokens, int
         "of {} (max_position_embeddings); at most --ngen {} fits",
         ngen, prompt_tokens, positions, context,
         context - int64_t(prompt_tokens) + (keep_logits ? 0 : 1));
+}
+
+// The settings the ranks compare at the handshake. Job-wide ones size or shape the exchange and
+// the placement; the others only the coordinator uses, and a rank given one must be given the
+// coordinator's value (else it would be silently ignored).
+std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const Args& args) {
+  using Setting = colibri::AgreedSetting;
+  std::vector<Setting> settings;
+  const auto add = [&](const char* flag, std::string value, Setting::Scope scope) {
+    settings.push_back({flag, std::move(value), app.count(flag) > 0, scope});
+  };
+  const auto on_off = [](bool on) { return std::string(on ? "on" : "off"); };
+  std::string layout = "(none)";
+  if (!args.layout.empty()) {  // compared by content: paths may differ between hosts
+    uint64_t hash = 14695981039346656037ull;
+    for (char c : colibri::read_regular_file(args.layout, "the layout file"))
+      hash = (hash ^ uint8_t(c)) * 1099511628211ull;
+    layout = fmt::format("a file with content hash {:016x}", hash);
+  }
+  add("--max-rows", std::to_string(args.node.max_rows), Setting::kJob);
+  add("--wire", args.wire, Setting::kJob);
+  add("--placement", args.placement, Setting::kJob);
+  add("--layout", layout, Setting::kJob);
+  add("--prompt", args.prompt, Setting::kCoordinator);
+  add("--prompt-ids", args.prompt_ids, Setting::kCoordinator);
+  add("--chat", on_off(args.chat), Setting::kCoordinator);
+  add("--chat-format", on_off(args.chat_format), Setting::kCoordinator);
+  add("--think", args.think, Setting::kCoordinator);
+  add("--score", args.score_file, Setting::kCoordinator);
+  add("--ngen", std::to_string(args.ngen), Setting::kCoordinator);
+  add("--temp", fmt::format("{}", args.temperature), Setting::kCoordinator);
+  add("--top-p", fmt::format("{}", args.top_p), Setting::kCoordinator);
+  add("--seed", std::to_string(args.seed), Setting::kCoordinator);
+  add("--ignore-eos", on_off(args.ignore_eos), Setting::kCoordinator);
+  add("--sequences", std::to_string(args.sequences), Setting::kCoordinator);
+  add("--max-seqs", std::to_string(args.node.max_seqs), Setting::kCoordinator);
+  add("--kv-tokens",
+      args.node.kv_tokens > 0 ? std::to_string(args.node.kv_tokens) : "(the model's context)",
+      Setting::kCoordinator);
+  add("--logits-out", args.logits_out, Setting::kCoordinator);
+  add("--profile-json", args.profile_json, Setting::kCoordinator);
+  add("--trace", args.trace, Setting::kCoordinator);
+  return settings;
+}
+
+// This rank's own checks before any work: numbers and flag combinations, the --model directory,
+// and on the coordinator the files it reads and writes.
+void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
+  validate_args(args);
+  colibri::check_readable_directory(args.node.model_dir, "the --model directory");
+  if (rank == expected_coordinator(args, size)) {
+    check_coordinator_files(args);
+    if (!args.prompt_ids.empty())  // before the weights load; text prompts once tokenized
+      check_context(colibri::load_model_config(args.node.model_dir),
+                    parse_ids(args.prompt_ids).size(), args.ngen, !args.logits_out.empty());
+  }
+  if (!args.layout.empty()) args.node.layout_file = args.layout;
+  args.node.placement = colibri::parse_placement_policy(args.placement);
+  args.node.keep_trace = !args.trace.empty();
+  args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
+  if (app.count("--max-seqs") == 0)
+    args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
+  if (args.serve) {
+#ifndef COLIBRI_HAVE_SERVE
+    fail(
+        "--serve: this colibri-node was built without cpp-httplib (apt-get install "
+        "libcpp-httplib-dev, then reconfigure)");
+#endif
+    if (args.max_batch_tokens == 0) args.max_batch_tokens = args.node.max_rows;
+    if (args.max_batch_tokens > args.node.max_rows)
+      fail("--max-batch-tokens {} exceeds --max-rows {}", args.max_batch_tokens,
+           args.node.max_rows);
+    if (args.max_batch_tokens <= args.node.max_seqs)
+      fail(
+          "--max-batch-tokens {} must exceed --max-seqs {}: every running sequence takes a "
+          "decode row per step and prompts need room too",
+          args.max_batch_tokens, args.node.max_seqs);
+  }
+  if (args.node.max_seqs > args.node.max_rows)
+    fail("--max-seqs {} exceeds --max-rows {}: every running sequence needs a row per step",
+         args.node.max_seqs, args.node.max_rows);
+  if (args.sequences > 1 && !args.logits_out.empty())
+    fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
+  args.node.settings = agreed_settings(app, args);
+}
+
+// Prints why this rank stops: the help text on stdout, or one error line, naming the rank when it
+// found the error itself in a job ("[rank r@host] error: ..."), else "colibri-node: error: ...".
+void report_stop(const colibri::StartupStatus& status, bool name_rank) {
+  if (!status.is_error) {
+    std::fputs(status.message.c_str(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  const colibri::RankIdentity& me = colibri::rank_identity();
+  const std::string message = colibri::one_line(status.message);
+  if (name_rank)
+    std::fprintf(stderr, "[rank %d@%s] error: %s\n", me.rank, me.host.c_str(), message.c_str());
+  else
+    std::fprintf(stderr, "colibri-node: error: %s\n", message.c_str());
+  std::fflush(stderr);
 }
 
 // Interactive chat on stdin/stdout; the KV cache keeps the whole conversation.
@@ -421,12 +523,13 @@ int run(const Args& args) {
   }
   colibri::flush_stdout_or_fail();
   node.shutdown();
+  // The expert ranks wait for this with the --rank-timeout deadline: before the outputs.
+  const std::vector<colibri::RankReport> reports = node.gather_reports();
 
   if (!args.logits_out.empty()) {
     const int64_t shape[] = {int64_t(logits.size()) / config.vocab_size, config.vocab_size};
     colibri::write_npy_f32(args.logits_out, logits, shape);
   }
-  const std::vector<colibri::RankReport> reports = node.gather_reports();
   if (!args.quiet) colibri::print_profile(stderr, reports, run);
   if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, run);
   if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
@@ -436,10 +539,19 @@ int run(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The coordinator's heartbeat to the expert ranks is sent from its own thread.
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  // Named in every error from here on; the other ranks' hosts come with the first start-up step.
+  colibri::RankIdentity& me = colibri::rank_identity();
+  me.rank = rank;
+  MPI_Comm_size(MPI_COMM_WORLD, &me.size);
+  char host[MPI_MAX_PROCESSOR_NAME];
+  int host_length = 0;
+  MPI_Get_processor_name(host, &host_length);
+  me.host = std::string(host, size_t(host_length));
 
   Args args;
   CLI::App app{
@@ -546,68 +658,52 @@ int main(int argc, char** argv) {
   app.add_option("--trace", args.trace,
                  "write a Chrome/Perfetto trace-event JSON, one process per rank");
 
-  int code = 0;
+  app.add_option("--startup-timeout", args.node.startup_timeout_s,
+                 "seconds each rank waits for the others at every start-up step (argument "
+                 "checks, handshake, weights loaded) before naming the missing rank and aborting")
+      ->capture_default_str();
+
+  // Every rank checks its own arguments and files, then all compare the outcome under a
+  // deadline: the lowest rank that cannot go on prints why, and every rank ends with its code.
+  colibri::StartupStatus status;
   try {
     app.parse(argc, argv);
+    args.prompt_given = prompt->count() > 0;
+    args.node.fault = colibri::test_fault_from_env(rank);
+    check_own_arguments(app, args, rank, me.size);
   } catch (const CLI::ParseError& e) {
-    if (rank == 0)
-      code = app.exit(e);
-    else
-      code = e.get_exit_code();
+    status = {true, e.get_exit_code(), e.get_exit_code() != 0, {}};
+    if (status.is_error) {
+      status.message = fmt::format("{} (run with --help for more information)", e.what());
+    } else {  // --help
+      std::ostringstream out, err;
+      app.exit(e, out, err);
+      status.message = out.str();
+    }
+  } catch (const colibri::Error& e) {
+    status = {true, 1, true, e.what()};
+  } catch (const std::exception& e) {
+    status = {true, 1, true, fmt::format("internal error: {}", e.what())};
+  }
+  colibri::raise_test_fault(args.node.fault, colibri::TestFault::kStartup, rank);
+  // A timeout that did not parse or validate waits the default.
+  const double startup_timeout_s =
+      status.stop ? colibri::NodeOptions{}.startup_timeout_s : args.node.startup_timeout_s;
+  const colibri::StartupVerdict verdict = colibri::agree_to_start(
+      MPI_COMM_WORLD, status,
+      {startup_timeout_s, "--startup-timeout", "start-up (argument checks)"});
+  if (verdict.reporter >= 0) {
+    if (verdict.reporter == rank) report_stop(status, me.size > 1);
     MPI_Finalize();
-    return code;
+    return verdict.status.exit_code;
   }
 
+  int code = 0;
   try {
-    // Named in errors raised before the node's start-up sets it again.
-    colibri::RankIdentity& me = colibri::rank_identity();
-    me.rank = rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &me.size);
-    char host[MPI_MAX_PROCESSOR_NAME];
-    int host_length = 0;
-    MPI_Get_processor_name(host, &host_length);
-    me.host = std::string(host, size_t(host_length));
-    args.prompt_given = prompt->count() > 0;
-    validate_args(args);
-    colibri::check_readable_directory(args.node.model_dir, "the --model directory");
-    if (rank == expected_coordinator(args, me.size)) {
-      check_coordinator_files(args);
-      if (!args.prompt_ids.empty())  // before the weights load; text prompts once tokenized
-        check_context(colibri::load_model_config(args.node.model_dir),
-                      parse_ids(args.prompt_ids).size(), args.ngen, !args.logits_out.empty());
-    }
-    if (!args.layout.empty()) args.node.layout_file = args.layout;
-    args.node.placement = colibri::parse_placement_policy(args.placement);
-    args.node.keep_trace = !args.trace.empty();
-    args.node.fault = colibri::test_fault_from_env(rank);
-    args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
-    if (app.count("--max-seqs") == 0)
-      args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
-    if (args.serve) {
-#ifndef COLIBRI_HAVE_SERVE
-      fail(
-          "--serve: this colibri-node was built without cpp-httplib (apt-get install "
-          "libcpp-httplib-dev, then reconfigure)");
-#endif
-      if (args.max_batch_tokens == 0) args.max_batch_tokens = args.node.max_rows;
-      if (args.max_batch_tokens > args.node.max_rows)
-        fail("--max-batch-tokens {} exceeds --max-rows {}", args.max_batch_tokens,
-             args.node.max_rows);
-      if (args.max_batch_tokens <= args.node.max_seqs)
-        fail(
-            "--max-batch-tokens {} must exceed --max-seqs {}: every running sequence takes a "
-            "decode row per step and prompts need room too",
-            args.max_batch_tokens, args.node.max_seqs);
-    }
-    if (args.node.max_seqs > args.node.max_rows)
-      fail("--max-seqs {} exceeds --max-rows {}: every running sequence needs a row per step",
-           args.node.max_seqs, args.node.max_rows);
-    if (args.sequences > 1 && !args.logits_out.empty())
-      fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
     code = run(args);
   } catch (const colibri::StartupRefused& e) {
-    if (rank == 0)
-      std::fprintf(stderr, "colibri-node: error: %s\n", colibri::one_line(e.what()).c_str());
+    if (rank == e.reporter())
+      report_stop({true, 1, true, e.what()}, e.names_reporter() && me.size > 1);
     code = 1;
   } catch (const colibri::Error& e) {
     colibri::abort_job(e.what());

@@ -15,10 +15,19 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Start-up was refused for every rank (handshake mismatch, bad layout); the coordinator reports it.
+// Start-up was refused for every rank (handshake mismatch, bad layout, one rank's bad arguments or
+// model directory). Only `reporter` prints it: as "[rank r@host] error: ..." when the error is its
+// own (`names_reporter`), else as the job's "colibri-node: error: ...".
 class StartupRefused : public Error {
  public:
-  using Error::Error;
+  explicit StartupRefused(const std::string& what, int reporter = 0, bool names_reporter = false)
+      : Error(what), reporter_(reporter), names_reporter_(names_reporter) {}
+  int reporter() const { return reporter_; }
+  bool names_reporter() const { return names_reporter_; }
+
+ private:
+  int reporter_;
+  bool names_reporter_;
 };
 
 // `message` on one line: control characters (a newline quoted from an input file) are escaped as

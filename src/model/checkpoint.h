@@ -45,11 +45,13 @@ class Checkpoint {
   // Bytes of tensor data converted so far (scales included): what this process read.
   uint64_t bytes_loaded() const { return bytes_loaded_.load(); }
 
- private:
+  // The safetensors files, in the order they were opened, and the one holding `view`.
+  const std::vector<std::unique_ptr<SafetensorsFile>>& shards() const { return shards_; }
   const SafetensorsFile& shard_of(const TensorView& view) const;
   // out[numel] = the float tensor `view` converted to fp32, read with pread.
   void read_f32(const TensorView& view, float* out) const;
 
+ private:
   std::filesystem::path dir_;
   std::optional<std::array<int, 2>> fp8_block_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;

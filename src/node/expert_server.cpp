@@ -13,26 +13,57 @@
 
 namespace colibri {
 
+namespace {
+
+void announce_signal(int rank, int signal) {
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n", rank, signal,
+               now);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
 TestFault test_fault_from_env(int rank) {
   TestFault fault;
   const char* spec = std::getenv("COLIBRI_TEST_FAULT");
   if (!spec) return fault;
-  char kind[16] = {};
-  int fault_rank = -1, layer = -1, after = 1;
-  const int fields = std::sscanf(spec, "%15[a-z]:%d:%d:%d", kind, &fault_rank, &layer, &after);
-  if (fields < 3 || after < 1) fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER]", spec);
-  const std::string k = kind;
+  char kind[16] = {}, where[16] = {};
+  int fault_rank = -1, after = 1;
+  const int fields =
+      std::sscanf(spec, "%15[a-z]:%d:%15[a-z0-9-]:%d", kind, &fault_rank, where, &after);
+  if (fields < 3 || after < 1)
+    fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER] or KIND:RANK:startup|load", spec);
+  const std::string k = kind, w = where;
   if (k != "corrupt" && k != "kill" && k != "stop")
     fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, corrupt)", k);
+  int layer = -1;
+  TestFault::Stage stage = TestFault::kNone;
+  if (w == "startup" || w == "load") {
+    if (k == "corrupt") fail("COLIBRI_TEST_FAULT: corrupt needs a layer, not '{}'", w);
+    stage = w == "startup" ? TestFault::kStartup : TestFault::kLoad;
+  } else {
+    char* end = nullptr;
+    layer = int(std::strtol(where, &end, 10));
+    if (*end != '\0' || layer < 0) fail("COLIBRI_TEST_FAULT layer '{}' is not a layer", w);
+  }
   if (fault_rank != rank) return fault;
   if (k == "corrupt") {
     fault.corrupt_reply_at_layer = layer;
   } else {
     fault.signal_at_layer = layer;
+    fault.signal_at_stage = stage;
     fault.signal = k == "kill" ? SIGKILL : SIGSTOP;
     fault.signal_after = after;
   }
   return fault;
+}
+
+void raise_test_fault(const TestFault& fault, TestFault::Stage stage, int rank) {
+  if (fault.signal_at_stage == TestFault::kNone || fault.signal_at_stage != stage) return;
+  announce_signal(rank, fault.signal);
+  std::raise(fault.signal);
 }
 
 void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
@@ -42,12 +73,7 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
   int fault_layer_requests = 0;
   while (channel.receive(request)) {
     if (request.layer == fault.signal_at_layer && ++fault_layer_requests == fault.signal_after) {
-      const double now =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
-      std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n",
-                   profiler.counters().rank, fault.signal, now);
-      std::fflush(stderr);
+      announce_signal(profiler.counters().rank, fault.signal);
       std::raise(fault.signal);
     }
     const size_t values = size_t(request.n_rows) * hidden;

@@ -10,15 +10,21 @@ namespace colibri {
 
 // Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER[:AFTER]": that expert rank kills
 // itself, stops itself, or corrupts its reply when serving LAYER (kill and stop: the AFTER-th
-// request for LAYER, counting from 1; default the first).
+// request for LAYER, counting from 1; default the first). LAYER may instead name a start-up point
+// (kill or stop only): "startup" (before the ranks compare their argument checks) or "load"
+// (after the handshake, before loading weights); those apply to any rank, the coordinator too.
 struct TestFault {
-  int signal_at_layer = -1;  // raise `signal` when a request for this layer arrives
+  enum Stage { kNone, kStartup, kLoad };
+  int signal_at_layer = -1;       // raise `signal` when a request for this layer arrives
+  Stage signal_at_stage = kNone;  // or at this start-up point
   int signal = 0;
   int signal_after = 1;             // which request for that layer
   int corrupt_reply_at_layer = -1;  // flip a byte of the reply (the transport does it)
 };
 // The fault of `rank` from the environment; none when unset or meant for another rank.
 TestFault test_fault_from_env(int rank);
+// Raises the fault's signal when `stage` is its start-up point.
+void raise_test_fault(const TestFault& fault, TestFault::Stage stage, int rank);
 
 void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
                    const TestFault& fault);

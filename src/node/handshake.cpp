@@ -15,51 +15,121 @@
 namespace colibri {
 namespace {
 
+constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+
 uint64_t fnv1a(uint64_t hash, std::string_view bytes) {
   for (char c : bytes) hash = (hash ^ uint8_t(c)) * 1099511628211ull;
   return hash;
 }
 
-}  // namespace
-
-std::string broadcast_bytes(MPI_Comm comm, int root, std::string bytes) {
-  uint64_t size = bytes.size();
-  CHECK_MPI(MPI_Bcast(&size, 1, MPI_UINT64_T, root, comm));
-  bytes.resize(size);
-  CHECK_MPI(MPI_Bcast(bytes.data(), int(size), MPI_BYTE, root, comm));
-  return bytes;
+uint64_t fnv1a(uint64_t hash, const std::vector<std::byte>& bytes) {
+  return fnv1a(hash, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
-std::vector<std::string> gather_bytes(MPI_Comm comm, int root, const std::string& bytes) {
+// Hashes `bytes` bytes of `file` starting `offset` bytes after `first`'s data.
+uint64_t hash_range(uint64_t hash, const SafetensorsFile& file, const TensorView& first,
+                    uint64_t offset, size_t bytes, std::vector<std::byte>& buffer) {
+  TensorView range = first;
+  range.data = first.data + offset;
+  range.nbytes = bytes;
+  buffer.resize(bytes);
+  file.read(range, buffer.data());
+  return fnv1a(hash, buffer);
+}
+
+// The heartbeat period for expert ranks whose --rank-timeout is `timeout_s` at the least: four
+// beats per timeout, at least one a second.
+double heartbeat_period(double timeout_s) {
+  return std::min(1.0, timeout_s / 4);
+}
+
+// The first setting of `scope` on which `h` disagrees with `reference`: the root for job-wide
+// settings (every value compared), the coordinator for the settings it alone uses (compared where
+// `h` was given them); "" if none.
+std::string setting_mismatch(const Hello& h, const Hello& reference, AgreedSetting::Scope scope) {
+  const RankIdentity& me = rank_identity();
+  auto find = [](const Hello& hello, const AgreedSetting& s) -> const AgreedSetting* {
+    for (const AgreedSetting& other : hello.settings)
+      if (other.flag == s.flag) return &other;
+    return nullptr;
+  };
+  if (h.rank == reference.rank) return {};
+  for (const AgreedSetting& s : h.settings) {
+    if (s.scope != scope || (scope == AgreedSetting::kCoordinator && !s.given)) continue;
+    const AgreedSetting* r = find(reference, s);
+    if (!r || r->value == s.value) continue;
+    if (scope == AgreedSetting::kJob)
+      return fmt::format(
+          "{} and {} disagree on {}: '{}' on {}, '{}' on {}; every rank must be given the same",
+          me.name_of(h.rank), me.name_of(reference.rank), s.flag, s.value, me.name_of(h.rank),
+          r->value, me.name_of(reference.rank));
+    return fmt::format(
+        "{} and {} disagree on {}: {} is given '{}' but the coordinator {} runs with '{}'; the "
+        "coordinator's value applies to the job: give every rank the same or leave {} out on the "
+        "expert ranks",
+        me.name_of(h.rank), me.name_of(reference.rank), s.flag, me.name_of(h.rank), s.value,
+        me.name_of(reference.rank), r->value, s.flag);
+  }
+  return {};
+}
+
+// What each rank sends at agree_to_start, and what rank 0 answers.
+struct Report {
+  std::string host;
+  StartupStatus status;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(host, status);
+  }
+};
+struct Answer {
+  int reporter = -1;
+  StartupStatus status;
+  std::vector<std::string> hosts;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(reporter, status, hosts);
+  }
+};
+
+}  // namespace
+
+StartupVerdict agree_to_start(MPI_Comm comm, const StartupStatus& mine, const Deadline& deadline) {
   int rank = 0, size = 0;
   CHECK_MPI(MPI_Comm_rank(comm, &rank));
   CHECK_MPI(MPI_Comm_size(comm, &size));
-  int length = int(bytes.size());
-  std::vector<int> lengths(size), offsets(size);
-  CHECK_MPI(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, comm));
-  std::string all;
-  if (rank == root) {
-    int total = 0;
+  const int root = 0;
+  const auto decide = [&](const std::vector<std::string>& reports) {
+    Answer answer;
+    int first_help = -1;
     for (int r = 0; r < size; ++r) {
-      offsets[size_t(r)] = total;
-      total += lengths[size_t(r)];
+      const Report report = from_bytes<Report>(reports[size_t(r)]);
+      answer.hosts.push_back(report.host);
+      if (!report.status.stop) continue;
+      if (report.status.is_error && (answer.reporter < 0 || !answer.status.is_error)) {
+        answer.reporter = r;
+        answer.status = report.status;
+      } else if (!report.status.is_error && first_help < 0) {
+        first_help = r;
+        if (answer.reporter < 0) {
+          answer.reporter = r;
+          answer.status = report.status;
+        }
+      }
     }
-    all.resize(size_t(total));
-  }
-  CHECK_MPI(MPI_Gatherv(bytes.data(), length, MPI_BYTE, all.data(), lengths.data(), offsets.data(),
-                        MPI_BYTE, root, comm));
-  std::vector<std::string> out;
-  if (rank == root)
-    for (int r = 0; r < size; ++r)
-      out.push_back(all.substr(size_t(offsets[size_t(r)]), size_t(lengths[size_t(r)])));
-  return out;
+    return to_bytes(answer);
+  };
+  Answer answer = from_bytes<Answer>(
+      agree_within(comm, root, to_bytes(Report{rank_identity().host, mine}), decide, deadline));
+  rank_identity().hosts = answer.hosts;
+  return {answer.reporter, std::move(answer.status), std::move(answer.hosts)};
 }
 
 uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& checkpoint) {
   std::ifstream in(model_dir / "config.json", std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
-  uint64_t hash = fnv1a(14695981039346656037ull, text.str());
+  uint64_t hash = fnv1a(kFnvOffset, text.str());
   for (const std::string& name : checkpoint.names()) {
     const TensorView* view = checkpoint.find(name);
     hash = fnv1a(
@@ -68,66 +138,156 @@ uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& ch
   return hash;
 }
 
-StartupPlan handshake(MPI_Comm comm, const ModelConfig& config, const Checkpoint& checkpoint,
+uint64_t weights_fingerprint(const Checkpoint& checkpoint) {
+  constexpr size_t kSamples = 16, kSampleBytes = 4096, kTensorBytes = 64;
+  uint64_t hash = kFnvOffset;
+  std::vector<std::byte> buffer;
+  for (const auto& shard : checkpoint.shards()) {
+    hash =
+        fnv1a(hash, fmt::format("{}|{};", shard->path().filename().string(), shard->file_bytes()));
+    // The data section: from the first tensor's bytes to the last one's end.
+    const TensorView* first = nullptr;
+    const std::byte* end = nullptr;
+    for (const auto& [name, view] : shard->tensors()) {
+      if (!first || view.data < first->data) first = &view;
+      if (!end || view.data + view.nbytes > end) end = view.data + view.nbytes;
+    }
+    if (!first) continue;
+    const uint64_t span = uint64_t(end - first->data);
+    if (span <= kSamples * kSampleBytes) {
+      hash = hash_range(hash, *shard, *first, 0, span, buffer);
+      continue;
+    }
+    for (size_t i = 0; i < kSamples; ++i)
+      hash = hash_range(hash, *shard, *first, (span - kSampleBytes) * i / (kSamples - 1),
+                        kSampleBytes, buffer);
+  }
+  for (const std::string& name : checkpoint.names()) {
+    if (name.find(".mlp.experts.") != std::string::npos) continue;  // routed: too many to read
+    const TensorView* view = checkpoint.find(name);
+    const size_t bytes = std::min(view->nbytes, kTensorBytes);
+    hash = hash_range(hash, checkpoint.shard_of(*view), *view, (view->nbytes - bytes) / 2, bytes,
+                      buffer);
+  }
+  return hash;
+}
+
+StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint* checkpoint,
                       const HandshakeInput& input) {
   int rank = 0, size = 0;
   CHECK_MPI(MPI_Comm_rank(comm, &rank));
   CHECK_MPI(MPI_Comm_size(comm, &size));
-  // Node-local rank and host index, for the default layout's GPU assignment.
-  MPI_Comm local;
-  CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+  const RankIdentity& me = rank_identity();
   Hello hello;
   hello.protocol_version = wire::kProtocolVersion;
   hello.rank = rank;
-  hello.host = rank_identity().host;
-  hello.model_hash = model_hash(input.model_dir, checkpoint);
+  hello.host = me.host;
+  hello.error = input.open_error;
+  hello.model_dir = input.model_dir.string();
+  if (hello.error.empty()) {
+    try {
+      hello.model_hash = model_hash(input.model_dir, *checkpoint);
+      hello.weights_fingerprint = weights_fingerprint(*checkpoint);
+    } catch (const Error& e) {
+      hello.error = e.what();
+    }
+  }
   hello.gpus_on_host = local_gpu_count();
-  CHECK_MPI(MPI_Comm_rank(local, &hello.local_rank));
-  CHECK_MPI(MPI_Comm_free(&local));
+  hello.local_rank = input.local_rank;
+  CHECK_MPI(MPI_Query_thread(&hello.thread_level));
+  hello.rank_timeout_s = input.rank_timeout_s;
+  hello.settings = input.settings;
 
   const int root = 0;
-  const std::vector<std::string> hellos = gather_bytes(comm, root, to_bytes(hello));
-  StartupPlan plan;
-  if (rank == root) {
+  const auto decide = [&](const std::vector<std::string>& hellos) {
+    StartupPlan plan;
     plan.wire_type = input.wire_type;
-    std::vector<Hello> all;
-    for (const auto& bytes : hellos) all.push_back(from_bytes<Hello>(bytes));
-    std::vector<int> local_rank, gpus, host_index;
-    std::vector<std::string> distinct_hosts;
+    std::vector<Hello> all(static_cast<size_t>(size));
+    for (int r = 0; r < size && plan.error.empty(); ++r) {
+      // The version comes first: a HELLO of another version is named, not misread.
+      int version = -1;
+      try {
+        version = from_bytes<int>(hellos[size_t(r)]);
+        if (version == wire::kProtocolVersion)
+          all[size_t(r)] = from_bytes<Hello>(hellos[size_t(r)]);
+      } catch (const std::exception&) {
+      }
+      if (version != wire::kProtocolVersion)
+        plan.error = fmt::format(
+            "{} speaks protocol version {}, {} speaks {} (every rank must run the same "
+            "colibri-node build)",
+            me.name_of(r), version, me.name_of(rank), wire::kProtocolVersion);
+    }
+    // Hosts come from the HELLOs when this is the first exchange (tests start a Node directly).
+    if (plan.error.empty()) {
+      for (const Hello& h : all) plan.hosts.push_back(h.host);
+      rank_identity().hosts = plan.hosts;
+    }
+    // A rank that could not open its model reports it itself.
     for (const Hello& h : all) {
-      plan.hosts.push_back(h.host);
-      auto it = std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host);
-      if (it == distinct_hosts.end()) it = distinct_hosts.insert(distinct_hosts.end(), h.host);
-      host_index.push_back(int(it - distinct_hosts.begin()));
-      local_rank.push_back(h.local_rank);
-      gpus.push_back(h.gpus_on_host);
+      if (!plan.error.empty()) break;
+      if (!h.error.empty()) {
+        plan.error = h.error;
+        plan.reporter = h.rank;
+        plan.names_reporter = true;
+      }
     }
     for (const Hello& h : all) {
-      if (h.protocol_version != wire::kProtocolVersion && plan.error.empty())
-        plan.error =
-            fmt::format("rank {}@{} speaks protocol version {}, rank {}@{} speaks {}", h.rank,
-                        h.host, h.protocol_version, rank, all[0].host, wire::kProtocolVersion);
-      if (h.model_hash != hello.model_hash && plan.error.empty())
+      if (!plan.error.empty()) break;
+      if (h.model_hash != hello.model_hash)
         plan.error = fmt::format(
-            "rank {}@{} loaded a different model than rank {}@{} (config or tensor index differ: "
-            "{:016x} vs {:016x}) from {}",
-            h.rank, h.host, rank, all[0].host, h.model_hash, hello.model_hash,
-            input.model_dir.string());
+            "{} loaded a different model than {} (config or tensor index differ: {:016x} vs "
+            "{:016x}): --model {} on {}, --model {} on {}",
+            me.name_of(h.rank), me.name_of(rank), h.model_hash, hello.model_hash, h.model_dir,
+            me.name_of(h.rank), hello.model_dir, me.name_of(rank));
+      else if (h.weights_fingerprint != hello.weights_fingerprint)
+        plan.error = fmt::format(
+            "{} loaded different weight data than {} (same config and tensor shapes, but the "
+            "sampled bytes or sizes of the safetensors files differ: fingerprint {:016x} vs "
+            "{:016x}): --model {} on {}, --model {} on {}",
+            me.name_of(h.rank), me.name_of(rank), h.weights_fingerprint, hello.weights_fingerprint,
+            h.model_dir, me.name_of(h.rank), hello.model_dir, me.name_of(rank));
+    }
+    for (const Hello& h : all) {
+      if (!plan.error.empty()) break;
+      plan.error = setting_mismatch(h, hello, AgreedSetting::kJob);
     }
     if (plan.error.empty()) {
+      std::vector<int> local_rank, gpus, host_index;
+      std::vector<std::string> distinct_hosts;
+      for (const Hello& h : all) {
+        auto it = std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host);
+        if (it == distinct_hosts.end()) it = distinct_hosts.insert(distinct_hosts.end(), h.host);
+        host_index.push_back(int(it - distinct_hosts.begin()));
+        local_rank.push_back(h.local_rank);
+        gpus.push_back(h.gpus_on_host);
+      }
       try {
         plan.layout = input.layout_file ? load_layout(*input.layout_file, size)
                                         : default_layout(size, local_rank, gpus, host_index);
-        plan.placement = make_placement(config, plan.layout, input.placement, input.expert_bytes);
+        plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes);
       } catch (const Error& e) {
         plan.error = e.what();
       }
     }
-  }
-  plan = from_bytes<StartupPlan>(
-      broadcast_bytes(comm, root, rank == root ? to_bytes(plan) : std::string()));
-  rank_identity().hosts = plan.hosts;
-  if (!plan.error.empty()) throw StartupRefused(plan.error);
+    if (plan.error.empty()) {
+      const Hello& coordinator = all[size_t(plan.layout.coordinator())];
+      for (const Hello& h : all) {
+        if (!plan.error.empty()) break;
+        plan.error = setting_mismatch(h, coordinator, AgreedSetting::kCoordinator);
+      }
+      double shortest_timeout = coordinator.rank_timeout_s;
+      for (const Hello& h : all) shortest_timeout = std::min(shortest_timeout, h.rank_timeout_s);
+      // The coordinator's heartbeat runs on its own thread.
+      plan.heartbeat_s =
+          coordinator.thread_level >= MPI_THREAD_MULTIPLE ? heartbeat_period(shortest_timeout) : 0;
+    }
+    return to_bytes(plan);
+  };
+  const StartupPlan plan =
+      from_bytes<StartupPlan>(agree_within(comm, root, to_bytes(hello), decide, input.deadline));
+  if (!plan.hosts.empty()) rank_identity().hosts = plan.hosts;
+  if (!plan.error.empty()) throw StartupRefused(plan.error, plan.reporter, plan.names_reporter);
   return plan;
 }
 

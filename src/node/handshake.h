@@ -1,6 +1,12 @@
-// Start-up agreement across ranks: every rank says who it is (HELLO: protocol version, model
-// identity, host, GPUs, node-local rank); rank 0 checks them, makes the layout and the placement
-// table, and broadcasts the plan, or one refusal every rank throws.
+// Start-up agreement across ranks, every step a collective with a deadline
+// (transport/deadline.h), so that no rank waits forever for one that failed, stopped or died:
+//
+// 1. agree_to_start: every rank's outcome of its own checks (arguments, files) and its host reach
+//    rank 0, which names the lowest rank that cannot go on; that rank prints its own error.
+// 2. handshake: every rank says who it is and what it runs (HELLO: protocol version, model
+//    identity including a fingerprint of the weight data, the settings that must agree, host,
+//    GPUs, node-local rank); rank 0 compares them, makes the layout and the placement table, and
+//    broadcasts the plan, or one refusal naming the ranks and the field.
 #pragma once
 
 #include <mpi.h>
@@ -18,36 +24,91 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "rank/placement.h"
+#include "transport/deadline.h"
 
 namespace colibri {
 
-// Protocol version and model identity, checked across all ranks at start-up.
-struct Hello {
-  int protocol_version = 0;
-  int rank = 0;
-  std::string host;
-  uint64_t model_hash = 0;
-  int gpus_on_host = 0;
-  int local_rank = 0;
-  int host_index = 0;
+// ---- 1. every rank's own checks ---------------------------------------------------------------
+
+// One rank's outcome of a start-up step.
+struct StartupStatus {
+  bool stop = false;  // this rank cannot go on: an error, or --help
+  int exit_code = 0;  // the job's exit code when this rank's stop is the one reported
+  bool is_error = false;
+  std::string message;  // the error, or the help text
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(protocol_version, rank, host, model_hash, gpus_on_host, local_rank, host_index);
+    ar(stop, exit_code, is_error, message);
+  }
+};
+
+struct StartupVerdict {
+  int reporter = -1;     // the rank whose stop is reported (the lowest error, else the lowest help)
+  StartupStatus status;  // the reporter's
+  std::vector<std::string> hosts;  // [size]
+};
+
+// Collective with a deadline over `comm`: every rank learns whether all can go on, and every
+// rank's host (rank_identity().hosts is set from it).
+StartupVerdict agree_to_start(MPI_Comm comm, const StartupStatus& mine, const Deadline& deadline);
+
+// ---- 2. the handshake --------------------------------------------------------------------------
+
+// A command-line setting compared across ranks at the handshake.
+struct AgreedSetting {
+  enum Scope : int {
+    kJob = 0,          // every rank's value must be the same (it sizes or shapes the exchange)
+    kCoordinator = 1,  // used by the coordinator only: a rank that is given it must be given
+                       // the coordinator's value
+  };
+  std::string flag;    // "--max-rows"
+  std::string value;   // the effective value, as compared
+  bool given = false;  // on this rank's command line
+  int scope = kJob;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(flag, value, given, scope);
+  }
+};
+
+// Protocol version and model identity, checked across all ranks at start-up.
+struct Hello {
+  int protocol_version = 0;  // serialized first, so that any version can read it
+  int rank = 0;
+  std::string host;
+  std::string error;  // this rank could not open its model; nothing below is set then
+  std::string model_dir;
+  uint64_t model_hash = 0;           // config.json and the tensor index
+  uint64_t weights_fingerprint = 0;  // sampled bytes of the weight data
+  int gpus_on_host = 0;
+  int local_rank = 0;
+  int thread_level = 0;       // MPI thread support this rank was given
+  double rank_timeout_s = 0;  // its --rank-timeout (the heartbeat is sent often enough for all)
+  std::vector<AgreedSetting> settings;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(protocol_version, rank, host, error, model_dir, model_hash, weights_fingerprint,
+       gpus_on_host, local_rank, thread_level, rank_timeout_s, settings);
   }
 };
 
 // What every rank starts with, decided by rank 0.
 struct StartupPlan {
-  std::string error;  // non-empty: every rank refuses to start
+  std::string error;            // non-empty: every rank refuses to start
+  int reporter = 0;             // the rank that prints the error
+  bool names_reporter = false;  // the error is the reporter's own (see StartupRefused)
   std::vector<std::string> hosts;
   Layout layout;
   PlacementTable placement;
   ElemType wire_type = ElemType::kF32;
+  double heartbeat_s = 0;  // coordinator -> expert ranks while idle; 0: none
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(error, hosts, layout, placement, wire_type);
+    ar(error, reporter, names_reporter, hosts, layout, placement, wire_type, heartbeat_s);
   }
 };
 
@@ -56,19 +117,26 @@ struct HandshakeInput {
   std::optional<std::filesystem::path> layout_file;
   PlacementPolicy placement = PlacementPolicy::kBalanced;
   uint64_t expert_bytes = 0;
-  ElemType wire_type = ElemType::kF32;  // rank 0's choice is everyone's
+  ElemType wire_type = ElemType::kF32;  // rank 0's; --wire is compared as a setting
+  std::string open_error;  // non-empty: this rank could not open its model (config, checkpoint)
+  int local_rank = 0;      // on its host, from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)
+  double rank_timeout_s = 300;
+  std::vector<AgreedSetting> settings;
+  Deadline deadline;
 };
 
 // FNV-1a of config.json and the tensor index (names, dtypes, shapes).
 uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& checkpoint);
 
-// Collective over `comm`. Throws StartupRefused (on every rank) when rank 0 refuses.
-StartupPlan handshake(MPI_Comm comm, const ModelConfig& config, const Checkpoint& checkpoint,
-                      const HandshakeInput& input);
+// A cheap fingerprint of the weight data: per safetensors file its name, size and 16 sampled
+// ranges of 4 KiB, and 64 bytes from the middle of every tensor that is not a routed expert.
+// Two checkpoints of the same shapes with different weights differ in it; a difference confined
+// to a few routed experts may not.
+uint64_t weights_fingerprint(const Checkpoint& checkpoint);
 
-// Rank `root` broadcasts a byte string to every rank.
-std::string broadcast_bytes(MPI_Comm comm, int root, std::string bytes);
-// Every rank's byte string, on `root` (empty elsewhere).
-std::vector<std::string> gather_bytes(MPI_Comm comm, int root, const std::string& bytes);
+// Collective over `comm`, with input.deadline. `config` and `checkpoint` are null when
+// input.open_error is set. Throws StartupRefused on every rank when a rank cannot start.
+StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint* checkpoint,
+                      const HandshakeInput& input);
 
 }  // namespace colibri

@@ -9,6 +9,7 @@
 #include "node/handshake.h"
 #include "node/memory_plan.h"
 #include "node/serialize.h"
+#include "transport/deadline.h"
 #include "transport/exchange.h"
 #include "transport/local_dispatcher.h"
 #include "transport/mpi_check.h"
@@ -26,18 +27,35 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   me.size = size_;
   me.host = std::string(host, size_t(host_length));
 
-  config_ = load_model_config(options_.model_dir);
-  checkpoint_ = std::make_unique<Checkpoint>(options_.model_dir, config_.fp8_block);
   HandshakeInput input;
+  // Node-local rank, for the default layout's GPU assignment. MPI_Comm_split_type blocks without
+  // a deadline: it comes first, while every rank is at the same point, before any file is read.
+  MPI_Comm local;
+  CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+  CHECK_MPI(MPI_Comm_rank(local, &input.local_rank));
+  CHECK_MPI(MPI_Comm_free(&local));
+
+  // A model this rank cannot open is reported by the handshake, so that the other ranks learn
+  // it instead of waiting.
+  try {
+    config_ = load_model_config(options_.model_dir);
+    checkpoint_ = std::make_unique<Checkpoint>(options_.model_dir, config_.fp8_block);
+    input.expert_bytes = expert_bytes();
+  } catch (const Error& e) {
+    input.open_error = e.what();
+  }
   input.model_dir = options_.model_dir;
   input.layout_file = options_.layout_file;
   input.placement = options_.placement;
-  input.expert_bytes = expert_bytes();
   input.wire_type = options_.wire_type;
-  StartupPlan plan = handshake(comm_, config_, *checkpoint_, input);
+  input.rank_timeout_s = options_.rank_timeout_s;
+  input.settings = options_.settings;
+  input.deadline = startup_deadline("start-up (handshake)");
+  StartupPlan plan = handshake(comm_, checkpoint_ ? &config_ : nullptr, checkpoint_.get(), input);
   layout_ = std::move(plan.layout);
   placement_ = std::move(plan.placement);
   wire_type_ = plan.wire_type;
+  raise_test_fault(options_.fault, TestFault::kLoad, rank_);
 
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
   if (spec.role == Role::kGpuExpert)
@@ -69,6 +87,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.coordinator = layout_.coordinator();
   exchange.profiler = profiler_.get();
   exchange.options.rank_timeout_s = options_.rank_timeout_s;
+  exchange.options.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
   if (size_ == 1) {
@@ -88,8 +107,15 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
                                        profiler_.get());
   }
-  CHECK_MPI(MPI_Barrier(comm_));
+  // Every rank has loaded its weights and built its exchange.
+  agree_within(
+      comm_, 0, {}, [](const std::vector<std::string>&) { return std::string(); },
+      startup_deadline("start-up (exchange ready)"));
   profiler_->restart_epoch();
+}
+
+Deadline Node::startup_deadline(std::string stage) const {
+  return {options_.startup_timeout_s, "--startup-timeout", std::move(stage)};
 }
 
 Node::~Node() {
@@ -117,9 +143,13 @@ void Node::open_expert_store() {
                                                 store_options.ram_bytes, store_options.pin_bytes),
                              available_memory_bytes(), rank_identity().name_of(rank_));
   // Collective, so that every rank refuses together and rank 0 can print the reason.
-  int refused_rank = refusal.empty() ? -1 : rank_;
-  CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &refused_rank, 1, MPI_INT, MPI_MAX, comm_));
-  if (refused_rank >= 0) throw StartupRefused(broadcast_bytes(comm_, refused_rank, refusal));
+  StartupStatus status;
+  status.stop = status.is_error = !refusal.empty();
+  status.exit_code = 1;
+  status.message = refusal;
+  const StartupVerdict verdict =
+      agree_to_start(comm_, status, startup_deadline("start-up (weights loaded, memory checked)"));
+  if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
   if (!has_store) return;
 
   expert_store_ = std::make_unique<ExpertStore>(
@@ -173,7 +203,9 @@ std::vector<RankReport> Node::gather_reports() {
     mine.loader_us = stats.load_us;
     mine.loader_wait_us = stats.wait_us;
   }
-  const std::vector<std::string> all = gather_bytes(comm_, layout_.coordinator(), to_bytes(mine));
+  const std::vector<std::string> all =
+      gather_within(comm_, layout_.coordinator(), to_bytes(mine),
+                    {options_.rank_timeout_s, "--rank-timeout", "the end-of-run reports"});
   std::vector<RankReport> reports;
   for (const auto& bytes : all) reports.push_back(from_bytes<RankReport>(bytes));
   if (dispatcher_ && is_coordinator()) {

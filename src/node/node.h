@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "node/expert_server.h"
+#include "node/handshake.h"
 #include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/placement.h"
@@ -37,14 +38,18 @@ struct NodeOptions {
   double ram_gb = 0;  // expert rank RAM cache for routed experts; 0 = all resident. The
                       // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;  // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
-  double rank_timeout_s = 300;
+  double rank_timeout_s = 300;     // longest silence of a peer once started (see the transport)
+  double startup_timeout_s = 300;  // longest wait for the other ranks at each start-up step
+  std::vector<AgreedSetting> settings;  // compared across ranks at the handshake
   bool keep_trace = false;
   TestFault fault;  // test hook
 };
 
 class Node {
  public:
-  // Collective over `comm`: HELLO, layout, placement, then each rank loads its weights.
+  // Collective over `comm`: HELLO, layout, placement, then each rank loads its weights; every
+  // step waits at most startup_timeout_s for the other ranks. Throws StartupRefused on every rank
+  // when the ranks do not agree or one cannot open its model.
   Node(MPI_Comm comm, const NodeOptions& options);
   ~Node();
 
@@ -65,13 +70,15 @@ class Node {
   void shutdown();
   // Expert rank: serves requests until the coordinator shuts down.
   void serve();
-  // Collective: every rank's report, on the coordinator (empty elsewhere).
+  // Collective with the --rank-timeout deadline: every rank's report, on the coordinator (empty
+  // elsewhere).
   std::vector<RankReport> gather_reports();
 
  private:
   // Expert rank: the store of owned routed experts, refused (collectively) when its projected
   // peak memory exceeds MemAvailable.
   void open_expert_store();
+  Deadline startup_deadline(std::string stage) const;
 
   MPI_Comm comm_;
   NodeOptions options_;

@@ -1,14 +1,13 @@
 #include "transport/mpi_transport.h"
 
 #include <fmt/format.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "common/error.h"
+#include "transport/deadline.h"
 #include "transport/mpi_check.h"
 
 namespace colibri {
@@ -16,24 +15,18 @@ namespace {
 
 constexpr size_t kHeaderBytes = sizeof(wire::Header);
 
-// Yields for the first polls, then sleeps in short steps: waiting ranks must not starve the
-// ranks that compute when the machine is oversubscribed.
-class Backoff {
- public:
-  void pause() {
-    if (++polls_ < 64) {
-      sched_yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min<int>(polls_ - 63, 50)));
-    }
-  }
-
- private:
-  int polls_ = 0;
-};
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+// The heartbeat: a header alone. It never changes, so sends of it need no buffer of their own.
+const wire::Header& heartbeat_header() {
+  static const wire::Header header{wire::kMagic,
+                                   wire::kProtocolVersion,
+                                   uint16_t(wire::Opcode::kHeartbeat),
+                                   0,
+                                   -1,
+                                   0,
+                                   0,
+                                   0,
+                                   wire::checksum(nullptr, 0)};
+  return header;
 }
 
 void require_host_f32(ConstView v, const char* what) {
@@ -75,25 +68,88 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
     }
     active_.reserve(peers_.size());
     row_f32_.resize(size_t(shape_.hidden));
+    if (options_.heartbeat_s > 0 && !peers_.empty())
+      heartbeat_ = std::thread([this] { send_heartbeats(); });
   } else {
     request_buffer_.resize(request_bytes);
     reply_buffer_.resize(reply_bytes);
     request_pairs_.reserve(max_pairs);
+    control_buffer_.resize(kHeaderBytes);
     post_request_receive();
+    post_control_receive();
   }
 }
 
 MpiTransport::~MpiTransport() {
+  stop_heartbeat();
   // Receives still posted at exit (an expert rank after shutdown has none) are cancelled.
-  if (request_receive_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&request_receive_);
-    MPI_Request_free(&request_receive_);
+  for (MPI_Request* receive : {&request_receive_, &control_receive_}) {
+    if (*receive == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(receive);
+    MPI_Request_free(receive);
   }
 }
 
 void MpiTransport::post_request_receive() {
   CHECK_MPI(MPI_Irecv(request_buffer_.data(), int(request_buffer_.size()), MPI_BYTE, coordinator_,
                       wire::kTagRequest, comm_, &request_receive_));
+}
+
+void MpiTransport::post_control_receive() {
+  CHECK_MPI(MPI_Irecv(control_buffer_.data(), int(control_buffer_.size()), MPI_BYTE, coordinator_,
+                      wire::kTagControl, comm_, &control_receive_));
+}
+
+void MpiTransport::send_heartbeats() {
+  const auto period = std::chrono::duration<double>(options_.heartbeat_s);
+  // One heartbeat in flight per peer: a peer that does not take them gets no more.
+  std::vector<MPI_Request> sends(peers_.size(), MPI_REQUEST_NULL);
+  std::unique_lock lock(heartbeat_mutex_);
+  for (;;) {
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      if (sends[i] != MPI_REQUEST_NULL) {
+        int done = 0;
+        CHECK_MPI(MPI_Test(&sends[i], &done, MPI_STATUS_IGNORE));
+      }
+      if (sends[i] == MPI_REQUEST_NULL)
+        CHECK_MPI(MPI_Isend(&heartbeat_header(), int(kHeaderBytes), MPI_BYTE, peers_[i].rank,
+                            wire::kTagControl, comm_, &sends[i]));
+    }
+    if (heartbeat_wake_.wait_for(lock, period, [this] { return heartbeat_stop_; })) break;
+  }
+  // The header is static: a send still in flight may complete on its own.
+  for (MPI_Request& send : sends)
+    if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+}
+
+void MpiTransport::stop_heartbeat() {
+  if (!heartbeat_.joinable()) return;
+  {
+    std::lock_guard lock(heartbeat_mutex_);
+    heartbeat_stop_ = true;
+  }
+  heartbeat_wake_.notify_all();
+  heartbeat_.join();
+}
+
+bool MpiTransport::take_heartbeats() {
+  bool any = false;
+  for (;;) {
+    int done = 0;
+    MPI_Status status;
+    CHECK_MPI(MPI_Test(&control_receive_, &done, &status));
+    if (!done) return any;
+    int count = 0;
+    CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    wire::Header h;
+    std::memcpy(&h, control_buffer_.data(), kHeaderBytes);
+    if (size_t(count) != kHeaderBytes || h.magic != wire::kMagic ||
+        h.version != wire::kProtocolVersion || h.opcode != uint16_t(wire::Opcode::kHeartbeat))
+      abort_job(fmt::format("corrupted control message from {}: {} bytes, opcode {}",
+                            rank_identity().name_of(coordinator_), count, h.opcode));
+    any = true;
+    post_control_receive();
+  }
 }
 
 void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
@@ -264,6 +320,7 @@ void MpiTransport::combine(View out) {
 }
 
 void MpiTransport::shutdown() {
+  stop_heartbeat();
   std::vector<MPI_Request*> sends;
   std::vector<int> ranks;
   for (Peer& peer : peers_) {
@@ -290,10 +347,19 @@ bool MpiTransport::receive(ExpertRequest& request) {
   {
     auto scope = profiler_.scope(Phase::kRecvWait, layer_);
     Backoff backoff;
+    // Heartbeats that arrived while this rank computed count from now on.
+    auto heard = std::chrono::steady_clock::now();
+    const double limit =
+        options_.rank_timeout_s + (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
     for (;;) {
       int done = 0;
       CHECK_MPI(MPI_Test(&request_receive_, &done, &status));
       if (done) break;
+      if (take_heartbeats()) heard = std::chrono::steady_clock::now();
+      if (options_.heartbeat_s > 0 && seconds_since(heard) > limit)
+        abort_job(fmt::format(
+            "coordinator {} is silent: no request or heartbeat within {:.1f} s (--rank-timeout)",
+            rank_identity().name_of(coordinator_), options_.rank_timeout_s));
       backoff.pause();
     }
   }

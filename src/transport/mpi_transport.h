@@ -1,11 +1,17 @@
 // The exchange over MPI non-blocking point-to-point with preposted receives. Send and receive
 // buffers are allocated at construction, one pair per peer, for the largest call (max_rows);
-// every wait polls against a deadline and names the silent peer.
+// every wait polls against a deadline and names the silent peer. The coordinator also sends each
+// expert rank a heartbeat (wire::kTagControl) every heartbeat_s from its own thread (so MPI must
+// provide MPI_THREAD_MULTIPLE), so that an expert rank tells an idle coordinator from a stopped
+// one: nothing, request or heartbeat, for rank_timeout_s ends the job.
 #pragma once
 
 #include <mpi.h>
 
+#include <condition_variable>
 #include <cstddef>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/profile.h"
@@ -16,7 +22,10 @@
 namespace colibri {
 
 struct MpiTransportOptions {
-  double rank_timeout_s = 300;          // longest wait for a peer within an exchange
+  double rank_timeout_s = 300;  // longest wait for a peer within an exchange, and (expert rank,
+                                // with heartbeats) for the next request or heartbeat
+  double heartbeat_s = 0;       // period of the coordinator's heartbeat; 0: none (no deadline
+                                // for an idle expert rank then)
   ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
   // Test hook: this rank flips one payload byte of its reply at this layer (-1: never).
   int corrupt_reply_at_layer = -1;
@@ -53,6 +62,12 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
                 const char* what, int layer);
   void validate_reply(const Peer& peer, int count_bytes);
   void post_request_receive();
+  void post_control_receive();
+  // Coordinator: the heartbeat thread's loop, and its end.
+  void send_heartbeats();
+  void stop_heartbeat();
+  // Expert rank: takes the heartbeats that arrived; true if any did.
+  bool take_heartbeats();
 
   MPI_Comm comm_;
   const PlacementTable& placement_;
@@ -73,6 +88,10 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   std::vector<uint64_t> slowest_;  // [world size]
   std::vector<Peer*> active_;      // peers of this exchange, ascending rank
   std::vector<float> row_f32_;     // [hidden] one partial row converted from the wire type
+  std::thread heartbeat_;
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_wake_;
+  bool heartbeat_stop_ = false;
 
   // expert side
   std::vector<std::byte> request_buffer_;
@@ -81,6 +100,8 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   MPI_Request request_receive_ = MPI_REQUEST_NULL;
   MPI_Request reply_send_ = MPI_REQUEST_NULL;
   wire::Header request_header_{};
+  std::vector<std::byte> control_buffer_;  // one heartbeat
+  MPI_Request control_receive_ = MPI_REQUEST_NULL;
 };
 
 }  // namespace colibri

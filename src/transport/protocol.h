@@ -10,18 +10,20 @@
 namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
-constexpr uint16_t kProtocolVersion = 2;
+constexpr uint16_t kProtocolVersion = 3;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
   kExpertReply = 2,    // owner -> coordinator: one pre-summed partial row per received row
   kShutdown = 3,       // coordinator -> owner: no more requests; send your report
+  kHeartbeat = 4,      // coordinator -> owner, on kTagControl: alive, though no request comes
 };
 
 // MPI tags: requests and replies never share a tag, so preposted receives match by kind.
 constexpr int kTagRequest = 101;
 constexpr int kTagReply = 102;
-constexpr int kTagControl = 103;
+constexpr int kTagControl = 103;     // heartbeats: a header alone
+constexpr int kTagCollective = 104;  // start-up and report collectives (transport/deadline.h)
 
 struct Header {
   uint32_t magic;

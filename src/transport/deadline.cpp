@@ -1,0 +1,166 @@
+#include "transport/deadline.h"
+
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "transport/mpi_check.h"
+#include "transport/protocol.h"
+
+namespace colibri {
+namespace {
+
+std::string join_names(const std::vector<int>& ranks) {
+  std::string names;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) names += i + 1 == ranks.size() ? " and " : ", ";
+    names += rank_identity().name_of(ranks[i]);
+  }
+  return names;
+}
+
+// Waits until every request is complete; at the deadline, names the peers of the incomplete ones.
+void wait_sends(std::vector<MPI_Request>& requests, const std::vector<int>& peers,
+                const Deadline& deadline, std::chrono::steady_clock::time_point start) {
+  Backoff backoff(2000);
+  for (;;) {
+    int done = 0;
+    CHECK_MPI(MPI_Testall(int(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (seconds_since(start) > deadline.seconds) {
+      std::vector<int> silent;
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (requests[i] != MPI_REQUEST_NULL) silent.push_back(peers[i]);
+      abort_job(fmt::format("{} {} silent: no answer at {} within {:.1f} s ({})",
+                            join_names(silent), silent.size() == 1 ? "is" : "are", deadline.stage,
+                            deadline.seconds, deadline.flag));
+    }
+    backoff.pause();
+  }
+}
+
+}  // namespace
+
+void Backoff::pause() {
+  if (++polls_ < 64) {
+    sched_yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(std::min(polls_ - 63, max_sleep_us_)));
+  }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::string& bytes,
+                                       const Deadline& deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  int rank = 0, size = 0;
+  CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  CHECK_MPI(MPI_Comm_size(comm, &size));
+  if (rank != root) {
+    std::vector<MPI_Request> send(1, MPI_REQUEST_NULL);
+    CHECK_MPI(MPI_Isend(bytes.data(), int(bytes.size()), MPI_BYTE, root, wire::kTagCollective, comm,
+                        send.data()));
+    wait_sends(send, {root}, deadline, start);
+    return {};
+  }
+  std::vector<std::string> all(static_cast<size_t>(size));
+  all[size_t(root)] = bytes;
+  std::vector<bool> arrived(size_t(size), false);
+  arrived[size_t(root)] = true;
+  int remaining = size - 1;
+  Backoff backoff(2000);
+  while (remaining > 0) {
+    for (int r = 0; r < size; ++r) {
+      if (arrived[size_t(r)]) continue;
+      int found = 0;
+      MPI_Message message;
+      MPI_Status status;
+      CHECK_MPI(MPI_Improbe(r, wire::kTagCollective, comm, &found, &message, &status));
+      if (!found) continue;
+      int count = 0;
+      CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+      all[size_t(r)].resize(size_t(count));
+      CHECK_MPI(MPI_Mrecv(all[size_t(r)].data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+      arrived[size_t(r)] = true;
+      --remaining;
+    }
+    if (remaining == 0) break;
+    if (seconds_since(start) > deadline.seconds) {
+      std::vector<int> missing;
+      for (int r = 0; r < size; ++r)
+        if (!arrived[size_t(r)]) missing.push_back(r);
+      abort_job(fmt::format("{} {} silent: did not reach {} within {:.1f} s ({})",
+                            join_names(missing), missing.size() == 1 ? "is" : "are", deadline.stage,
+                            deadline.seconds, deadline.flag));
+    }
+    backoff.pause();
+  }
+  return all;
+}
+
+std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
+                         const std::function<std::string(const std::vector<std::string>&)>& decide,
+                         const Deadline& deadline) {
+  const auto start = std::chrono::steady_clock::now();
+  int rank = 0, size = 0;
+  CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  CHECK_MPI(MPI_Comm_size(comm, &size));
+  if (rank == root) {
+    // "Arrived" (an empty message) first, then the gather, then the answer: on one tag, in order.
+    std::vector<MPI_Request> sends;
+    std::vector<int> peers;
+    for (int r = 0; r < size; ++r) {
+      if (r == root) continue;
+      peers.push_back(r);
+      CHECK_MPI(
+          MPI_Isend(nullptr, 0, MPI_BYTE, r, wire::kTagCollective, comm, &sends.emplace_back()));
+    }
+    const std::string answer = decide(gather_within(comm, root, bytes, deadline));
+    for (int r : peers)
+      CHECK_MPI(MPI_Isend(answer.data(), int(answer.size()), MPI_BYTE, r, wire::kTagCollective,
+                          comm, &sends.emplace_back()));
+    peers.insert(peers.end(), peers.begin(), peers.end());
+    wait_sends(sends, peers, deadline, std::chrono::steady_clock::now());
+    return answer;
+  }
+  std::vector<MPI_Request> send(1, MPI_REQUEST_NULL);
+  CHECK_MPI(MPI_Isend(bytes.data(), int(bytes.size()), MPI_BYTE, root, wire::kTagCollective, comm,
+                      send.data()));
+  const double later = reports_first(rank, root) ? 0 : kLaterReportSeconds;
+  // Receives the root's next message; names it silent after `limit` seconds from `since`.
+  const auto receive = [&](std::chrono::steady_clock::time_point since, double limit,
+                           const char* silence) {
+    Backoff backoff(2000);
+    for (;;) {
+      int found = 0;
+      MPI_Message message;
+      MPI_Status status;
+      CHECK_MPI(MPI_Improbe(root, wire::kTagCollective, comm, &found, &message, &status));
+      if (found) {
+        int count = 0;
+        CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+        std::string out(size_t(count), '\0');
+        CHECK_MPI(MPI_Mrecv(out.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+        return out;
+      }
+      if (seconds_since(since) > limit + later)
+        abort_job(fmt::format("{} is silent: {} {} within {:.1f} s ({})",
+                              rank_identity().name_of(root), silence, deadline.stage, limit,
+                              deadline.flag));
+      backoff.pause();
+    }
+  };
+  receive(start, deadline.seconds, "did not reach");
+  // The root waits deadline.seconds at most for the others, then answers or ends the job.
+  std::string answer = receive(std::chrono::steady_clock::now(),
+                               deadline.seconds + kLaterReportSeconds, "no answer at");
+  wait_sends(send, {root}, deadline, start);
+  return answer;
+}
+
+}  // namespace colibri

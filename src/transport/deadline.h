@@ -1,0 +1,64 @@
+// Collectives that cannot hang: a gather to one rank, and a gather-decide-answer step, built on
+// point-to-point messages (tag wire::kTagCollective) whose every wait polls against a deadline.
+// When the deadline passes, the waiting rank names the rank that did not arrive and ends the job
+// (a non-blocking MPI collective would only say "not yet", never who is missing). Start-up, the
+// handshake and the end-of-run reports go through these.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace colibri {
+
+// How long a collective waits for the other ranks, and what to call it when they do not come.
+struct Deadline {
+  double seconds = 300;
+  const char* flag = "--startup-timeout";  // the option that sets `seconds`, named in the error
+  std::string stage;                       // e.g. "start-up (handshake)"
+};
+
+// Polling pause: yields for the first polls, then sleeps in steps growing up to `max_sleep_us`,
+// so that waiting ranks do not starve the ranks that compute on an oversubscribed machine.
+class Backoff {
+ public:
+  explicit Backoff(int max_sleep_us = 50) : max_sleep_us_(max_sleep_us) {}
+  void pause();
+
+ private:
+  int polls_ = 0;
+  int max_sleep_us_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+// When every rank but one waits on that one (the root of a collective, or the coordinator), the
+// first of them reports it at the deadline and the others this much later: by then the first
+// one's MPI_Abort has usually ended the job, and the user reads one report, not one per rank.
+constexpr double kLaterReportSeconds = 2.0;
+// Whether `rank` is the one that reports a silent `awaited` rank first.
+inline bool reports_first(int rank, int awaited) {
+  return rank == (awaited == 0 ? 1 : 0);
+}
+
+// Every rank's bytes, on `root` ([size], empty elsewhere). The root waits at most
+// deadline.seconds for the others, then names the ranks that did not arrive and aborts the job;
+// the other ranks wait (as long) for their bytes to be taken.
+std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::string& bytes,
+                                       const Deadline& deadline);
+
+// One start-up step as a collective: every rank's `bytes` reach `root`, which calls `decide` on
+// them ([size]) and sends its answer to every rank; returns the answer on every rank. The root
+// tells every rank when it has arrived, so that a rank waiting for it blames the right one: the
+// root names the ranks that did not arrive within deadline.seconds of its own arrival; a rank
+// names the root when it did not arrive within deadline.seconds, or did not answer within
+// deadline.seconds more. Past the first rank to report a silent root, the others wait
+// kLaterReportSeconds longer.
+std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
+                         const std::function<std::string(const std::vector<std::string>&)>& decide,
+                         const Deadline& deadline);
+
+}  // namespace colibri
