@@ -10,11 +10,10 @@
 
 #include "common/error.h"
 #include "coordinator/kv_manager.h"
+#include "local_model.h"
 #include "model/checkpoint.h"
-#include "rank/expert_backend.h"
 #include "schedule.h"
 #include "tools/convert.h"
-#include "transport/local_dispatcher.h"
 
 namespace colibri {
 namespace {
@@ -31,30 +30,11 @@ std::string error_of(const std::function<void()>& f) {
   return "accepted";
 }
 
-// A parity model with a one-process engine over it.
-struct LocalModel {
-  ModelConfig config;
-  std::unique_ptr<Checkpoint> checkpoint;
-  ModelWeights weights;
-  PlacementTable placement;
-  std::unique_ptr<CpuExpertBackend> backend;
-  std::unique_ptr<LocalDispatcher> dispatcher;
-
-  explicit LocalModel(const std::string& name) : LocalModel(kParityDir / name / "model", false) {}
-  LocalModel(const std::filesystem::path& dir, bool keep_quantized) {
-    config = load_model_config(dir);
-    checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
-    LoadOptions load;
-    load.keep_quantized = keep_quantized;
-    weights = load_model_weights(config, *checkpoint, load);
-    placement =
-        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
-    backend = std::make_unique<CpuExpertBackend>(config, weights);
-    dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
-  }
-  std::unique_ptr<Engine> engine(const EngineOptions& options) {
-    return std::make_unique<Engine>(config, weights, placement, *dispatcher, options);
-  }
+// A parity model, or a model directory, with a one-process engine over it.
+struct LocalModel : testing::LocalModel {
+  explicit LocalModel(const std::string& name) : testing::LocalModel(kParityDir / name / "model") {}
+  LocalModel(const std::filesystem::path& dir, bool keep_quantized)
+      : testing::LocalModel(dir, keep_quantized) {}
 };
 
 using Case = std::tuple<std::string, int>;  // fixture, sequences

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "../engine/local_model.h"
 #include "../engine/schedule.h"
 #include "common/npy.h"
 #include "coordinator/sampler.h"
@@ -79,20 +80,6 @@ std::vector<float> run_sequence(Engine& engine, const Golden& g) {
   return logits;
 }
 
-// The single-process engine (every expert local), built in this process.
-struct LocalEngine {
-  PlacementTable placement;
-  CpuExpertBackend backend;
-  LocalDispatcher dispatcher;
-  Engine engine;
-  LocalEngine(const ModelConfig& config, const ModelWeights& weights, int max_rows)
-      : placement(make_placement(config, default_layout(1, {0}, {0}, {0}),
-                                 PlacementPolicy::kBalanced, 0)),
-        backend(config, weights),
-        dispatcher(backend, config.hidden_size),
-        engine(config, weights, placement, dispatcher, EngineOptions{max_rows, 0, 1}) {}
-};
-
 using Case = std::tuple<std::string, std::string>;  // fixture, placement
 class NodeEquality : public ::testing::TestWithParam<Case> {};
 
@@ -126,8 +113,9 @@ TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
   const ModelWeights weights = load_model_weights(config, checkpoint);
   ReferenceModel reference(config, weights);
   const std::vector<float> expected = run_one_token_per_call(reference, g);
-  LocalEngine local(config, weights, options.max_rows);
-  const std::vector<float> single_process = run_sequence(local.engine, g);
+  testing::LocalModel local(options.model_dir);
+  const std::vector<float> single_process =
+      run_sequence(*local.engine(EngineOptions{options.max_rows, 0, 1}), g);
 
   ASSERT_EQ(distributed.size(), expected.size());
   ASSERT_EQ(distributed.size(), g.logits.data.size());

@@ -9,34 +9,18 @@
 #include <memory>
 #include <thread>
 
+#include "../engine/local_model.h"
 #include "coordinator/scheduler.h"
-#include "model/checkpoint.h"
-#include "rank/expert_backend.h"
-#include "transport/local_dispatcher.h"
 
 namespace colibri {
 namespace {
 
 const std::filesystem::path kModel = COLIBRI_EMBEDDED_MODEL;
 
-struct LocalModel {
-  ModelConfig config;
-  std::unique_ptr<Checkpoint> checkpoint;
-  ModelWeights weights;
-  PlacementTable placement;
-  std::unique_ptr<CpuExpertBackend> backend;
-  std::unique_ptr<LocalDispatcher> dispatcher;
+// The embedded model with a one-process engine, and its tokenizer.
+struct LocalModel : testing::LocalModel {
   Tokenizer tokenizer = Tokenizer::load(kModel / "tokenizer.json");
-
-  LocalModel() {
-    config = load_model_config(kModel);
-    checkpoint = std::make_unique<Checkpoint>(kModel, config.fp8_block);
-    weights = load_model_weights(config, *checkpoint);
-    placement =
-        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
-    backend = std::make_unique<CpuExpertBackend>(config, weights);
-    dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
-  }
+  LocalModel() : testing::LocalModel(kModel) {}
 };
 
 LocalModel& model() {

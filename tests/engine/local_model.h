@@ -1,0 +1,44 @@
+// A model with a one-process engine over it: every routed expert runs in-process through the
+// CPU expert backend and the local dispatcher, as colibri-node does alone.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+
+#include "coordinator/engine.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "rank/expert_backend.h"
+#include "rank/placement.h"
+#include "transport/local_dispatcher.h"
+
+namespace colibri::testing {
+
+struct LocalModel {
+  ModelConfig config;
+  std::unique_ptr<Checkpoint> checkpoint;
+  ModelWeights weights;
+  PlacementTable placement;
+  std::unique_ptr<CpuExpertBackend> backend;
+  std::unique_ptr<LocalDispatcher> dispatcher;
+
+  // keep_quantized: a container's projections stay as stored, as the engine loads them.
+  explicit LocalModel(const std::filesystem::path& dir, bool keep_quantized = false) {
+    config = load_model_config(dir);
+    checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
+    LoadOptions load;
+    load.keep_quantized = keep_quantized;
+    weights = load_model_weights(config, *checkpoint, load);
+    placement =
+        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+    backend = std::make_unique<CpuExpertBackend>(config, weights);
+    dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
+  }
+
+  std::unique_ptr<Engine> engine(const EngineOptions& options) {
+    return std::make_unique<Engine>(config, weights, placement, *dispatcher, options);
+  }
+};
+
+}  // namespace colibri::testing
