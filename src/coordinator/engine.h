@@ -40,7 +40,8 @@ class Engine {
 
   // One forward call. Returns the logits of the rows marked `logits`, in row order
   // [those rows, vocab]. An invalid batch (rows out of order, a full KV pool, more rows than
-  // max_rows) is an Error before any state changes.
+  // max_rows) is an Error before any sequence's contents or length change (blocks already
+  // reserved for other sequences of the batch stay theirs).
   std::vector<float> forward(const Batch& batch);
   // One sequence: appends `tokens` in calls of at most max_rows rows. Returns the logits of every
   // token, or only of the last when all_logits is false.
