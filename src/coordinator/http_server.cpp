@@ -410,7 +410,9 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
                                           .count() -
                                       started) *
                                1e-9;
-        give_up = stalled > std::max(0.25, 2 * scheduler.longest_step_seconds());
+        // Open MPI follows its SIGTERM with SIGKILL after odls_base_sigkill_timeout (1 s): decide
+        // and tell the clients well within that.
+        give_up = stalled > std::max(0.1, 4 * scheduler.typical_step_seconds());
       }
       if (give_up) {
         const std::string why =
@@ -421,7 +423,7 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
         std::fprintf(stderr, "colibri-node: error: %s; every request was ended with an error\n",
                      why.c_str());
         std::fflush(stderr);
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
         std::_Exit(1);
       }
     }

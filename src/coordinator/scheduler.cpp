@@ -424,6 +424,10 @@ void Scheduler::step() {
   step_started_ns_ = 0;
   const double took = seconds(start, Clock::now());
   if (took > longest_step_s_) longest_step_s_ = took;
+  // A moving average of recent steps: one slow step (a descheduled rank) does not make every
+  // later stall look normal.
+  const double typical = typical_step_s_;
+  typical_step_s_ = typical == 0 ? took : 0.9 * typical + 0.1 * took;
   metrics_.observe_step(batch_.size(), took);
 
   const size_t vocab = size_t(engine_.config().vocab_size);

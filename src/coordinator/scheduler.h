@@ -108,10 +108,12 @@ class Scheduler {
   // Any thread: an error event (503) to every request not yet ended.
   void fail_all(const std::string& message);
 
-  // Start of the forward call in progress (steady clock, ns; 0 when none) and the longest one
-  // so far: a signal watcher tells a stalled exchange from a slow one.
+  // Start of the forward call in progress (steady clock, ns; 0 when none), the longest one so
+  // far and a moving average of recent ones: a signal watcher tells a stalled exchange from a
+  // slow one.
   int64_t step_started_ns() const { return step_started_ns_; }
   double longest_step_seconds() const { return longest_step_s_; }
+  double typical_step_seconds() const { return typical_step_s_; }
 
   // Test hook: the logits row each token was sampled from.
   std::function<void(const ServeJob&, std::span<const float>)> on_logits;
@@ -155,6 +157,7 @@ class Scheduler {
 
   std::atomic<int64_t> step_started_ns_{0};
   std::atomic<double> longest_step_s_{0};
+  std::atomic<double> typical_step_s_{0};
 };
 
 // Bytes of `text` up to `end`, cut back so that it does not end inside a UTF-8 character.

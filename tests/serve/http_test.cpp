@@ -818,14 +818,22 @@ TEST(ServeMpi, KilledExpertRankEndsEveryStreamWithAnErrorWithinFiveSeconds) {
   std::smatch fault;
   ASSERT_TRUE(std::regex_search(err, fault, fault_line)) << err;
   const double killed_at = std::stod(fault[1]);
+  // Every stream ends as a failure within 5 s: with an SSE error event and [DONE] (the coordinator
+  // hears Open MPI's SIGTERM and tells its clients), or cut without [DONE] when Open MPI's SIGKILL,
+  // 1 s after its SIGTERM, comes first (seen in about 1 run in 7 on a loaded 2-core machine); a
+  // client reads both as an error. Never a normal end.
+  int with_error_event = 0;
   for (int i = 0; i < kStreams; ++i) {
-    EXPECT_TRUE(replies[i].error_event)
-        << "stream " << i << " ended without an error event:\n"
-        << replies[i].raw.substr(replies[i].raw.size() > 600 ? replies[i].raw.size() - 600 : 0);
-    EXPECT_TRUE(replies[i].done) << "stream " << i;
+    with_error_event += replies[i].error_event ? 1 : 0;
+    EXPECT_TRUE(replies[i].error_event || !replies[i].done)
+        << "stream " << i << " ended normally:\n"
+        << replies[i].raw.substr(replies[i].raw.size() > 600 ? replies[i].raw.size() - 600 : 0)
+        << "\n"
+        << err;
     EXPECT_LT(replies[i].tokens.size(), 1500u);
     EXPECT_LT(ended_at[size_t(i)] - killed_at, 5.0) << "stream " << i;
   }
+  std::printf("%d of %d streams ended with an SSE error event\n", with_error_event, kStreams);
   EXPECT_NE(code, 0) << err;
   EXPECT_NE(code, -1) << "the job did not end\n" << err;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
