@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "session.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -79,31 +81,6 @@ inline std::vector<std::string> split(const std::string& text, char separator) {
   std::istringstream in(text);
   while (std::getline(in, part, separator)) parts.push_back(part);
   return parts;
-}
-
-// Processes whose session id is `sid`, from /proc/<pid>/stat ("pid (comm) state ppid pgrp sid").
-inline std::vector<int> session_members(pid_t sid) {
-  std::vector<int> members;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(line.substr(close + 1));
-    std::string state;
-    long ppid = 0, pgrp = 0, session = 0;
-    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
-    if (session == sid && state != "Z") members.push_back(std::stoi(name));
-  }
-  return members;
-}
-
-inline void kill_session(pid_t sid) {
-  for (int pid : session_members(sid)) ::kill(pid, SIGKILL);
 }
 
 // The mpirun command line of this build: executable and options, without -np.

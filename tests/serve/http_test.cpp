@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include "../mpi/session.h"
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -27,6 +29,8 @@ namespace colibri {
 namespace {
 
 namespace fs = std::filesystem;
+using test::kill_session;
+using test::session_members;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -45,27 +49,6 @@ std::string read_file(const fs::path& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
-}
-
-// Processes of session `sid` (from /proc/<pid>/stat), zombies excluded.
-std::vector<int> session_members(pid_t sid) {
-  std::vector<int> members;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(line.substr(close + 1));
-    std::string state;
-    long ppid = 0, pgrp = 0, session = 0;
-    if (!(fields >> state >> ppid >> pgrp >> session)) continue;
-    if (session == sid && state != "Z") members.push_back(std::stoi(name));
-  }
-  return members;
 }
 
 // A colibri-node --serve subprocess in its own session, stdout/stderr to files.
@@ -164,7 +147,7 @@ class ServerProcess {
   void signal(int signo) { ::kill(pid_, signo); }
   std::vector<int> leftover() { return session_members(pid_); }
   void kill_all() {
-    for (int p : session_members(pid_)) ::kill(p, SIGKILL);
+    kill_session(pid_);
     if (!exited_) {
       ::kill(pid_, SIGKILL);
       wait_exit(5);
