@@ -2,7 +2,7 @@
 // bandwidth measured in the same run.
 //
 //   quant_bench [--experts 64] [--batch 1,8] [--threads 1,N] [--isa avx512,avx2,scalar]
-//               [--format int4-g64] [--reps 7] [--read-mib 1024]
+//               [--format int4-g64] [--activations f32,int8] [--reps 7] [--read-mib 1024]
 //
 // The working set is `experts` GLM-5.2-shaped experts (gate/up [2048, 6144], down [6144, 2048];
 // int4 g64 is 21.2 MB per expert, 1.36 GB for 64), called round-robin so that every call reads
@@ -46,6 +46,7 @@ struct BenchOptions {
   std::vector<int> threads;       // default: 1 and all
   std::vector<std::string> isas;  // default: every available one (or COLIBRI_ISA's)
   std::string format = "int4-g64";
+  std::vector<std::string> activations = {"f32", "int8"};
   int64_t hidden = 6144, inter = 2048;
   int reps = 7;
   double rep_seconds = 1.0;  // a slow configuration's repetition covers fewer calls than a cycle
@@ -215,7 +216,7 @@ struct ExpertSet {
 // ---- one configuration -----------------------------------------------------------------------
 
 struct Result {
-  std::string isa;
+  std::string isa, activations;
   int threads = 0, batch = 0;
   int calls_per_rep = 0;
   Stats kernel_gbps, read_gbps;
@@ -223,7 +224,8 @@ struct Result {
 };
 
 Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffer& read_buffer,
-                  QuantIsa isa, int threads, int batch, size_t& cursor, uint64_t& sink) {
+                  QuantIsa isa, kernels::QuantActivations acts, int threads, int batch,
+                  size_t& cursor, uint64_t& sink) {
   omp_set_num_threads(threads);
   const int64_t hidden = options.hidden;
   std::vector<float> x(size_t(batch * hidden)), y(x.size());  // [batch, hidden]
@@ -232,7 +234,10 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   const auto call = [&] {
     const Expert& e = set.experts[cursor];
     cursor = (cursor + 1) % size_t(count);
-    kernels::quant_expert_ffn(isa, e.gate, e.up, e.down, x.data(), batch, y.data());
+    if (acts == kernels::QuantActivations::kInt8)
+      kernels::quant_expert_ffn_int8(isa, e.gate, e.up, e.down, x.data(), batch, y.data());
+    else
+      kernels::quant_expert_ffn(isa, e.gate, e.up, e.down, x.data(), batch, y.data());
   };
 
   // Warm-up: one cycle, or as many calls as fit in one repetition's time.
@@ -264,6 +269,9 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
 
   Result res;
   res.isa = kernels::quant_isa_name(isa);
+  res.activations = kernels::quant_activations_name(acts);
+  if (acts == kernels::QuantActivations::kInt8 && kernels::int8_activations_vnni(isa))
+    res.isa += "+vnni";
   res.threads = threads;
   res.batch = batch;
   res.calls_per_rep = calls_per_rep;
@@ -322,28 +330,33 @@ int run(BenchOptions options) {
                                             {"load_average", colibri::bench::load_average()}}
                          .dump());
 
-  fmt::print("\n{:>7} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "threads", "batch",
-             "calls", "expert FFN GB/s", "memory read GB/s", "ratio");
+  fmt::print("\n{:>11} {:>5} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "act", "threads",
+             "batch", "calls", "expert FFN GB/s", "memory read GB/s", "ratio");
   size_t cursor = 0;
   uint64_t sink = 0;
   std::vector<Result> results;
   for (QuantIsa isa : isas)
-    for (int threads : options.threads)
-      for (int batch : options.batches) {
-        const Result r = run_config(options, set, read_buffer, isa, threads, batch, cursor, sink);
-        fmt::print(
-            "{:>7} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} [{:>6.2f}, {:>6.2f}] "
-            " {:>6.3f}\n",
-            r.isa, r.threads, r.batch, r.calls_per_rep, r.kernel_gbps.median, r.kernel_gbps.min,
-            r.kernel_gbps.max, r.read_gbps.median, r.read_gbps.min, r.read_gbps.max, r.ratio);
-        std::fflush(stdout);
-        results.push_back(r);
-      }
+    for (const std::string& act_name : options.activations)
+      for (int threads : options.threads)
+        for (int batch : options.batches) {
+          const Result r = run_config(options, set, read_buffer, isa,
+                                      kernels::quant_activations_resolve(act_name.c_str()), threads,
+                                      batch, cursor, sink);
+          fmt::print(
+              "{:>11} {:>5} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} [{:>6.2f}, "
+              "{:>6.2f}]  {:>6.3f}\n",
+              r.isa, r.activations, r.threads, r.batch, r.calls_per_rep, r.kernel_gbps.median,
+              r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median, r.read_gbps.min,
+              r.read_gbps.max, r.ratio);
+          std::fflush(stdout);
+          results.push_back(r);
+        }
   fmt::print("\n");
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   for (const Result& r : results) {
     nlohmann::ordered_json line = {{"bench", "quant_expert_ffn"},
                                    {"isa", r.isa},
+                                   {"activations", r.activations},
                                    {"threads", r.threads},
                                    {"batch", r.batch},
                                    {"format", options.format},
@@ -388,6 +401,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--isa", options.isas,
                  "ISAs to measure: avx512, avx2, scalar (default: all available)")
+      ->delimiter(',');
+  app.add_option("--activations", options.activations, "f32 and/or int8, one configuration each")
       ->delimiter(',');
   app.add_option("--format", options.format, "int4-gN (N a group size), int4-row or int8-row")
       ->capture_default_str();

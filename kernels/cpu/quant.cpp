@@ -25,9 +25,6 @@ namespace {
 
 constexpr int kValidGroupSizes[] = {16, 32, 48, 64, 96, 128, 192, 256};
 
-// Below this many multiply-adds a call stays on the calling thread.
-constexpr int64_t kParallelMinMacs = int64_t(1) << 16;
-
 bool is_int4(QuantFormat f) {
   return f != QuantFormat::kInt8Row;
 }
@@ -46,16 +43,6 @@ const char* format_name(QuantFormat f) {
 
 int64_t n_groups(int64_t cols, int64_t group_size) {
   return (cols + group_size - 1) / group_size;
-}
-
-// Rows [begin, end) of `total` for thread `tid` of `nth`: what schedule(static) hands out over
-// units of detail::kRowAlignment rows.
-void static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end) {
-  constexpr int64_t unit = detail::kRowAlignment;
-  const int64_t units = (total + unit - 1) / unit;
-  const int64_t chunk = units / nth, rem = units % nth;
-  begin = std::min(total, unit * (tid * chunk + std::min<int64_t>(tid, rem)));
-  end = std::min(total, begin + unit * (chunk + (tid < rem ? 1 : 0)));
 }
 
 // ---- activation layout (see quant_detail.h) --------------------------------------------------
@@ -213,6 +200,14 @@ void require_available(QuantIsa isa) {
 
 }  // namespace
 
+void detail::static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,
+                          int64_t unit) {
+  const int64_t units = (total + unit - 1) / unit;
+  const int64_t chunk = units / nth, rem = units % nth;
+  begin = std::min(total, unit * (tid * chunk + std::min<int64_t>(tid, rem)));
+  end = std::min(total, begin + unit * (chunk + (tid < rem ? 1 : 0)));
+}
+
 // ---- container -------------------------------------------------------------------------------
 
 bool is_valid_group_size(int group_size) {
@@ -362,16 +357,19 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
   }
   const float* xp = laid_out(x, n, w.cols, activation_layout(isa, w, n), scratch.x_gate);
   const detail::RowsKernel kernel = rows_kernel(isa);
-#pragma omp parallel if (w.rows * w.cols * n >= kParallelMinMacs)
+#pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
   {
     int64_t begin, end;
-    static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end);
+    detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end);
     kernel(w, xp, n, y, w.rows, begin, end);
   }
 }
 
 void quant_linear(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
-  quant_linear(quant_isa_selected(), w, x, n, y);
+  if (quant_activations_selected() == QuantActivations::kInt8 && int8_activations_supported(w))
+    quant_linear_int8(quant_isa_selected(), w, x, n, y);
+  else
+    quant_linear(quant_isa_selected(), w, x, n, y);
 }
 
 void quant_linear_scalar(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
@@ -409,11 +407,11 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
   float* h = grown(scratch.hidden, n * inter);       // [n, inter] in down's activation layout
   const detail::RowsKernel kernel = rows_kernel(isa);
 
-#pragma omp parallel if (3 * inter * hidden * n >= kParallelMinMacs)
+#pragma omp parallel if (3 * inter * hidden * n >= detail::kParallelMinMacs)
   {
     const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
     int64_t begin, end;
-    static_range(inter, nth, tid, begin, end);
+    detail::static_range(inter, nth, tid, begin, end);
     kernel(gate, x_gate, n, gate_out, inter, begin, end);
     kernel(up, x_up, n, up_out, inter, begin, end);
     for (int64_t t = 0; t < n; ++t)
@@ -423,14 +421,18 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
             g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
       }
 #pragma omp barrier
-    static_range(hidden, nth, tid, begin, end);
+    detail::static_range(hidden, nth, tid, begin, end);
     kernel(down, h, n, y, hidden, begin, end);
   }
 }
 
 void quant_expert_ffn(const QuantMatrixView& gate, const QuantMatrixView& up,
                       const QuantMatrixView& down, const float* x, int64_t n, float* y) {
-  quant_expert_ffn(quant_isa_selected(), gate, up, down, x, n, y);
+  if (quant_activations_selected() == QuantActivations::kInt8 && int8_activations_supported(gate) &&
+      int8_activations_supported(up) && int8_activations_supported(down))
+    quant_expert_ffn_int8(quant_isa_selected(), gate, up, down, x, n, y);
+  else
+    quant_expert_ffn(quant_isa_selected(), gate, up, down, x, n, y);
 }
 
 }  // namespace colibri::kernels

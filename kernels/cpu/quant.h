@@ -94,4 +94,39 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
 void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
                       const QuantMatrixView& down, const float* x, int64_t n, float* y);
 
+// ---- int8 activations ------------------------------------------------------------------------
+//
+// The activations of each row are quantized to int8 in blocks of 64 inputs (scale amax / 127,
+// round to nearest; quant_int8_detail.h) and multiplied with the int4/int8 weights as integers
+// (vpdpbusd with AVX-512 VNNI, pmaddubsw on AVX2): a block's dot product is exact, then scaled in
+// fp32. Each row is quantized alone, so a row's result does not depend on the batch; the error
+// against fp32 activations is that of rounding each input to 1/254 of its block's largest
+// magnitude. Used for every batch size, decode included, by quant_linear(w, ...) and
+// quant_expert_ffn(gate, ...) when selected and supported; otherwise those run fp32 activations.
+
+enum class QuantActivations { kF32 = 0, kInt8 = 1 };
+
+// "f32", "int8".
+const char* quant_activations_name(QuantActivations a);
+// Parses a name as above (nullptr or "" gives the default, kInt8); throws std::invalid_argument.
+QuantActivations quant_activations_resolve(const char* name);
+// The precision the dispatching kernels use: COLIBRI_ACTIVATIONS at first use unless set below.
+QuantActivations quant_activations_selected();
+void set_quant_activations(QuantActivations a);
+
+// True for the formats the int8 path takes: int4 and int8 per row, int4 with groups that are
+// multiples of 64 (the blocks never straddle a group).
+bool int8_activations_supported(const QuantMatrixView& w);
+// Whether the int8 kernels on `isa` use VNNI (AVX-512 only; without it they run the AVX2 code).
+bool int8_activations_vnni(QuantIsa isa);
+
+// The int8-activation kernels on an explicit ISA (std::invalid_argument when the ISA is not
+// available or a format is not supported).
+void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n, float* y);
+void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
+                           const QuantMatrixView& down, const float* x, int64_t n, float* y);
+
+// One row's quantization in natural order, for tests: q [cols], scales [ceil(cols / 64)].
+void quantize_activations_int8(const float* x, int64_t cols, int8_t* q, float* scales);
+
 }  // namespace colibri::kernels

@@ -39,6 +39,14 @@ void rows_avx512(const QuantMatrixView& w, const float* xp, int64_t n, float* y,
 // that kernels may group rows by absolute index and stay independent of the thread count.
 inline constexpr int64_t kRowAlignment = 4;
 
+// Rows [begin, end) of `total` for thread `tid` of `nth`: what schedule(static) hands out over
+// units of `unit` rows.
+void static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,
+                  int64_t unit = kRowAlignment);
+
+// Below this many multiply-adds a call stays on the calling thread.
+inline constexpr int64_t kParallelMinMacs = int64_t(1) << 16;
+
 // Per-row int4 formats are walked in virtual groups of this many inputs (scale 1, the row scale
 // applied at the end) so the SIMD kernels keep several independent partial sums.
 inline constexpr int64_t kRowFormatChunk = 256;

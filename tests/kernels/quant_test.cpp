@@ -426,7 +426,10 @@ TEST(QuantLinear, DispatchedEntryPointsAgree) {
   const QuantMatrix m = quantized_normal(kFormats[1], s, 71);
   const std::vector<float> x = normal(2 * s.cols, 72);
   std::vector<float> dispatched(size_t(2 * s.rows)), scalar(size_t(2 * s.rows));
+  const QuantActivations saved = quant_activations_selected();
+  set_quant_activations(QuantActivations::kF32);  // int8 activations: quant_int8_test.cpp
   quant_linear(m.view(), x.data(), 2, dispatched.data());
+  set_quant_activations(saved);
   quant_linear_scalar(m.view(), x.data(), 2, scalar.data());
   EXPECT_EQ(dispatched, run_linear(quant_isa_selected(), m, x, 2));
   EXPECT_EQ(scalar, run_linear(QuantIsa::kScalar, m, x, 2));

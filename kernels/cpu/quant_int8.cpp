@@ -1,0 +1,286 @@
+// int8-activation kernels (quant.h): quantization of the activations, the scalar reference,
+// selection and the OpenMP drivers. The per-ISA row kernels are in quant_int8_avx2.cpp and
+// quant_int8_avx512.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/quant.h"
+#include "cpu/quant_detail.h"
+#include "cpu/quant_int8_detail.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#define COLIBRI_QUANT_X86 1
+#else
+#define COLIBRI_QUANT_X86 0
+#endif
+
+namespace colibri::kernels {
+
+using detail::Int8Layout;
+using detail::Int8Rows;
+using detail::kInt8Block;
+using detail::kInt8TileRows;
+
+namespace {
+
+Int8Layout layout_for(const QuantMatrixView& w) {
+  return w.format == QuantFormat::kInt8Row ? Int8Layout::kForInt8 : Int8Layout::kForInt4;
+}
+
+// Growable buffers for one set of quantized rows.
+struct Int8Buffers {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+
+  // Sizes the buffers for n rows and returns the view (filled by quantize_block).
+  Int8Rows prepare(Int8Layout layout, int64_t n, int64_t cols) {
+    const int64_t blocks = (cols + kInt8Block - 1) / kInt8Block;
+    if (int64_t(q.size()) < n * blocks * kInt8Block) q.resize(size_t(n * blocks * kInt8Block));
+    if (int64_t(scale.size()) < n * blocks) scale.resize(size_t(n * blocks));
+    if (int64_t(sum.size()) < n * blocks) sum.resize(size_t(n * blocks));
+    return {layout, n, cols, blocks, q.data(), scale.data(), sum.data()};
+  }
+};
+
+// Quantizes block k of one row x [cols] into q[j], j < 64 (0 past cols); returns the scale.
+float quantize_values(const float* x, int64_t cols, int64_t k, int q[kInt8Block]) {
+  const int64_t i0 = k * kInt8Block, i1 = std::min(cols, i0 + kInt8Block);
+  float amax = 0.0f;
+  bool nan = false;
+  for (int64_t i = i0; i < i1; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    nan |= std::isnan(x[i]);
+  }
+  std::fill(q, q + kInt8Block, 0);
+  if (nan || !std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
+  if (amax == 0.0f) return 0.0f;
+  const float inv = 127.0f / amax;
+  for (int64_t i = i0; i < i1; ++i)
+    q[i - i0] = int(std::clamp(std::rint(x[i] * inv), -127.0f, 127.0f));
+  return amax / 127.0f;
+}
+
+// Quantizes block k of row t of x [n, cols] into rows (whose buffers are writable).
+void quantize_block(const float* x, const Int8Rows& rows, int64_t t, int64_t k) {
+  const int64_t at = t * rows.blocks + k;
+  int qb[kInt8Block];
+  const_cast<float*>(rows.scale)[at] = quantize_values(x + t * rows.cols, rows.cols, k, qb);
+  int8_t* q = const_cast<int8_t*>(rows.q) + at * kInt8Block;
+  int32_t sum = 0;
+  for (int64_t j = 0; j < kInt8Block; ++j) {
+    q[detail::int8_position(rows.layout, j)] = int8_t(qb[j]);
+    sum += qb[j];
+  }
+  const_cast<int32_t*>(rows.sum)[at] = sum;
+}
+
+Int8Rows quantize_rows(const float* x, int64_t n, int64_t cols, Int8Layout layout,
+                       Int8Buffers& buffers) {
+  const Int8Rows rows = buffers.prepare(layout, n, cols);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t k = 0; k < rows.blocks; ++k) quantize_block(x, rows, t, k);
+  return rows;
+}
+
+int weight_value(const QuantMatrixView& w, const uint8_t* row, int64_t i) {
+  if (w.format == QuantFormat::kInt8Row) return int(int8_t(row[i]));
+  return int((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 15) - 8;
+}
+
+// The reference: the operations of quant_int8_detail.h, one output at a time.
+void int8_rows_scalar(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+                      int64_t row_begin, int64_t row_end) {
+  const int64_t rb = row_bytes(w.format, w.cols);
+  const bool grouped = w.format == QuantFormat::kInt4Grouped;
+  const int64_t ng = grouped ? (w.cols + w.group_size - 1) / w.group_size : 1;
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const uint8_t* row = w.data + o * rb;
+    for (int64_t t = 0; t < x.n; ++t) {
+      float acc = 0.0f;
+      for (int64_t k = 0; k < x.blocks; ++k) {
+        const int64_t i0 = k * kInt8Block, i1 = std::min(w.cols, i0 + kInt8Block);
+        const int8_t* q = x.q + (t * x.blocks + k) * kInt8Block;
+        int32_t dot = 0;
+        for (int64_t i = i0; i < i1; ++i)
+          dot += weight_value(w, row, i) * q[detail::int8_position(x.layout, i - i0)];
+        const float s_w = grouped ? w.scales[o * ng + i0 / w.group_size] : 1.0f;
+        acc = std::fma(float(dot), s_w * x.scale[t * x.blocks + k], acc);
+      }
+      y[t * y_stride + o] = grouped ? acc : acc * w.scales[o];
+    }
+  }
+}
+
+bool cpu_has_vnni() {
+#if COLIBRI_QUANT_X86
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+detail::Int8RowsKernel int8_kernel(QuantIsa isa) {
+#if COLIBRI_QUANT_X86
+  if (isa == QuantIsa::kAvx512 && cpu_has_vnni()) return detail::int8_rows_avx512vnni;
+  if (isa == QuantIsa::kAvx512 || isa == QuantIsa::kAvx2) return detail::int8_rows_avx2;
+#endif
+  return int8_rows_scalar;
+}
+
+void require(QuantIsa isa, const QuantMatrixView& w) {
+  check_view(w);
+  if (!quant_isa_available(isa))
+    throw std::invalid_argument(std::string("quant kernels: ISA ") + quant_isa_name(isa) +
+                                " is not available on this CPU or in this build");
+  if (!int8_activations_supported(w))
+    throw std::invalid_argument("int8 activations: group size " + std::to_string(w.group_size) +
+                                " is not a multiple of 64");
+}
+
+// Per calling thread, grown on demand: no allocation once warm.
+struct Scratch {
+  Int8Buffers x_gate, x_up, hidden;
+  std::vector<float> gate, up, h;
+};
+thread_local Scratch scratch;
+
+float* grown(std::vector<float>& v, int64_t count) {
+  if (int64_t(v.size()) < count) v.resize(size_t(count));
+  return v.data();
+}
+
+std::atomic<int> g_activations{-1};
+
+}  // namespace
+
+int64_t detail::int8_position(Int8Layout layout, int64_t j) {
+  if (layout == Int8Layout::kForInt4) return j / 8 * 8 + (j % 2) * 4 + (j % 8) / 2;
+  return j;
+}
+
+// ---- selection -------------------------------------------------------------------------------
+
+const char* quant_activations_name(QuantActivations a) {
+  return a == QuantActivations::kF32 ? "f32" : "int8";
+}
+
+QuantActivations quant_activations_resolve(const char* name) {
+  if (name == nullptr || *name == '\0' || std::strcmp(name, "int8") == 0)
+    return QuantActivations::kInt8;
+  if (std::strcmp(name, "f32") == 0) return QuantActivations::kF32;
+  throw std::invalid_argument(std::string("activations '") + name + "': expected f32 or int8");
+}
+
+QuantActivations quant_activations_selected() {
+  int a = g_activations.load(std::memory_order_relaxed);
+  if (a < 0) {
+    a = int(quant_activations_resolve(std::getenv("COLIBRI_ACTIVATIONS")));
+    g_activations.store(a, std::memory_order_relaxed);
+  }
+  return QuantActivations(a);
+}
+
+void set_quant_activations(QuantActivations a) {
+  g_activations.store(int(a), std::memory_order_relaxed);
+}
+
+bool int8_activations_supported(const QuantMatrixView& w) {
+  return w.format != QuantFormat::kInt4Grouped || w.group_size % kInt8Block == 0;
+}
+
+bool int8_activations_vnni(QuantIsa isa) {
+  return isa == QuantIsa::kAvx512 && quant_isa_available(isa) && cpu_has_vnni();
+}
+
+void quantize_activations_int8(const float* x, int64_t cols, int8_t* q, float* scales) {
+  const int64_t blocks = (cols + kInt8Block - 1) / kInt8Block;
+  for (int64_t k = 0; k < blocks; ++k) {
+    int qb[kInt8Block];
+    scales[k] = quantize_values(x, cols, k, qb);
+    for (int64_t i = k * kInt8Block; i < std::min(cols, (k + 1) * kInt8Block); ++i)
+      q[i] = int8_t(qb[i - k * kInt8Block]);
+  }
+}
+
+// ---- kernels ---------------------------------------------------------------------------------
+
+void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n,
+                       float* y) {
+  require(isa, w);
+  if (n <= 0 || w.rows == 0) return;
+  if (w.cols == 0) {
+    std::fill(y, y + n * w.rows, 0.0f);
+    return;
+  }
+  const Int8Rows xq = quantize_rows(x, n, w.cols, layout_for(w), scratch.x_gate);
+  const detail::Int8RowsKernel kernel = int8_kernel(isa);
+#pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
+  {
+    int64_t begin, end;
+    detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end,
+                         kInt8TileRows);
+    kernel(w, xq, y, w.rows, begin, end);
+  }
+}
+
+void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
+                           const QuantMatrixView& down, const float* x, int64_t n, float* y) {
+  require(isa, gate);
+  require(isa, up);
+  require(isa, down);
+  const int64_t inter = gate.rows, hidden = gate.cols;
+  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter)
+    throw std::invalid_argument(
+        "quant_expert_ffn: expected gate, up [inter, hidden] and down [hidden, inter]; got gate " +
+        std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
+        std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
+        std::to_string(down.rows) + "x" + std::to_string(down.cols));
+  if (n <= 0 || hidden == 0) return;
+  if (inter == 0) {
+    std::fill(y, y + n * hidden, 0.0f);
+    return;
+  }
+  const Int8Rows x_gate = quantize_rows(x, n, hidden, layout_for(gate), scratch.x_gate);
+  const Int8Rows x_up = layout_for(up) == layout_for(gate)
+                            ? x_gate
+                            : quantize_rows(x, n, hidden, layout_for(up), scratch.x_up);
+  const Int8Rows h_q = scratch.hidden.prepare(layout_for(down), n, inter);
+  float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
+  float* up_out = grown(scratch.up, n * inter);
+  float* h = grown(scratch.h, n * inter);
+  const detail::Int8RowsKernel kernel = int8_kernel(isa);
+
+#pragma omp parallel if (3 * inter * hidden * n >= detail::kParallelMinMacs)
+  {
+    const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
+    int64_t begin, end;
+    detail::static_range(inter, nth, tid, begin, end, kInt8TileRows);
+    kernel(gate, x_gate, gate_out, inter, begin, end);
+    kernel(up, x_up, up_out, inter, begin, end);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = begin; o < end; ++o) {
+        const float g = gate_out[t * inter + o];
+        h[t * inter + o] = g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
+      }
+#pragma omp barrier
+    // Each (row, block) is quantized by one thread, whatever the thread count.
+    const int64_t units = n * h_q.blocks;
+    for (int64_t u = units * tid / nth; u < units * (tid + 1) / nth; ++u)
+      quantize_block(h, h_q, u / h_q.blocks, u % h_q.blocks);
+#pragma omp barrier
+    detail::static_range(hidden, nth, tid, begin, end, kInt8TileRows);
+    kernel(down, h_q, y, hidden, begin, end);
+  }
+}
+
+}  // namespace colibri::kernels

@@ -1,0 +1,185 @@
+// int8-activation kernel for AVX2 (compiled with -mavx2 -mfma; called only after CPUID), also
+// used on AVX-512 CPUs without VNNI. The operations: quant_int8_detail.h.
+//
+// A tile is 8 output rows, lane r of every vector is row r. Per 64-input block, 32 bytes of each
+// row (int4: the whole block; int8: half of it) are transposed as an 8x8 table of 32-bit words.
+// pmaddubsw multiplies unsigned by signed bytes into saturating 16-bit pairs and pmaddwd with ones
+// widens them to the lanes. int4: nibbles 0-15 against |q| <= 127, so the low- and high-nibble
+// pairs (each at most 2 * 15 * 127) are added in 16 bits, from the bias correction. int8: |w|
+// times q with w's sign (psignb; no pair above 2 * 128 * 127), so no bias.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/quant_int8_detail.h"
+
+namespace colibri::kernels::detail {
+namespace {
+
+constexpr int kMaxTile = 8;
+constexpr int64_t kPrefetchBytes = 1024;
+
+inline void transpose(__m256i z[8]) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    z[c] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x20);
+    z[c + 4] = _mm256_permute2x128_si256(u[c], u[4 + c], 0x31);
+  }
+}
+
+inline void load_tile(const uint8_t* const rows[8], int64_t at, int64_t avail, __m256i z[8]) {
+  alignas(32) uint8_t pad[8][32];
+  for (int r = 0; r < 8; ++r) {
+    const uint8_t* src = rows[r] + at;
+    if (avail < 32) {
+      std::memset(pad[r], 0, 32);
+      std::memcpy(pad[r], src, size_t(std::max<int64_t>(avail, 0)));
+      src = pad[r];
+    }
+    z[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+  }
+  transpose(z);
+}
+
+inline __m256i broadcast_word(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+template <bool Int8, int T>
+[[gnu::flatten]] void tile(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0,
+                           float* y, int64_t y_stride) {
+  const int64_t rb = row_bytes(w.format, w.cols);
+  const int valid = int(std::min<int64_t>(8, w.rows - o0));
+  const uint8_t* rows[8];
+  for (int r = 0; r < 8; ++r) rows[r] = w.data + std::min<int64_t>(o0 + r, w.rows - 1) * rb;
+  const bool grouped = w.format == QuantFormat::kInt4Grouped;
+  const int64_t gs = grouped ? w.group_size : kInt8Block;
+  const int64_t ng = grouped ? (w.cols + gs - 1) / gs : 1;
+  const float* tile_scales = grouped ? w.scales + o0 * ng : nullptr;
+  alignas(32) int32_t scale_rows[8];
+  for (int r = 0; r < 8; ++r) scale_rows[r] = int32_t(std::min(r, valid - 1) * ng);
+  const __m256i scale_index = _mm256_load_si256(reinterpret_cast<const __m256i*>(scale_rows));
+  int64_t g_loaded = -1;
+  __m256 s_w = _mm256_set1_ps(1.0f);
+
+  __m256 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+
+  for (int64_t k = 0; k < x.blocks; ++k) {
+    if (grouped && k * kInt8Block / gs != g_loaded) {
+      g_loaded = k * kInt8Block / gs;
+      s_w = _mm256_i32gather_ps(tile_scales + g_loaded, scale_index, 4);
+    }
+    if (k % 2 == 0)
+      for (int r = 0; r < 8; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + (Int8 ? 64 : 32) * k + kPrefetchBytes),
+                     _MM_HINT_T0);
+    __m256i dot[T];
+    for (int t = 0; t < T; ++t)
+      dot[t] =
+          Int8 ? _mm256_setzero_si256() : _mm256_set1_epi32(-8 * x.sum[(t0 + t) * x.blocks + k]);
+    for (int half = 0; half < (Int8 ? 2 : 1); ++half) {
+      const int64_t at = Int8 ? 64 * k + 32 * half : 32 * k;
+      __m256i z[8];
+      load_tile(rows, at, rb - at, z);
+      if constexpr (Int8) {
+        __m256i a[8];
+        for (int j = 0; j < 8; ++j) a[j] = _mm256_abs_epi8(z[j]);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block + 32 * half;
+          for (int j = 0; j < 8; ++j) {
+            const __m256i signed_q = _mm256_sign_epi8(broadcast_word(q + 4 * j), z[j]);
+            dot[t] = _mm256_add_epi32(
+                dot[t], _mm256_madd_epi16(_mm256_maddubs_epi16(a[j], signed_q), ones16));
+          }
+        }
+      } else {
+        __m256i lo[8], hi[8];
+        for (int j = 0; j < 8; ++j) {
+          lo[j] = _mm256_and_si256(z[j], low4);
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(z[j], 4), low4);
+        }
+        for (int t = 0; t < T; ++t) {
+          const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block;
+          for (int j = 0; j < 8; ++j) {
+            const __m256i pairs =
+                _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], broadcast_word(q + 8 * j)),
+                                 _mm256_maddubs_epi16(hi[j], broadcast_word(q + 8 * j + 4)));
+            dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(pairs, ones16));
+          }
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const __m256 s = _mm256_mul_ps(s_w, _mm256_set1_ps(x.scale[(t0 + t) * x.blocks + k]));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), s, acc[t]);
+    }
+  }
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), lane);
+  const __m256 row_scale = grouped ? _mm256_set1_ps(1.0f) : _mm256_maskload_ps(w.scales + o0, mask);
+  for (int t = 0; t < T; ++t)
+    _mm256_maskstore_ps(y + (t0 + t) * y_stride + o0, mask, _mm256_mul_ps(acc[t], row_scale));
+}
+
+template <int T>
+void tile_for(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0, float* y,
+              int64_t y_stride) {
+  if (w.format == QuantFormat::kInt8Row)
+    tile<true, T>(w, o0, x, t0, y, y_stride);
+  else
+    tile<false, T>(w, o0, x, t0, y, y_stride);
+}
+
+}  // namespace
+
+void int8_rows_avx2(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+                    int64_t row_begin, int64_t row_end) {
+  for (int64_t o0 = row_begin; o0 < row_end; o0 += 8)
+    for (int64_t t0 = 0; t0 < x.n; t0 += kMaxTile) {
+      switch (std::min<int64_t>(kMaxTile, x.n - t0)) {
+        case 1:
+          tile_for<1>(w, o0, x, t0, y, y_stride);
+          break;
+        case 2:
+          tile_for<2>(w, o0, x, t0, y, y_stride);
+          break;
+        case 3:
+          tile_for<3>(w, o0, x, t0, y, y_stride);
+          break;
+        case 4:
+          tile_for<4>(w, o0, x, t0, y, y_stride);
+          break;
+        case 5:
+          tile_for<5>(w, o0, x, t0, y, y_stride);
+          break;
+        case 6:
+          tile_for<6>(w, o0, x, t0, y, y_stride);
+          break;
+        case 7:
+          tile_for<7>(w, o0, x, t0, y, y_stride);
+          break;
+        default:
+          tile_for<8>(w, o0, x, t0, y, y_stride);
+          break;
+      }
+    }
+}
+
+}  // namespace colibri::kernels::detail

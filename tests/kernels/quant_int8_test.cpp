@@ -1,0 +1,356 @@
+// int8-activation kernels (quant.h): the activation quantization rule, every ISA's kernel against
+// an exact double reference on the quantized operands, and the properties the engine relies on
+// (a row's result independent of the batch and of the thread count, the dispatch, the fallback).
+//
+// Error bound. With x_k the block-k activations as quantized (q * s_x) and W the container's
+// weights, a kernel computes each block's integer dot product exactly, then in fp32 multiplies
+// it by s_x * s_w (two roundings) and adds the blocks (at most cols additions, in any order), so
+//   |y - sum_i W[o, i] x[i]| <= gamma(cols + 16) * sum_i |W[o, i] x[i]|.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cpu/quant.h"
+
+namespace colibri::kernels {
+namespace {
+
+struct FormatCase {
+  const char* name;
+  QuantFormat format;
+  int group_size;
+};
+
+const FormatCase kFormats[] = {{"int4-row", QuantFormat::kInt4Row, 0},
+                               {"int4-g64", QuantFormat::kInt4Grouped, 64},
+                               {"int4-g128", QuantFormat::kInt4Grouped, 128},
+                               {"int4-g192", QuantFormat::kInt4Grouped, 192},
+                               {"int8-row", QuantFormat::kInt8Row, 0}};
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Full pairs of blocks, an odd block count, short last blocks, an odd cols (padding nibble).
+// {33, 2240}: more than 16 groups of 64 (the AVX-512 kernel transposes 16 group scales at a time).
+const Shape kShapes[] = {{96, 384}, {40, 320}, {37, 70}, {5, 130},
+                         {3, 1},    {2, 17},   {9, 200}, {33, 2240}};
+const int64_t kBatches[] = {1, 3, 8, 11, 20};
+
+std::vector<QuantIsa> available_isas() {
+  std::vector<QuantIsa> isas;
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
+    if (quant_isa_available(isa)) isas.push_back(isa);
+  return isas;
+}
+
+std::string isa_label(QuantIsa isa) {
+  return std::string(quant_isa_name(isa)) + (int8_activations_vnni(isa) ? "+vnni" : "");
+}
+
+struct QuantMatrix {
+  QuantFormat format;
+  int64_t rows, cols;
+  int group_size;
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+
+  QuantMatrix(const FormatCase& fc, Shape s)
+      : format(fc.format),
+        rows(s.rows),
+        cols(s.cols),
+        group_size(fc.group_size),
+        data(size_t(packed_bytes(fc.format, s.rows, s.cols))),
+        scales(size_t(scale_count(fc.format, s.rows, s.cols, fc.group_size))) {}
+  QuantMatrixView view() const {
+    return {format, rows, cols, group_size, data.data(), scales.data()};
+  }
+};
+
+std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& e : v) e = dist(rng);
+  return v;
+}
+
+QuantMatrix quantized_normal(const FormatCase& fc, Shape s, uint32_t seed) {
+  QuantMatrix m(fc, s);
+  const std::vector<float> w = normal(s.rows * s.cols, seed, 0.05f);
+  quantize(fc.format, fc.group_size, w.data(), s.rows, s.cols, m.data.data(), m.scales.data());
+  return m;
+}
+
+// W[o, i] from the container definition.
+double weight_at(const QuantMatrix& m, int64_t o, int64_t i) {
+  if (m.format == QuantFormat::kInt8Row)
+    return double(int8_t(m.data[o * m.cols + i])) * m.scales[o];
+  const uint8_t byte = m.data[o * ((m.cols + 1) / 2) + i / 2];
+  const int q = int(i % 2 == 0 ? byte & 0x0F : byte >> 4) - 8;
+  if (m.format == QuantFormat::kInt4Row) return q * double(m.scales[o]);
+  const int64_t ng = (m.cols + m.group_size - 1) / m.group_size;
+  return q * double(m.scales[o * ng + i / m.group_size]);
+}
+
+// x as the kernels see it: each row quantized by quantize_activations_int8, in double.
+std::vector<double> quantized_activations(const std::vector<float>& x, int64_t n, int64_t cols) {
+  std::vector<double> out(x.size());
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  std::vector<float> s(size_t((cols + 63) / 64));
+  for (int64_t t = 0; t < n; ++t) {
+    quantize_activations_int8(x.data() + t * cols, cols, q.data(), s.data());
+    for (int64_t i = 0; i < cols; ++i) out[t * cols + i] = double(q[i]) * s[i / 64];
+  }
+  return out;
+}
+
+double gamma_bound(int64_t k) {
+  const double u = std::ldexp(1.0, -24);
+  return double(k) * u / (1.0 - double(k) * u);
+}
+
+std::vector<float> run_int8(QuantIsa isa, const QuantMatrix& m, const std::vector<float>& x,
+                            int64_t n) {
+  std::vector<float> y(size_t(n * m.rows), std::nanf(""));
+  quant_linear_int8(isa, m.view(), x.data(), n, y.data());
+  return y;
+}
+
+// Checks y against the exact product of the quantized operands; returns the outputs compared.
+void expect_exact_within_bound(const QuantMatrix& m, const std::vector<float>& x, int64_t n,
+                               const std::vector<float>& y) {
+  const std::vector<double> xq = quantized_activations(x, n, m.cols);
+  size_t nonzero = 0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t o = 0; o < m.rows; ++o) {
+      double exact = 0, abs_sum = 0;
+      for (int64_t i = 0; i < m.cols; ++i) {
+        const double term = weight_at(m, o, i) * xq[t * m.cols + i];
+        exact += term;
+        abs_sum += std::fabs(term);
+      }
+      const float got = y[t * m.rows + o];
+      ASSERT_LE(std::fabs(got - exact), gamma_bound(m.cols + 16) * abs_sum)
+          << "t " << t << " o " << o << " got " << got << " exact " << exact;
+      nonzero += exact != 0.0;
+    }
+  EXPECT_GE(2 * nonzero, y.size()) << "reference mostly zero: the comparison proves little";
+}
+
+// ---- activation quantization ------------------------------------------------------------------
+
+TEST(Int8Activations, QuantizeWithinHalfAStepPerBlock) {
+  const int64_t cols = 200;  // blocks of 64, 64, 64, 8
+  std::vector<float> x = normal(cols, 1);
+  x[3] = 9.0f;                                      // block 0's amax
+  for (int64_t i = 128; i < 192; ++i) x[i] = 0.0f;  // block 2 all zero
+  std::vector<int8_t> q(static_cast<size_t>(cols));
+  std::vector<float> s(4);
+  quantize_activations_int8(x.data(), cols, q.data(), s.data());
+  EXPECT_EQ(s[0], 9.0f / 127.0f);
+  EXPECT_EQ(q[3], 127);
+  EXPECT_EQ(s[2], 0.0f);
+  for (int64_t i = 0; i < cols; ++i) {
+    const float step = s[i / 64];
+    EXPECT_LE(std::fabs(x[i] - q[i] * step), 0.5f * step * (1 + 1e-5f) + 1e-30f) << i;
+    EXPECT_LE(std::abs(int(q[i])), 127);
+  }
+}
+
+TEST(Int8Activations, NonFiniteInputPoisonsOnlyItsBlock) {
+  std::vector<float> x = normal(128, 2);
+  x[70] = std::nanf("");
+  std::vector<int8_t> q(128);
+  std::vector<float> s(2);
+  quantize_activations_int8(x.data(), 128, q.data(), s.data());
+  EXPECT_TRUE(std::isfinite(s[0]));
+  EXPECT_TRUE(std::isnan(s[1]));
+
+  const FormatCase fc = kFormats[1];
+  const QuantMatrix m = quantized_normal(fc, {8, 128}, 3);
+  for (QuantIsa isa : available_isas())
+    for (float bad : {std::nanf(""), INFINITY}) {
+      x[70] = bad;
+      const std::vector<float> y = run_int8(isa, m, x, 1);
+      for (float v : y) EXPECT_TRUE(std::isnan(v)) << isa_label(isa);
+    }
+}
+
+// ---- quant_linear_int8 --------------------------------------------------------------------------
+
+TEST(QuantLinearInt8, EveryIsaWithinTheBoundOfTheExactProduct) {
+  for (QuantIsa isa : available_isas())
+    for (const FormatCase& fc : kFormats)
+      for (const Shape& s : kShapes)
+        for (int64_t n : kBatches) {
+          SCOPED_TRACE(isa_label(isa) + " " + fc.name + " " + std::to_string(s.rows) + "x" +
+                       std::to_string(s.cols) + " n=" + std::to_string(n));
+          const QuantMatrix m = quantized_normal(fc, s, uint32_t(s.rows * 31 + s.cols));
+          const std::vector<float> x = normal(n * s.cols, uint32_t(n + 7));
+          expect_exact_within_bound(m, x, n, run_int8(isa, m, x, n));
+        }
+}
+
+// Every ISA performs the same fp32 operations in the same order (quant_int8_detail.h): bit for
+// bit the scalar reference, for every format, shape (partial tiles and blocks) and batch.
+TEST(QuantLinearInt8, EveryIsaEqualsTheScalarReferenceBitForBit) {
+  for (QuantIsa isa : available_isas())
+    for (const FormatCase& fc : kFormats)
+      for (const Shape& s : kShapes)
+        for (int64_t n : kBatches) {
+          SCOPED_TRACE(isa_label(isa) + " " + fc.name + " " + std::to_string(s.rows) + "x" +
+                       std::to_string(s.cols) + " n=" + std::to_string(n));
+          const QuantMatrix m = quantized_normal(fc, s, uint32_t(s.rows * 7 + s.cols));
+          const std::vector<float> x = normal(n * s.cols, uint32_t(n + 3));
+          ASSERT_EQ(run_int8(isa, m, x, n), run_int8(QuantIsa::kScalar, m, x, n));
+        }
+}
+
+// Codes at the ends of their ranges, where a 16-bit pair sum could saturate: int4 nibbles 0 and
+// 15 against +-127, int8 weights -128 (never written by the quantizer, but readable) and 127.
+TEST(QuantLinearInt8, ExtremeCodesDoNotSaturate) {
+  const Shape s{4, 256};
+  for (QuantIsa isa : available_isas())
+    for (const FormatCase& fc : {kFormats[1], kFormats[4]}) {
+      SCOPED_TRACE(isa_label(isa) + " " + fc.name);
+      QuantMatrix m(fc, s);
+      for (size_t k = 0; k < m.data.size(); ++k)
+        m.data[k] =
+            fc.format == QuantFormat::kInt8Row ? (k % 3 ? 0x80 : 0x7F) : (k % 2 ? 0x00 : 0xFF);
+      std::fill(m.scales.begin(), m.scales.end(), 0.5f);
+      std::vector<float> x(size_t(2 * s.cols));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 3) % 2 ? -1.0f : 1.0f;
+      expect_exact_within_bound(m, x, 2, run_int8(isa, m, x, 2));
+    }
+}
+
+// A row's result is the same alone or in a batch, and with any thread count: the engine's
+// batched and single-sequence runs see the same numbers.
+TEST(QuantLinearInt8, RowResultIndependentOfBatchAndThreads) {
+  const Shape s{301, 640};
+  const int64_t n = 13;
+  const int threads = omp_get_max_threads();
+  for (QuantIsa isa : available_isas())
+    for (const FormatCase& fc : kFormats) {
+      SCOPED_TRACE(isa_label(isa) + " " + fc.name);
+      const QuantMatrix m = quantized_normal(fc, s, 5);
+      const std::vector<float> x = normal(n * s.cols, 6);
+      omp_set_num_threads(1);
+      const std::vector<float> batch = run_int8(isa, m, x, n);
+      omp_set_num_threads(std::max(2, threads));
+      EXPECT_EQ(run_int8(isa, m, x, n), batch);
+      for (int64_t t : {int64_t(0), int64_t(7), n - 1}) {
+        const std::vector<float> row(x.begin() + t * s.cols, x.begin() + (t + 1) * s.cols);
+        const std::vector<float> alone = run_int8(isa, m, row, 1);
+        EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + t * s.rows)) << t;
+      }
+    }
+  omp_set_num_threads(threads);
+}
+
+// The int8 error against fp32 activations on random data: about 1/254 of a block's largest
+// magnitude per input, so a relative RMS error of a fraction of a percent.
+TEST(QuantLinearInt8, CloseToFp32Activations) {
+  const Shape s{256, 1024};
+  const int64_t n = 4;
+  for (const FormatCase& fc : kFormats) {
+    const QuantMatrix m = quantized_normal(fc, s, 9);
+    const std::vector<float> x = normal(n * s.cols, 10);
+    std::vector<float> f32(size_t(n * s.rows));
+    quant_linear(quant_isa_selected(), m.view(), x.data(), n, f32.data());
+    const std::vector<float> i8 = run_int8(quant_isa_selected(), m, x, n);
+    double err = 0, ref = 0;
+    for (size_t k = 0; k < f32.size(); ++k) {
+      err += double(i8[k] - f32[k]) * (i8[k] - f32[k]);
+      ref += double(f32[k]) * f32[k];
+    }
+    EXPECT_LT(std::sqrt(err / ref), 0.01) << fc.name;
+    EXPECT_GT(std::sqrt(err / ref), 0.0) << fc.name << ": int8 path not taken";
+  }
+}
+
+TEST(QuantLinearInt8, RefusesGroupsThatAreNotMultiplesOf64) {
+  for (int gs : {16, 32, 48, 96}) {
+    const FormatCase fc{"g", QuantFormat::kInt4Grouped, gs};
+    const QuantMatrix m = quantized_normal(fc, {8, 192}, 11);
+    EXPECT_FALSE(int8_activations_supported(m.view())) << gs;
+    std::vector<float> x(192, 1.0f), y(8);
+    EXPECT_THROW(quant_linear_int8(QuantIsa::kScalar, m.view(), x.data(), 1, y.data()),
+                 std::invalid_argument);
+  }
+  for (const FormatCase& fc : kFormats)
+    EXPECT_TRUE(int8_activations_supported(quantized_normal(fc, {2, 64}, 12).view()));
+}
+
+// quant_linear(w, ...) follows the selected activations and falls back to fp32 for formats the
+// int8 path does not take.
+TEST(QuantLinearInt8, DispatchFollowsTheSelection) {
+  const QuantActivations saved = quant_activations_selected();
+  const Shape s{40, 192};
+  const std::vector<float> x = normal(2 * s.cols, 13);
+  const FormatCase g32{"int4-g32", QuantFormat::kInt4Grouped, 32};
+  for (const FormatCase& fc : {kFormats[1], kFormats[4], g32}) {
+    const QuantMatrix m = quantized_normal(fc, s, 14);
+    std::vector<float> f32(size_t(2 * s.rows)), i8(f32.size()), got(f32.size());
+    quant_linear(quant_isa_selected(), m.view(), x.data(), 2, f32.data());
+    if (int8_activations_supported(m.view()))
+      quant_linear_int8(quant_isa_selected(), m.view(), x.data(), 2, i8.data());
+    else
+      i8 = f32;
+    set_quant_activations(QuantActivations::kInt8);
+    quant_linear(m.view(), x.data(), 2, got.data());
+    EXPECT_EQ(got, i8) << fc.name;
+    set_quant_activations(QuantActivations::kF32);
+    quant_linear(m.view(), x.data(), 2, got.data());
+    EXPECT_EQ(got, f32) << fc.name;
+  }
+  set_quant_activations(saved);
+}
+
+TEST(QuantLinearInt8, ResolvesTheName) {
+  EXPECT_EQ(quant_activations_resolve(nullptr), QuantActivations::kInt8);
+  EXPECT_EQ(quant_activations_resolve(""), QuantActivations::kInt8);
+  EXPECT_EQ(quant_activations_resolve("int8"), QuantActivations::kInt8);
+  EXPECT_EQ(quant_activations_resolve("f32"), QuantActivations::kF32);
+  EXPECT_THROW(quant_activations_resolve("fp16"), std::invalid_argument);
+}
+
+// ---- quant_expert_ffn_int8 ----------------------------------------------------------------------
+
+// The fused FFN is the three int8 products with silu between them, bit for bit, for every
+// ISA and thread count (the hidden activations are quantized per (row, pair) by one thread).
+TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
+  const int64_t hidden = 200, inter = 136;
+  const int threads = omp_get_max_threads();
+  for (QuantIsa isa : available_isas())
+    for (const FormatCase& fc : kFormats)
+      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9)}) {
+        SCOPED_TRACE(isa_label(isa) + " " + fc.name + " n=" + std::to_string(n));
+        const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 21);
+        const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 22);
+        const QuantMatrix down = quantized_normal(fc, {hidden, inter}, 23);
+        const std::vector<float> x = normal(n * hidden, 24);
+        std::vector<float> g = run_int8(isa, gate, x, n), u = run_int8(isa, up, x, n);
+        std::vector<float> h(g.size());
+        for (size_t k = 0; k < h.size(); ++k) h[k] = g[k] / (1.0f + std::exp(-g[k])) * u[k];
+        const std::vector<float> want = run_int8(isa, down, h, n);
+        for (int nth : {1, std::max(2, threads)}) {
+          omp_set_num_threads(nth);
+          std::vector<float> y(size_t(n * hidden), std::nanf(""));
+          quant_expert_ffn_int8(isa, gate.view(), up.view(), down.view(), x.data(), n, y.data());
+          EXPECT_EQ(y, want) << nth << " threads";
+        }
+      }
+  omp_set_num_threads(threads);
+}
+
+}  // namespace
+}  // namespace colibri::kernels
