@@ -28,6 +28,7 @@
 #include "common/output_file.h"
 #include "coordinator/batch_generate.h"
 #include "coordinator/chat.h"
+#include "cpu/quant.h"
 #include "model/generate.h"
 #include "model/score.h"
 #include "node/node.h"
@@ -66,6 +67,7 @@ struct Args {
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
   bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
+  std::string activations = "int8";
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
@@ -240,6 +242,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   }
   add("--max-rows", std::to_string(args.node.max_rows), Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
+  add("--activations", args.activations, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
   add("--layout", layout, Setting::kJob);
   add("--prompt", args.prompt, Setting::kCoordinator);
@@ -279,6 +282,15 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.placement = colibri::parse_placement_policy(args.placement);
   args.node.keep_trace = !args.trace.empty();
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
+  try {  // the flag, else COLIBRI_ACTIVATIONS, else int8
+    if (app.count("--activations") > 0)
+      colibri::kernels::set_quant_activations(
+          colibri::kernels::quant_activations_resolve(args.activations.c_str()));
+    args.activations =
+        colibri::kernels::quant_activations_name(colibri::kernels::quant_activations_selected());
+  } catch (const std::invalid_argument& e) {
+    fail("--activations: {}", e.what());
+  }
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   if (args.serve) {
@@ -632,6 +644,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 4096));
   app.add_option("--wire", args.wire,
                  "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)")
+      ->capture_default_str();
+  app.add_option("--activations", args.activations,
+                 "activations of the products with int4/int8 weights: int8 (quantized per 64 "
+                 "inputs, integer dot products) or f32")
       ->capture_default_str();
   auto* serve = app.add_flag("--serve", args.serve,
                              "serve an OpenAI-compatible HTTP API (continuous batching) on the "

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "container_writer.h"
 #include "coordinator/kv_cache.h"
+#include "cpu/quant.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/container.h"
@@ -129,7 +130,12 @@ TEST_P(ContainerModel, LogitsEqualTheDequantizedFp32Model) {
   for (const auto& t : c.model.tensors) total += t.bytes.size();
   EXPECT_EQ(q->checkpoint->bytes_loaded(), total);
 
+  // fp32 activations: the quantized kernels stand for exactly the dequantized weights (int8
+  // activations are checked against these in tests/kernels and tests/engine).
+  const kernels::QuantActivations saved = kernels::quant_activations_selected();
+  kernels::set_quant_activations(kernels::QuantActivations::kF32);
   const std::vector<float> got = logits(*q), want = logits(*f);
+  kernels::set_quant_activations(saved);
   ASSERT_EQ(got.size(), want.size());
   float max_abs = 0, max_diff = 0;
   for (size_t i = 0; i < got.size(); ++i) {

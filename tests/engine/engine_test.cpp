@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
 
 #include "common/error.h"
 #include "coordinator/kv_manager.h"
+#include "cpu/quant.h"
 #include "local_model.h"
 #include "model/checkpoint.h"
 #include "schedule.h"
@@ -142,21 +144,38 @@ TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
   EngineOptions options;
   options.max_rows = 64;
   options.max_seqs = 4;
-  const auto engine = quantized.engine(options);
   ReferenceModel oracle(dequantized.config, dequantized.weights);
   const std::vector<testing::ScriptedSequence> seqs =
       testing::make_sequences(3, quantized.config.vocab_size, 5);
-  const testing::ScheduleRun run = testing::run_schedule(*engine, seqs, 5);
-  float worst = 0, scale = 0;
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const std::vector<float> want = testing::reference_logits(oracle, seqs[i]);
-    worst = std::max(worst, testing::max_abs_diff(run.logits[i], want));
-    for (float v : want) scale = std::max(scale, std::abs(v));
+  const kernels::QuantActivations saved = kernels::quant_activations_selected();
+  for (const kernels::QuantActivations acts :
+       {kernels::QuantActivations::kF32, kernels::QuantActivations::kInt8}) {
+    kernels::set_quant_activations(acts);
+    const auto engine = quantized.engine(options);
+    const testing::ScheduleRun run = testing::run_schedule(*engine, seqs, 5);
+    float worst = 0, scale = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const std::vector<float> want = testing::reference_logits(oracle, seqs[i]);
+      worst = std::max(worst, testing::max_abs_diff(run.logits[i], want));
+      for (float v : want) scale = std::max(scale, std::abs(v));
+    }
+    std::printf(
+        "quantized engine (%s activations) vs dequantized oracle: max |logit diff| %.3g (max "
+        "|logit| %.3g)\n",
+        kernels::quant_activations_name(acts), worst, scale);
+    EXPECT_GT(scale, 0.1f);
+    if (acts == kernels::QuantActivations::kF32) {
+      // fp32 activations: only the summation order differs.
+      EXPECT_LE(worst, 1e-5f * scale);  // measured 1.1e-5 with max |logit| 12.8
+    } else {
+      // int8 activations on random weights move near-tied router and DSA top-k choices, so the
+      // logits can differ by whole units (measured 8.4 of 12.8): the quality check is the
+      // trained model's perplexity (tests/embedded), the kernels' exactness tests/kernels.
+      EXPECT_GT(worst, 0.0f);  // the int8 path was taken
+      EXPECT_TRUE(std::isfinite(worst));
+    }
   }
-  std::printf("quantized engine vs dequantized oracle: max |logit diff| %.3g (max |logit| %.3g)\n",
-              worst, scale);
-  EXPECT_GT(scale, 0.1f);
-  EXPECT_LE(worst, 1e-5f * scale);  // measured 1.1e-5 with max |logit| 12.8
+  kernels::set_quant_activations(saved);
   std::filesystem::remove_all(dir);
 }
 
