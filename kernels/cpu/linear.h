@@ -15,6 +15,17 @@ namespace colibri::kernels {
 // output is one dot_f32, so a row's result does not depend on n.
 void linear_f32(const float* x, int64_t n, const float* w, int64_t rows, int64_t cols, float* y);
 
+// BF16 weights as stored (the upper 16 bits of an fp32): y[n, rows] = x[n, cols] · w^T with each
+// weight widened exactly to fp32 in registers, the same products and the same summation order as
+// linear_f32 on the widened matrix, so the results are bit for bit those of the fp32 copy at half
+// its bytes.
+void linear_bf16(const float* x, int64_t n, const uint16_t* w, int64_t rows, int64_t cols,
+                 float* y);
+// dot_f32(a, widened b, n), bit for bit.
+float dot_bf16(const float* a, const uint16_t* b, int64_t n);
+float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n);
+float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n);
+
 // Dot product of two fp32 vectors on the selected ISA.
 float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += alpha * x[i] on the selected ISA.

@@ -3,23 +3,42 @@
 
 #include "cpu/vec_detail.h"
 
+// GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
 namespace colibri::kernels::detail {
 
-float dot_avx512(const float* a, const float* b, int64_t n) {
+namespace {
+
+inline __m512 load(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline __m512 load(const uint16_t* p) {  // 16 BF16, widened exactly
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load_masked(__mmask16 m, const float* p) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load_masked(__mmask16 m, const uint16_t* p) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+template <typename B>
+float dot(const float* a, const B* b, int64_t n) {
   // Four independent accumulators hide the FMA latency; the tail uses a masked load.
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
   int64_t i = 0;
   for (; i + 64 <= n; i += 64)
     for (int k = 0; k < 4; ++k)
-      acc[k] =
-          _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), _mm512_loadu_ps(b + i + 16 * k), acc[k]);
+      acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), load(b + i + 16 * k), acc[k]);
   for (; i + 16 <= n; i += 16)
-    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc[0]);
+    acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), acc[0]);
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
-    acc[1] =
-        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc[1]);
+    acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_masked(m, b + i), acc[1]);
   }
   // Through memory: GCC 12's _mm512_reduce_add_ps warns about an uninitialised temporary.
   alignas(64) float lanes[16];
@@ -28,6 +47,16 @@ float dot_avx512(const float* a, const float* b, int64_t n) {
   float total = 0.0f;
   for (int k = 0; k < 8; ++k) total += lanes[k] + lanes[k + 8];
   return total;
+}
+
+}  // namespace
+
+float dot_avx512(const float* a, const float* b, int64_t n) {
+  return dot(a, b, n);
+}
+
+float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
+  return dot(a, b, n);
 }
 
 void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {

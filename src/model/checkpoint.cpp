@@ -162,6 +162,27 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   return out;
 }
 
+bool Checkpoint::is_bf16(const std::string& name) const {
+  const TensorView* view = find(name);
+  return view && view->dtype == Dtype::BF16;
+}
+
+std::vector<uint16_t> Checkpoint::load_bf16(const std::string& name,
+                                            const std::vector<int64_t>& shape) const {
+  const TensorView* view = find(name);
+  if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
+  if (view->dtype != Dtype::BF16)
+    fail("{}: tensor '{}' has dtype {}, expected BF16", view->file->string(), name,
+         dtype_name(view->dtype));
+  if (view->shape != shape)
+    fail("{}: tensor '{}' has shape {}, expected {}", view->file->string(), name,
+         shape_string(view->shape), shape_string(shape));
+  std::vector<uint16_t> out(size_t(view->numel()));
+  shard_of(*view).read(*view, out.data());  // little-endian BF16 as stored
+  bytes_loaded_ += view->nbytes;
+  return out;
+}
+
 bool Checkpoint::is_quantized(const std::string& name) const {
   const TensorView* view = find(name);
   return view && view->dtype == Dtype::U8;

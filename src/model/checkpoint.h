@@ -34,6 +34,11 @@ class Checkpoint {
   // A U8 tensor is a container weight (see load_quant) and is dequantized; `shape` must be 2-D.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
+  // True when `name` exists with dtype BF16.
+  bool is_bf16(const std::string& name) const;
+  // The BF16 tensor's bits as stored, checking its shape and dtype.
+  std::vector<uint16_t> load_bf16(const std::string& name, const std::vector<int64_t>& shape) const;
+
   // True when `name` exists with dtype U8, i.e. as a quantized container weight.
   bool is_quantized(const std::string& name) const;
   // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as

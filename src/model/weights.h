@@ -1,8 +1,8 @@
 // Model weights, loaded from a Checkpoint with every shape checked against the config. Expert
 // ranks load only the routed experts they own. Routed experts of a colibri container stay
-// quantized in memory; with LoadOptions::keep_quantized (the engine) so do its projections,
-// dense MLPs and shared experts, run by the quantized kernels. Otherwise (the reference) every
-// other quantized tensor is dequantized to fp32 at load.
+// quantized in memory; with LoadOptions::keep_stored (the engine) its projections, dense MLPs
+// and shared experts also stay as stored (container int8/int4, or BF16), run by the quantized and
+// BF16 kernels. Otherwise (the reference) every other tensor is converted to fp32 at load.
 #pragma once
 
 #include <cstdint>
@@ -16,15 +16,17 @@
 
 namespace colibri {
 
-// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, or a container weight kept as
-// stored (int8/int4 rows or groups with fp32 scales).
+// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 as stored, or a container
+// weight kept as stored (int8/int4 rows or groups with fp32 scales); exactly one is non-empty.
 struct Matrix {
   int64_t rows = 0, cols = 0;
-  std::vector<float> data;  // fp32; empty when quantized
-  QuantMatrix quant;
-  bool empty() const { return data.empty() && quant.empty(); }
+  std::vector<float> data;     // fp32
+  QuantMatrix quant;           // container int8/int4
+  std::vector<uint16_t> bf16;  // BF16 bits
+  bool empty() const { return data.empty() && quant.empty() && bf16.empty(); }
   bool quantized() const { return !quant.empty(); }
-  uint64_t bytes() const { return 4 * data.size() + quant.bytes(); }
+  bool stored_bf16() const { return !bf16.empty(); }
+  uint64_t bytes() const { return 4 * data.size() + quant.bytes() + 2 * bf16.size(); }
 };
 
 // y[n, rows] = x[n, cols] · W^T with the kernel of W's representation.
@@ -42,8 +44,8 @@ struct MlpWeights {
   bool quantized() const { return !quant.gate.empty(); }
   bool empty() const { return gate.empty() && !quantized(); }
   uint64_t bytes() const {
-    return 4 * (gate.data.size() + up.data.size() + down.data.size()) + quant.gate.bytes() +
-           quant.up.bytes() + quant.down.bytes();
+    return gate.bytes() + up.bytes() + down.bytes() + quant.gate.bytes() + quant.up.bytes() +
+           quant.down.bytes();
   }
 };
 
@@ -95,9 +97,10 @@ struct ModelWeights {
 struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;
-  // Container projections (attention but kv_b_proj, indexer, lm_head), dense MLPs and shared
-  // experts stay quantized; embeddings, norms, routers and kv_b_proj are fp32 regardless.
-  bool keep_quantized = false;
+  // Projections (attention but kv_b_proj, indexer, lm_head), dense MLPs and shared experts stay
+  // in their stored precision when it is a container's int8/int4 or BF16; embeddings, norms,
+  // routers and kv_b_proj are fp32 regardless.
+  bool keep_stored = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;
 };

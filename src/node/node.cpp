@@ -68,7 +68,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
                                          options_.keep_trace);
   LoadOptions load;
   if (is_coordinator()) {
-    load.keep_quantized = true;  // the engine runs container weights as stored
+    load.keep_stored = true;  // the engine runs int8/int4 and BF16 weights as stored
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
   } else {
     load.dense = false;

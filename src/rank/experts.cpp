@@ -16,10 +16,10 @@ void mlp_forward(const MlpWeights& w, const float* x, int n, float* y) {
   }
   const int64_t inter = w.gate.rows, hidden = w.gate.cols;
   std::vector<float> gate(size_t(n * inter)), up(size_t(n * inter));
-  kernels::linear_f32(x, n, w.gate.data.data(), inter, hidden, gate.data());
-  kernels::linear_f32(x, n, w.up.data.data(), inter, hidden, up.data());
+  linear(w.gate, x, n, gate.data());
+  linear(w.up, x, n, up.data());
   kernels::silu_mul(gate.data(), up.data(), n * inter);
-  kernels::linear_f32(gate.data(), n, w.down.data.data(), hidden, inter, y);
+  linear(w.down, gate.data(), n, y);
 }
 
 void LocalExperts::begin(int layer, const float* x, int n, const Routing& routing) {

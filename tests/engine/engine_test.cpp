@@ -35,8 +35,8 @@ std::string error_of(const std::function<void()>& f) {
 // A parity model, or a model directory, with a one-process engine over it.
 struct LocalModel : testing::LocalModel {
   explicit LocalModel(const std::string& name) : testing::LocalModel(kParityDir / name / "model") {}
-  LocalModel(const std::filesystem::path& dir, bool keep_quantized)
-      : testing::LocalModel(dir, keep_quantized) {}
+  LocalModel(const std::filesystem::path& dir, bool keep_stored)
+      : testing::LocalModel(dir, keep_stored) {}
 };
 
 using Case = std::tuple<std::string, int>;  // fixture, sequences
@@ -121,6 +121,36 @@ TEST(Engine, RefusesBadBatchesWithoutChangingState) {
 // A container's projections, dense MLPs and shared experts run quantized in the engine (int8 rows
 // and int4 groups through the quantized kernels); the oracle runs the same values dequantized to
 // fp32. The two differ only in summation order.
+// BF16 projections kept as stored: half the bytes of the fp32 copies, and the BF16 kernels widen
+// each weight exactly and sum in the fp32 kernels' order, so the logits are bit for bit those of
+// the engine on fp32 copies.
+TEST(Engine, Bf16WeightsKeptAsStoredGiveTheFp32Logits) {
+  const std::filesystem::path dir = kParityDir / "glm52" / "model";
+  LocalModel stored(dir, /*keep_stored=*/true);
+  LocalModel widened(dir, /*keep_stored=*/false);
+  const Matrix& o_proj = stored.weights.layers[0].attn.o_proj;
+  ASSERT_TRUE(o_proj.stored_bf16());
+  ASSERT_TRUE(stored.weights.lm_head.stored_bf16());
+  ASSERT_TRUE(stored.weights.layers[1].shared_experts.gate.stored_bf16());
+  EXPECT_EQ(o_proj.bytes() * 2, widened.weights.layers[0].attn.o_proj.bytes());
+  // A tensor the checkpoint stores as F16 is not BF16: converted to fp32 as before.
+  ASSERT_TRUE(stored.weights.layers[4].attn.indexer.has_value());
+  EXPECT_FALSE(stored.weights.layers[4].attn.indexer->wq_b.stored_bf16());
+
+  EngineOptions options;
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  const std::vector<testing::ScriptedSequence> seqs =
+      testing::make_sequences(3, stored.config.vocab_size, 6);
+  const testing::ScheduleRun a = testing::run_schedule(*stored.engine(options), seqs, 5);
+  const testing::ScheduleRun b = testing::run_schedule(*widened.engine(options), seqs, 5);
+  ASSERT_EQ(a.logits.size(), seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_FALSE(a.logits[i].empty());
+    EXPECT_EQ(a.logits[i], b.logits[i]) << "sequence " << i;
+  }
+}
+
 TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / fmt::format("colibri-engine-int-{}", ::getpid());
@@ -132,8 +162,8 @@ TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
   convert.io_bits = 8;
   convert_checkpoint(convert);
 
-  LocalModel quantized(dir, /*keep_quantized=*/true);
-  LocalModel dequantized(dir, /*keep_quantized=*/false);
+  LocalModel quantized(dir, /*keep_stored=*/true);
+  LocalModel dequantized(dir, /*keep_stored=*/false);
   ASSERT_TRUE(quantized.weights.layers[0].attn.o_proj.quantized());
   ASSERT_TRUE(quantized.weights.lm_head.quantized());
   ASSERT_FALSE(dequantized.weights.layers[0].attn.o_proj.quantized());

@@ -23,12 +23,12 @@ struct LocalModel {
   std::unique_ptr<CpuExpertBackend> backend;
   std::unique_ptr<LocalDispatcher> dispatcher;
 
-  // keep_quantized: a container's projections stay as stored, as the engine loads them.
-  explicit LocalModel(const std::filesystem::path& dir, bool keep_quantized = false) {
+  // keep_stored: projections stay as stored (container int8/int4, BF16), as the engine loads them.
+  explicit LocalModel(const std::filesystem::path& dir, bool keep_stored = false) {
     config = load_model_config(dir);
     checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
     LoadOptions load;
-    load.keep_quantized = keep_quantized;
+    load.keep_stored = keep_stored;
     weights = load_model_weights(config, *checkpoint, load);
     placement =
         make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);

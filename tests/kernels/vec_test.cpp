@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -65,6 +66,46 @@ TEST(Vec, LinearIsOneDotPerOutput) {
   for (int64_t t = 0; t < n; ++t)
     for (int64_t r = 0; r < rows; ++r)
       EXPECT_EQ(y[size_t(t * rows + r)], dot_f32(x.data() + t * cols, w.data() + r * cols, cols));
+}
+
+// BF16 weights widened in registers: bit for bit the fp32 kernels on the widened values, on every
+// ISA and length (blocks of 64, 16 and 8, masked and scalar tails).
+TEST(Vec, Bf16DotAndLinearEqualFp32OnTheWidenedWeights) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto widen = [](uint16_t h) {
+    const uint32_t bits = uint32_t(h) << 16;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+  };
+  for (QuantIsa isa : available_isas())
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 64, 65, 100, 129, 1000}) {
+      std::vector<float> a(static_cast<size_t>(n)), wide(static_cast<size_t>(n));
+      std::vector<uint16_t> b(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        a[size_t(i)] = normal(rng);
+        uint32_t bits;
+        const float v = normal(rng);
+        std::memcpy(&bits, &v, 4);
+        b[size_t(i)] = uint16_t(bits >> 16);
+        wide[size_t(i)] = widen(b[size_t(i)]);
+      }
+      EXPECT_EQ(dot_bf16(isa, a.data(), b.data(), n), dot_f32(isa, a.data(), wide.data(), n))
+          << quant_isa_name(isa) << " n " << n;
+    }
+  const int64_t n = 3, rows = 9, cols = 130;
+  std::vector<float> x(size_t(n * cols)), wide(size_t(rows * cols)), y(size_t(n * rows)),
+      want(y.size());
+  std::vector<uint16_t> w(size_t(rows * cols));
+  for (float& v : x) v = normal(rng);
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = uint16_t(0x3C00 + (rng() % 0x0800)) ^ uint16_t(rng() % 2 ? 0x8000 : 0);
+    wide[i] = widen(w[i]);
+  }
+  linear_bf16(x.data(), n, w.data(), rows, cols, y.data());
+  linear_f32(x.data(), n, wide.data(), rows, cols, want.data());
+  EXPECT_EQ(y, want);
 }
 
 }  // namespace
