@@ -141,7 +141,9 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
       scores[s] = score;
     }
     std::iota(order, order + visible, 0);
-    std::partial_sort(order, order + topk, order + visible, [&](int a, int b) {
+    // The top-k set under a strict order (score, then position) is unique: selecting it in
+    // linear time gives what a partial sort would, then it is sorted by position.
+    std::nth_element(order, order + (topk - 1), order + visible, [&](int a, int b) {
       return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
     });
     std::sort(order, order + topk);
