@@ -425,6 +425,9 @@ int run(const Args& args) {
     return 0;
   }
   const colibri::ModelConfig& config = node.config();
+  if (!args.quiet)
+    for (const std::string& line : node.memory_report())
+      std::fprintf(stderr, "memory: %s\n", line.c_str());
   if (args.print_placement)
     std::fputs(
         colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(),

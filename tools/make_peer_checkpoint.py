@@ -66,6 +66,7 @@ def main():
         num_nextn_predict_layers=0,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
+    config.architectures = ["GlmMoeDsaForCausalLM"]
     shapes = checkpoint_shapes(config, {"mtp": False, "arch": "glm"})
     args.out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(args.out)

@@ -50,6 +50,7 @@ class Engine {
   const ModelConfig& config() const { return config_; }
   Profiler* profiler() const { return profiler_; }
   KvManager& kv() { return kv_; }
+  uint64_t kv_bytes() const { return kv_.bytes(); }
   int max_rows() const { return options_.max_rows; }
 
  private:

@@ -32,6 +32,57 @@ void linear(const Matrix& w, const float* x, int64_t n, float* y) {
 
 namespace {
 
+void add(WeightBytes& b, const Matrix& m) {
+  b.f32 += 4 * m.data.size();
+  b.bf16 += 2 * m.bf16.size();
+  b.quantized += m.quant.bytes();
+}
+void add(WeightBytes& b, const std::vector<float>& v) {
+  b.f32 += 4 * v.size();
+}
+void add(WeightBytes& b, const MlpWeights& m) {
+  add(b, m.gate);
+  add(b, m.up);
+  add(b, m.down);
+  b.quantized += m.quant.gate.bytes() + m.quant.up.bytes() + m.quant.down.bytes();
+}
+void add(WeightBytes& b, const LayerWeights& l) {
+  for (const auto* v :
+       {&l.input_norm, &l.post_attention_norm, &l.attn.q_a_norm, &l.attn.kv_a_norm, &l.router_bias})
+    add(b, *v);
+  for (const Matrix* m : {&l.attn.q_a_proj, &l.attn.q_b_proj, &l.attn.q_proj, &l.attn.kv_a_proj,
+                          &l.attn.kv_b_proj, &l.attn.o_proj, &l.router})
+    add(b, *m);
+  if (l.attn.indexer) {
+    add(b, l.attn.indexer->wq_b);
+    add(b, l.attn.indexer->wk);
+    add(b, l.attn.indexer->weights_proj);
+    add(b, l.attn.indexer->k_norm_weight);
+    add(b, l.attn.indexer->k_norm_bias);
+  }
+  add(b, l.dense_mlp);
+  add(b, l.shared_experts);
+  for (const MlpWeights& e : l.experts) add(b, e);
+}
+
+}  // namespace
+
+WeightBytes weight_bytes(const ModelWeights& w) {
+  WeightBytes b;
+  add(b, w.embed);
+  add(b, w.lm_head);
+  add(b, w.final_norm);
+  for (const LayerWeights& l : w.layers) add(b, l);
+  for (const MtpWeights& m : w.mtp) {
+    add(b, m.eh_proj);
+    for (const auto* v : {&m.enorm, &m.hnorm, &m.head_norm}) add(b, *v);
+    add(b, m.layer);
+  }
+  return b;
+}
+
+namespace {
+
 class Loader {
  public:
   Loader(const ModelConfig& config, const Checkpoint& checkpoint, bool keep_stored = false)

@@ -94,6 +94,13 @@ struct ModelWeights {
   std::vector<MtpWeights> mtp;
 };
 
+// Bytes of the weights held in memory, by representation (norms and biases count as fp32).
+struct WeightBytes {
+  uint64_t f32 = 0, bf16 = 0, quantized = 0;  // quantized: container int8/int4 with scales
+  uint64_t total() const { return f32 + bf16 + quantized; }
+};
+WeightBytes weight_bytes(const ModelWeights& w);
+
 struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;

@@ -1,5 +1,7 @@
 #include "node/node.h"
 
+#include <fstream>
+
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -107,11 +109,38 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
                                        profiler_.get());
   }
-  // Every rank has loaded its weights and built its exchange.
+  // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
+  // resident-memory line.
   agree_within(
-      comm_, 0, {}, [](const std::vector<std::string>&) { return std::string(); },
+      comm_, layout_.coordinator(), memory_line(me.host),
+      [this](const std::vector<std::string>& lines) {
+        memory_report_ = lines;
+        return std::string();
+      },
       startup_deadline("start-up (exchange ready)"));
   profiler_->restart_epoch();
+}
+
+std::string Node::memory_line(const std::string& host) const {
+  const WeightBytes w = weight_bytes(weights_);
+  const auto gb = [](uint64_t bytes) { return double(bytes) / 1e9; };
+  std::string line =
+      fmt::format("rank {}@{} ({}): weights {:.3f} GB (fp32 {:.3f}, bf16 {:.3f}, int8/int4 {:.3f})",
+                  rank_, host, role_name(layout_.ranks[size_t(rank_)].role), gb(w.total()),
+                  gb(w.f32), gb(w.bf16), gb(w.quantized));
+  if (expert_store_)
+    line += fmt::format(", routed experts {:.3f} GB resident ({:.3f} pinned)",
+                        gb(expert_store_->resident_bytes() + expert_store_->pinned_bytes()),
+                        gb(expert_store_->pinned_bytes()));
+  if (engine_) line += fmt::format(", KV pool {:.3f} GB reserved", gb(engine_->kv_bytes()));
+  // The process as the kernel sees it (VmRSS: what is in RAM now, mappings included).
+  std::ifstream status("/proc/self/status");
+  for (std::string entry; std::getline(status, entry);)
+    if (entry.rfind("VmRSS:", 0) == 0) {
+      line += fmt::format("; RSS {:.3f} GB", double(std::stoull(entry.substr(6))) * 1024 / 1e9);
+      break;
+    }
+  return line;
 }
 
 Deadline Node::startup_deadline(std::string stage) const {

@@ -63,6 +63,9 @@ class Node {
   Profiler& profiler() { return *profiler_; }
   // In-memory bytes of one routed expert (quantized in a container, else fp32).
   uint64_t expert_bytes() const;
+  // Coordinator: one line per rank, gathered at start-up: its resident weights by representation,
+  // routed experts in RAM, KV pool and RSS.
+  const std::vector<std::string>& memory_report() const { return memory_report_; }
 
   // Coordinator: the engine whose routed experts run on their owners.
   Engine& engine();
@@ -79,6 +82,7 @@ class Node {
   // peak memory exceeds MemAvailable.
   void open_expert_store();
   Deadline startup_deadline(std::string stage) const;
+  std::string memory_line(const std::string& host) const;
 
   MPI_Comm comm_;
   NodeOptions options_;
@@ -96,6 +100,7 @@ class Node {
   std::unique_ptr<ExpertChannel> channel_;         // expert ranks
   std::unique_ptr<Engine> engine_;                 // coordinator
   bool shut_down_ = false;
+  std::vector<std::string> memory_report_;
 };
 
 }  // namespace colibri
