@@ -62,7 +62,6 @@ setup() {
     nice cmake --build "$llama/build" -j "$(getconf _NPROCESSORS_ONLN)" \
       --target llama-bench llama-quantize > "$work/llama-build.log"
   fi
-  (cd "$llama" && git rev-parse HEAD 2>/dev/null || true) > "$work/llama-commit.txt"
   if [[ ! -f $hf/model.safetensors.index.json ]]; then
     say "checkpoint: $hf"
     "$work/venv/bin/python" "$root/tools/make_peer_checkpoint.py" "$hf"
@@ -97,7 +96,7 @@ run() {
   prompt=$(seq 11 138 | paste -sd, -)  # 128 token ids
   local cores
   cores=$(getconf _NPROCESSORS_ONLN)
-  echo "peer_bench: colibri-node vs llama.cpp ($(cat "$work/llama-commit.txt" 2>/dev/null | cut -c1-12), llama-cpp-python $version sdist)"
+  echo "peer_bench: colibri-node $(git -C "$root" rev-parse --short HEAD 2>/dev/null) vs llama.cpp (vendored in the llama-cpp-python $version sdist)"
   echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) | $cores cores | $(uname -r)"
   echo "model: GLM-5 architecture, 2.2 B parameters, random weights; colibri int4-g64 experts + int8 rest; llama.cpp Q4_0 experts + Q8_0 rest"
   local results=$work/results.tsv
@@ -111,7 +110,7 @@ run() {
       tg=$(awk -F, 'NR > 1 && $0 ~ /"0","64"/ {gsub(/"/, "", $0); print}' <<<"$out" | awk -F, '{print $(NF-1)}' | head -n 1)
       line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 65 --ignore-eos \
                --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
-      pre=$(sed -n 's/.*prefill [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
+      pre=$(sed -n 's/.*prefill \([0-9]*\) tok in \([0-9.]*\) s.*/\1 \2/p' <<<"$line" | awk '{printf "%.2f", $1 / $2}')
       dec=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
       bw=$("$quant_bench" --experts 2 --batch 1 --threads "$t" --activations int8 --reps 3 \
              --read-mib 1024 2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
