@@ -71,6 +71,9 @@ namespace {
 inline float value(const float* p) {
   return *p;
 }
+inline float value(const int8_t* p) {
+  return float(*p);
+}
 inline float value(const uint16_t* p) {
   const uint32_t bits = uint32_t(*p) << 16;
   float v;
@@ -111,6 +114,70 @@ float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n) {
 
 void axpy_f32_scalar(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+namespace {
+
+template <typename X>
+void axpy_scalar(float alpha, const X* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * value(x + i);
+}
+
+// The kernels of one operand type on an ISA: {scalar, AVX2, AVX-512}.
+template <typename Fn>
+Fn pick(QuantIsa isa, Fn scalar, Fn avx2, Fn avx512) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return avx512;
+  if (isa == QuantIsa::kAvx2) return avx2;
+#endif
+  (void)avx2;
+  (void)avx512;
+  return scalar;
+}
+
+using AxpyBf16Fn = void (*)(float, const uint16_t*, float*, int64_t);
+using AxpyI8Fn = void (*)(float, const int8_t*, float*, int64_t);
+using DotI8Fn = float (*)(const int8_t*, const float*, int64_t);
+
+AxpyBf16Fn axpy_bf16_kernel(QuantIsa isa) {
+  return pick<AxpyBf16Fn>(isa, axpy_scalar<uint16_t>, detail::axpy_bf16_avx2,
+                          detail::axpy_bf16_avx512);
+}
+AxpyI8Fn axpy_i8_kernel(QuantIsa isa) {
+  return pick<AxpyI8Fn>(isa, axpy_scalar<int8_t>, detail::axpy_i8_avx2, detail::axpy_i8_avx512);
+}
+float dot_i8_scalar(const int8_t* a, const float* b, int64_t n) {
+  return dot_scalar(b, a, n);
+}
+DotI8Fn dot_i8_kernel(QuantIsa isa) {
+  return pick<DotI8Fn>(isa, dot_i8_scalar, detail::dot_i8_avx2, detail::dot_i8_avx512);
+}
+
+}  // namespace
+
+void axpy_bf16(float alpha, const uint16_t* x, float* y, int64_t n) {
+  static const AxpyBf16Fn fn = axpy_bf16_kernel(quant_isa_selected());
+  fn(alpha, x, y, n);
+}
+void axpy_i8(float alpha, const int8_t* x, float* y, int64_t n) {
+  static const AxpyI8Fn fn = axpy_i8_kernel(quant_isa_selected());
+  fn(alpha, x, y, n);
+}
+float dot_i8(const int8_t* a, const float* b, int64_t n) {
+  static const DotI8Fn fn = dot_i8_kernel(quant_isa_selected());
+  return fn(a, b, n);
+}
+void axpy_bf16(QuantIsa isa, float alpha, const uint16_t* x, float* y, int64_t n) {
+  require_available(isa);
+  axpy_bf16_kernel(isa)(alpha, x, y, n);
+}
+void axpy_i8(QuantIsa isa, float alpha, const int8_t* x, float* y, int64_t n) {
+  require_available(isa);
+  axpy_i8_kernel(isa)(alpha, x, y, n);
+}
+float dot_i8(QuantIsa isa, const int8_t* a, const float* b, int64_t n) {
+  require_available(isa);
+  return dot_i8_kernel(isa)(a, b, n);
 }
 
 float dot_f32(const float* a, const float* b, int64_t n) {

@@ -26,6 +26,17 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n);
 
+// Rows of MLA's kv_b_proj kept as stored (the absorbed attention reads them one row at a time):
+// y[i] += alpha * widen(x[i]) for BF16 and alpha * float(x[i]) for int8, with the fp32 axpy's
+// rounding (one fused multiply-add per element); dot_i8 = sum of float(a[i]) * b[i] in dot_f32's
+// order, so it equals dot_f32 on the int8 values converted to fp32.
+void axpy_bf16(float alpha, const uint16_t* x, float* y, int64_t n);
+void axpy_i8(float alpha, const int8_t* x, float* y, int64_t n);
+float dot_i8(const int8_t* a, const float* b, int64_t n);
+void axpy_bf16(QuantIsa isa, float alpha, const uint16_t* x, float* y, int64_t n);
+void axpy_i8(QuantIsa isa, float alpha, const int8_t* x, float* y, int64_t n);
+float dot_i8(QuantIsa isa, const int8_t* a, const float* b, int64_t n);
+
 // Dot product of two fp32 vectors on the selected ISA.
 float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += alpha * x[i] on the selected ISA.

@@ -14,6 +14,13 @@ inline __m256 load(const uint16_t* p) {  // 8 BF16, widened exactly
   return _mm256_castsi256_ps(_mm256_slli_epi32(
       _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
+inline __m256 load(const int8_t* p) {  // 8 int8, converted exactly
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline float value(const int8_t* p) {
+  return float(*p);
+}
 inline float value(const float* p) {
   return *p;
 }
@@ -41,8 +48,8 @@ float dot(const float* a, const B* b, int64_t n) {
   float total = _mm_cvtss_f32(s);
   // An explicit fused multiply-add: the same rounding whether or not the compiler would contract.
   for (; i < n; ++i)
-    total = _mm_cvtss_f32(
-        _mm_fmadd_ss(_mm_set_ss(a[i]), _mm_set_ss(value(b + i)), _mm_set_ss(total)));
+    total =
+        _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a[i]), _mm_set_ss(value(b + i)), _mm_set_ss(total)));
   return total;
 }
 
@@ -56,12 +63,32 @@ float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n) {
   return dot(a, b, n);
 }
 
-void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
+namespace {
+
+template <typename X>
+void axpy(float alpha, const X* x, float* y, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += alpha * x[i];
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i)
+    y[i] =
+        _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(alpha), _mm_set_ss(value(x + i)), _mm_set_ss(y[i])));
+}
+
+}  // namespace
+
+void axpy_avx2(float alpha, const float* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+void axpy_bf16_avx2(float alpha, const uint16_t* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+void axpy_i8_avx2(float alpha, const int8_t* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+float dot_i8_avx2(const int8_t* a, const float* b, int64_t n) {
+  return dot(b, a, n);
 }
 
 }  // namespace colibri::kernels::detail

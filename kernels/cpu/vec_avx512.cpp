@@ -1,4 +1,5 @@
-// AVX-512 fp32 vector primitives (compiled with -mavx512f -mfma; called only after CPUID).
+// AVX-512 fp32 vector primitives (compiled with -mavx512f -mavx512bw -mavx512vl -mfma; called
+// only after CPUID), with BF16 and int8 operands widened exactly in registers.
 #include <immintrin.h>
 
 #include "cpu/vec_detail.h"
@@ -16,6 +17,13 @@ inline __m512 load(const float* p) {
 inline __m512 load(const uint16_t* p) {  // 16 BF16, widened exactly
   return _mm512_castsi512_ps(_mm512_slli_epi32(
       _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load(const int8_t* p) {  // 16 int8, converted exactly
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 load_masked(__mmask16 m, const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p)));
 }
 inline __m512 load_masked(__mmask16 m, const float* p) {
   return _mm512_maskz_loadu_ps(m, p);
@@ -59,17 +67,34 @@ float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
   return dot(a, b, n);
 }
 
-void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
+namespace {
+
+template <typename X>
+void axpy(float alpha, const X* x, float* y, int64_t n) {
   const __m512 a = _mm512_set1_ps(alpha);
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, load(x + i), _mm512_loadu_ps(y + i)));
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(
-        y + i, m,
-        _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+        y + i, m, _mm512_fmadd_ps(a, load_masked(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
+}
+
+}  // namespace
+
+void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+void axpy_bf16_avx512(float alpha, const uint16_t* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+void axpy_i8_avx512(float alpha, const int8_t* x, float* y, int64_t n) {
+  axpy(alpha, x, y, n);
+}
+float dot_i8_avx512(const int8_t* a, const float* b, int64_t n) {
+  return dot(b, a, n);
 }
 
 }  // namespace colibri::kernels::detail

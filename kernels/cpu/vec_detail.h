@@ -10,6 +10,12 @@ float dot_avx2(const float* a, const float* b, int64_t n);
 float dot_avx512(const float* a, const float* b, int64_t n);
 float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n);
+float dot_i8_avx2(const int8_t* a, const float* b, int64_t n);
+float dot_i8_avx512(const int8_t* a, const float* b, int64_t n);
+void axpy_bf16_avx2(float alpha, const uint16_t* x, float* y, int64_t n);
+void axpy_bf16_avx512(float alpha, const uint16_t* x, float* y, int64_t n);
+void axpy_i8_avx2(float alpha, const int8_t* x, float* y, int64_t n);
+void axpy_i8_avx512(float alpha, const int8_t* x, float* y, int64_t n);
 void axpy_avx2(float alpha, const float* x, float* y, int64_t n);
 void axpy_avx512(float alpha, const float* x, float* y, int64_t n);
 

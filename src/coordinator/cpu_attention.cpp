@@ -12,6 +12,33 @@
 
 namespace colibri {
 
+namespace {
+
+// y[r] += alpha * kv_b_proj[row, :] in the row's stored form (fp32, BF16, or int8 with its row
+// scale folded into alpha).
+void kv_b_axpy(const Matrix& w, int64_t row, float alpha, float* y) {
+  const int64_t r = w.cols;
+  if (w.quantized())
+    kernels::axpy_i8(alpha * w.quant.scales[size_t(row)],
+                     reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, y, r);
+  else if (w.stored_bf16())
+    kernels::axpy_bf16(alpha, w.bf16.data() + row * r, y, r);
+  else
+    kernels::axpy_f32(alpha, w.data.data() + row * r, y, r);
+}
+
+// kv_b_proj[row, :] · x in the row's stored form.
+float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
+  const int64_t r = w.cols;
+  if (w.quantized())
+    return w.quant.scales[size_t(row)] *
+           kernels::dot_i8(reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, x, r);
+  if (w.stored_bf16()) return kernels::dot_bf16(x, w.bf16.data() + row * r, r);
+  return kernels::dot_f32(w.data.data() + row * r, x, r);
+}
+
+}  // namespace
+
 using kernels::dot_f32;
 
 namespace {
@@ -183,11 +210,11 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
       const int* selected = nullptr;
       const int count = keys_of(t, &selected);
       const float* q_head = &q_[(size_t(t) * heads + head) * dq];
-      const float* w_uk = &w.kv_b_proj.data[size_t(head) * (dn + dv) * r];  // [dn, r]
-      const float* w_uv = w_uk + size_t(dn) * r;                            // [dv, r]
+      // Rows of W_UK [dn, r] then W_UV [dv, r] for this head in kv_b_proj.
+      const int64_t uk_row = int64_t(head) * (dn + dv), uv_row = uk_row + dn;
       // q_abs = W_UK^T q_nope: the query in latent space.
       std::fill_n(q_abs, r, 0.0f);
-      for (int i = 0; i < dn; ++i) kernels::axpy_f32(q_head[i], w_uk + size_t(i) * r, q_abs, r);
+      for (int i = 0; i < dn; ++i) kv_b_axpy(w.kv_b_proj, uk_row + i, q_head[i], q_abs);
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
         p[i] =
@@ -200,7 +227,7 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
                           o_latent, r);
       }
       float* o = &heads_out_[(size_t(t) * heads + head) * dv];
-      for (int j = 0; j < dv; ++j) o[j] = dot_f32(w_uv + size_t(j) * r, o_latent, r);
+      for (int j = 0; j < dv; ++j) o[j] = kv_b_dot(w.kv_b_proj, uv_row + j, o_latent);
     }
   }
 }

@@ -91,7 +91,7 @@ class Loader {
   // Every float weight is checked for NaN/Inf as it is loaded: 1.7 ms for the 11.7 M weights of
   // the embedded model (about 7% of its 22 ms load, 2 cores), against a constant token stream.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols}), {}};
+    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols}), {}, {}};
     check_finite(m.data, where(name));
     return m;
   }
@@ -182,8 +182,12 @@ class Loader {
     a.kv_a_proj =
         projection(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
     a.kv_a_norm = vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank);
-    a.kv_b_proj = matrix(p + "kv_b_proj.weight", heads * (c_.qk_nope_head_dim + c_.v_head_dim),
-                         c_.kv_lora_rank);
+    // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
+    // or int8 per row, fp32 otherwise.
+    const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
+    a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
+    if (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row)
+      a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
     a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
     if (with_indexer) {
       const std::string ip = p + "indexer.";

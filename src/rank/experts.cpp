@@ -14,7 +14,7 @@ void mlp_forward(const MlpWeights& w, const float* x, int n, float* y) {
     kernels::quant_expert_ffn(w.quant.gate.view(), w.quant.up.view(), w.quant.down.view(), x, n, y);
     return;
   }
-  const int64_t inter = w.gate.rows, hidden = w.gate.cols;
+  const int64_t inter = w.gate.rows;
   std::vector<float> gate(size_t(n * inter)), up(size_t(n * inter));
   linear(w.gate, x, n, gate.data());
   linear(w.up, x, n, up.data());

@@ -108,5 +108,43 @@ TEST(Vec, Bf16DotAndLinearEqualFp32OnTheWidenedWeights) {
   EXPECT_EQ(y, want);
 }
 
+// kv_b_proj's rows as stored: BF16 and int8 operands converted exactly, then the fp32 kernels'
+// operations, so bit for bit the fp32 kernels on the converted values.
+TEST(Vec, Bf16AndInt8RowPrimitivesEqualFp32OnTheConvertedValues) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (QuantIsa isa : available_isas())
+    for (int64_t n : {1, 7, 8, 15, 16, 17, 33, 64, 65, 130, 512}) {
+      std::vector<float> y0(static_cast<size_t>(n)), b(y0.size()), wide_bf16(y0.size()),
+          wide_i8(y0.size());
+      std::vector<uint16_t> x_bf16(y0.size());
+      std::vector<int8_t> x_i8(y0.size());
+      for (size_t i = 0; i < y0.size(); ++i) {
+        y0[i] = normal(rng);
+        b[i] = normal(rng);
+        const float v = normal(rng);
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        x_bf16[i] = uint16_t(bits >> 16);
+        bits = uint32_t(x_bf16[i]) << 16;
+        std::memcpy(&wide_bf16[i], &bits, 4);
+        x_i8[i] = int8_t(int(rng() % 255) - 127);
+        wide_i8[i] = float(x_i8[i]);
+      }
+      const float alpha = normal(rng);
+      std::vector<float> got = y0, want = y0;
+      axpy_bf16(isa, alpha, x_bf16.data(), got.data(), n);
+      axpy_f32(isa, alpha, wide_bf16.data(), want.data(), n);
+      EXPECT_EQ(got, want) << quant_isa_name(isa) << " axpy_bf16 n " << n;
+      got = y0;
+      want = y0;
+      axpy_i8(isa, alpha, x_i8.data(), got.data(), n);
+      axpy_f32(isa, alpha, wide_i8.data(), want.data(), n);
+      EXPECT_EQ(got, want) << quant_isa_name(isa) << " axpy_i8 n " << n;
+      EXPECT_EQ(dot_i8(isa, x_i8.data(), b.data(), n), dot_f32(isa, b.data(), wide_i8.data(), n))
+          << quant_isa_name(isa) << " dot_i8 n " << n;
+    }
+}
+
 }  // namespace
 }  // namespace colibri::kernels
