@@ -136,10 +136,10 @@ WeightSet make_weights(const Options& o, std::mt19937& rng) {
   auto* base = static_cast<uint8_t*>(set.memory);
   for (int e = 0; e < o.experts; ++e) {
     const int64_t at = e * per_expert;
-    const int64_t offsets[3][2] = {{at, at + gu_data},
-                                   {at + gu_data + gu_scales, at + 2 * gu_data + gu_scales},
-                                   {at + 2 * (gu_data + gu_scales),
-                                    at + 2 * (gu_data + gu_scales) + d_data}};
+    const int64_t offsets[3][2] = {
+        {at, at + gu_data},
+        {at + gu_data + gu_scales, at + 2 * gu_data + gu_scales},
+        {at + 2 * (gu_data + gu_scales), at + 2 * (gu_data + gu_scales) + d_data}};
     const int64_t scale_bytes[3] = {gu_scales, gu_scales, d_scales};
     for (int m = 0; m < 3; ++m)
       for (int64_t i = 0; i < scale_bytes[m] / 4; ++i) {
@@ -181,12 +181,13 @@ int main(int argc, char** argv) {
   while (int(sets.size()) < n_sets) sets.push_back(make_weights(o, rng));
 
   std::printf("device %s (sm_%d%d, %d SMs, L2 %d MiB); d2d copy %.0f GB/s (read+write)\n",
-              prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-              prop.l2CacheSize >> 20, copy_gbs);
-  std::printf("grouped int4 g%d FFN, %d experts, gate/up %lldx%lld, down %lldx%lld, %.1f MB of "
-              "weights per launch, %d weight sets rotated\n",
-              o.group, o.experts, (long long)o.inter, (long long)o.hidden, (long long)o.hidden,
-              (long long)o.inter, double(one_set) / 1e6, n_sets);
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              copy_gbs);
+  std::printf(
+      "grouped int4 g%d FFN, %d experts, gate/up %lldx%lld, down %lldx%lld, %.1f MB of "
+      "weights per launch, %d weight sets rotated\n",
+      o.group, o.experts, (long long)o.inter, (long long)o.hidden, (long long)o.hidden,
+      (long long)o.inter, double(one_set) / 1e6, n_sets);
   std::printf("%6s %10s %10s %10s %10s %12s %10s\n", "batch", "median_us", "min_us", "max_us",
               "GB/s", "of_copy_bw", "vs_batch1");
 

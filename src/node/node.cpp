@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "model/container.h"
+#include "node/devices.h"
 #include "node/handshake.h"
 #include "node/memory_plan.h"
 #include "node/serialize.h"
@@ -58,11 +59,6 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   raise_test_fault(options_.fault, TestFault::kLoad, rank_);
 
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
-  if (spec.role == Role::kGpuExpert)
-    std::fprintf(stderr,
-                 "[rank %d@%s] note: gpu-expert rank (GPU %d) runs the CPU expert backend: this "
-                 "build has no CUDA expert backend yet\n",
-                 rank_, me.host.c_str(), spec.gpu);
 
   profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(spec.role), config_.num_layers,
                                          options_.keep_trace);
@@ -90,15 +86,35 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.options.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
+  StartupStatus gpu_status;
   if (size_ == 1) {
     expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
     dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
   } else if (is_coordinator()) {
     dispatcher_ = make_dispatcher(exchange);
   } else {
-    expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+    // A gpu-expert rank uploads its experts to its GPU; a failure there (no such device, VRAM)
+    // is refused collectively, so that every rank stops and rank 0 can say why.
+    StartupStatus status;
+    if (spec.role == Role::kGpuExpert) {
+      try {
+        const int device = choose_gpu(spec.gpu, me.name_of(rank_));
+        expert_backend_ = make_gpu_expert_backend(config_, *expert_store_, owned_, device,
+                                                  gib_to_bytes(spec.vram_gb, "VRAM budget"));
+      } catch (const Error& e) {
+        status.stop = status.is_error = true;
+        status.exit_code = 1;
+        status.message = fmt::format("{}: {}", me.name_of(rank_), e.what());
+      }
+    } else {
+      expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+    }
+    gpu_status = status;
     channel_ = make_expert_channel(exchange);
   }
+  const StartupVerdict gpu_verdict =
+      agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));
+  if (gpu_verdict.reporter >= 0) throw StartupRefused(gpu_verdict.status.message);
   if (is_coordinator()) {
     EngineOptions engine;
     engine.max_rows = options_.max_rows;
@@ -151,6 +167,7 @@ void Node::open_expert_store() {
       agree_to_start(comm_, status, startup_deadline("start-up (weights loaded, memory checked)"));
   if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
   if (!has_store) return;
+  owned_ = owned;
 
   expert_store_ = std::make_unique<ExpertStore>(
       std::move(owned),
