@@ -111,7 +111,9 @@ __device__ __forceinline__ void row_dot(const DeviceMatrix& w, int64_t r,
         const int64_t chunks = cols / 32;
         const bool grouped = w.format == WeightFormat::kInt4Grouped;
         const int64_t chunks_per_group = grouped ? w.group_size / 32 : 1;
-        const float* scales = w.scales + (grouped ? r * (cols / w.group_size) : r);
+        // A row's scales: ceil(cols / group_size) of them, the last group possibly short.
+        const float* scales =
+            w.scales + (grouped ? r * ((cols + w.group_size - 1) / w.group_size) : r);
         // Two loads in flight per lane before the arithmetic.
         for (int64_t c = lane; c < chunks; c += 2 * kWarpSize) {
           const bool second = c + kWarpSize < chunks;

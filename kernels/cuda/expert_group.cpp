@@ -129,7 +129,7 @@ void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const Devi
   put(at_row_begin, index.row_begin.data(), index.row_begin.size() * sizeof(int32_t));
   put(at_row_slots, index.row_slots.data(), n_slots * sizeof(int32_t));
   put(at_row_weights, index.row_weights.data(), n_slots * sizeof(float));
-  CHECK_CUDA(cudaMemcpyAsync(device, host, offset, cudaMemcpyHostToDevice, stream));
+  if (offset) CHECK_CUDA(cudaMemcpyAsync(device, host, offset, cudaMemcpyHostToDevice, stream));
 
   ExpertGroup& g = group_;
   g.n_experts = int(n_experts);

@@ -225,6 +225,29 @@ TEST(MpiCli, LayoutWithDuplicateRankIsRefused) {
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
 }
 
+// A gpu-expert rank computes on its GPU; one that sees no device (none visible here: the job runs
+// with CUDA_VISIBLE_DEVICES empty, also on a machine with GPUs) is refused by the coordinator in
+// one line naming the layout, the rank and the reason, instead of running on its CPU.
+TEST(MpiCli, GpuExpertRankWithoutDeviceIsRefused) {
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "gpu.layout";
+  std::ofstream(layout) << "0 coordinator\n1 gpu-expert 0\n2 cpu-expert\n";
+  const JobResult r = run_node(3,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "2", "--layout", layout.string()},
+                               {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  const std::string line = "colibri-node: error: layout " + layout.string() + ": rank 1@" +
+                           short_hostname() + " is a gpu-expert (GPU 0) but sees no CUDA device (";
+  EXPECT_NE(r.err.find(line), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("make it a cpu-expert"), std::string::npos) << describe(r);
+  size_t errors = 0;
+  for (const std::string& l : lines_of(r.err)) errors += l.rfind("colibri-node: error:", 0) == 0;
+  EXPECT_EQ(errors, 1u) << r.err;
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
 // ---- h. bad input at three ranks: refused at start-up, quickly, nothing destroyed
 // ----------------
 
