@@ -66,6 +66,7 @@ struct Args {
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
   bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
+  std::string experts = "cpu";
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
@@ -239,6 +240,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
     layout = fmt::format("a file with content hash {:016x}", hash);
   }
   add("--max-rows", std::to_string(args.node.max_rows), Setting::kJob);
+  add("--experts", args.experts, Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
   add("--layout", layout, Setting::kJob);
@@ -279,6 +281,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.placement = colibri::parse_placement_policy(args.placement);
   args.node.keep_trace = !args.trace.empty();
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
+  args.node.gpu_experts = args.experts == "gpu";
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   if (args.serve) {
@@ -608,6 +611,11 @@ int main(int argc, char** argv) {
                  "rows per forward call (prefill chunk); sizes the exchange buffers")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--experts", args.experts,
+                 "where a single process computes its routed experts: cpu, or gpu (CUDA device "
+                 "0, experts uploaded once; under mpirun use gpu-expert ranks in --layout)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--ram-gb", args.node.ram_gb,
                  "GiB of RAM per expert rank for routed experts, the rest read from disk on "
                  "demand; 0 = all "

@@ -24,14 +24,13 @@ int local_gpu_count(std::string* why_none) {
 #endif
 }
 
-int choose_gpu(int layout_gpu, const std::string& rank_name) {
+int choose_gpu(int layout_gpu, const std::string& who) {
   std::string why_none;
   const int count = local_gpu_count(&why_none);
-  if (count == 0) fail("{} is a gpu-expert but sees no CUDA device: {}", rank_name, why_none);
+  if (count == 0) fail("{} sees no CUDA device: {}", who, why_none);
   if (layout_gpu >= 0 && layout_gpu < count) return layout_gpu;
   if (count == 1) return 0;
-  fail("{} is a gpu-expert on GPU {}, but sees only {} devices (0..{})", rank_name, layout_gpu,
-       count, count - 1);
+  fail("{} is to use GPU {}, but sees only {} devices (0..{})", who, layout_gpu, count, count - 1);
 }
 
 #ifdef COLIBRI_HAVE_CUDA
@@ -58,6 +57,16 @@ std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config
 #ifdef COLIBRI_HAVE_CUDA
   cuda::set_fatal_handler(abort_job);
   return std::make_unique<CudaExpertBackend>(config, store, owned, device, vram_bytes);
+#else
+  fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
+#endif
+}
+
+std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
+                                                       const ModelWeights& weights, int device) {
+#ifdef COLIBRI_HAVE_CUDA
+  cuda::set_fatal_handler(abort_job);
+  return std::make_unique<CudaExpertBackend>(config, weights, device, 0);
 #else
   fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
 #endif

@@ -87,7 +87,24 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.options.wire_type = wire_type_;
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
   StartupStatus gpu_status;
-  if (size_ == 1) {
+  const auto refuse = [&](const std::string& message) {
+    gpu_status.stop = gpu_status.is_error = true;
+    gpu_status.exit_code = 1;
+    gpu_status.message = message;
+  };
+  if (options_.gpu_experts && size_ > 1)
+    refuse(
+        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
+        "role in --layout");
+  if (size_ == 1 && options_.gpu_experts) {
+    try {
+      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"));
+    } catch (const Error& e) {
+      refuse(fmt::format("--experts gpu: {}", e.what()));
+    }
+    if (expert_backend_)
+      dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+  } else if (size_ == 1) {
     expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
     dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
   } else if (is_coordinator()) {
@@ -95,21 +112,17 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   } else {
     // A gpu-expert rank uploads its experts to its GPU; a failure there (no such device, VRAM)
     // is refused collectively, so that every rank stops and rank 0 can say why.
-    StartupStatus status;
     if (spec.role == Role::kGpuExpert) {
       try {
         const int device = choose_gpu(spec.gpu, me.name_of(rank_));
         expert_backend_ = make_gpu_expert_backend(config_, *expert_store_, owned_, device,
                                                   gib_to_bytes(spec.vram_gb, "VRAM budget"));
       } catch (const Error& e) {
-        status.stop = status.is_error = true;
-        status.exit_code = 1;
-        status.message = fmt::format("{}: {}", me.name_of(rank_), e.what());
+        refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
       }
     } else {
       expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
     }
-    gpu_status = status;
     channel_ = make_expert_channel(exchange);
   }
   const StartupVerdict gpu_verdict =
@@ -219,6 +232,12 @@ std::vector<RankReport> Node::gather_reports() {
     mine.disk_bytes_read = stats.bytes_read;
     mine.loader_us = stats.load_us;
     mine.loader_wait_us = stats.wait_us;
+  }
+  if (expert_backend_) {
+    const ExpertDeviceStats gpu = expert_backend_->device_stats();
+    mine.vram_bytes = gpu.vram_bytes;
+    mine.gpu_requests = gpu.requests;
+    mine.gpu_us = gpu.device_us;
   }
   const std::vector<std::string> all =
       gather_within(comm_, layout_.coordinator(), to_bytes(mine),

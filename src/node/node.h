@@ -42,7 +42,8 @@ struct NodeOptions {
   double startup_timeout_s = 300;  // longest wait for the other ranks at each start-up step
   std::vector<AgreedSetting> settings;  // compared across ranks at the handshake
   bool keep_trace = false;
-  TestFault fault;  // test hook
+  bool gpu_experts = false;  // a single process computes its routed experts on CUDA device 0
+  TestFault fault;           // test hook
 };
 
 class Node {

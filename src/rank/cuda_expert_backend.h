@@ -45,6 +45,9 @@ class CudaExpertBackend final : public ExpertBackend {
   int device() const { return device_; }
   uint64_t device_bytes() const { return device_bytes_; }
   const CudaExpertStats& stats() const { return stats_; }
+  ExpertDeviceStats device_stats() const override {
+    return {device_bytes_, stats_.requests, stats_.device_us};
+  }
 
  private:
   void upload(const std::vector<std::pair<int, int>>& owned,

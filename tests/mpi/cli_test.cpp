@@ -248,6 +248,29 @@ TEST(MpiCli, GpuExpertRankWithoutDeviceIsRefused) {
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
 }
 
+// --experts gpu: a single process's experts on its GPU. Without a visible device it is refused
+// with the reason; under mpirun it is refused too (expert ranks take gpu-expert in --layout).
+TEST(MpiCli, ExpertsOnGpuNeedADeviceAndASingleProcess) {
+  const std::vector<std::string> args = {
+      "--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen",
+      "2",       "--experts",     "gpu"};
+  const JobResult alone = run_node(1, args, {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(alone);
+  EXPECT_NE(alone.exit_code, 0) << describe(alone);
+  EXPECT_NE(
+      alone.err.find("colibri-node: error: --experts gpu: this process sees no CUDA device: "),
+      std::string::npos)
+      << describe(alone);
+  EXPECT_TRUE(parse_tokens(alone.out).empty()) << alone.out;
+
+  const JobResult three = run_node(3, args);
+  expect_clean_end(three);
+  EXPECT_NE(three.exit_code, 0) << describe(three);
+  EXPECT_NE(three.err.find("--experts gpu is for a single process"), std::string::npos)
+      << describe(three);
+  EXPECT_TRUE(parse_tokens(three.out).empty()) << three.out;
+}
+
 // ---- h. bad input at three ranks: refused at start-up, quickly, nothing destroyed
 // ----------------
 
