@@ -12,13 +12,18 @@
 #
 #   1. On the development machine (here), stage the binaries and what they need:
 #        bash launch/gpu-check.sh --stage
-#      builds the GPU test binaries and the benchmark (none links MPI), and copies them, the
-#      non-system shared libraries they load, and GoogleTest's source into gpu-carry/ (ignored
-#      by git; about 20 MiB; the script prints the size and checks the 64 MiB limit).
+#      builds the GPU test binaries and the benchmark (none links MPI), and packs them, the
+#      non-system shared libraries they load, and GoogleTest's source into gpu-carry.tar.gz
+#      (ignored by git; about 10 MiB; it prints the size and checks the 64 MiB limit, which the
+#      working tree's 37 MiB count against).
 #   2. With the device tool, once:
-#        run(command="bash launch/gpu-check.sh", carry=["gpu-carry"], timeout_s=400)
-#      The script keeps itself under about 330 s (each step has its own timeout), so a start of
-#      1-2 minutes plus one rerun fit in the 15 minutes of device time. Call give_back after.
+#        run(command="bash launch/gpu-check.sh", carry=["gpu-carry.tar.gz"], timeout_s=360)
+#      Expected to take 1-2 minutes on an H200; every step has its own timeout inside a 330 s
+#      budget (GPU_CHECK_BUDGET_S), so even the worst case plus the machine's start (1-2 min)
+#      leaves room for one rerun in the 15 minutes of device time. Call give_back after.
+#      The results come back under $OUT: gpu-check-<stamp>.txt (everything),
+#      gpu-check-summary-<stamp>.txt (one PASS/FAIL/SKIP line per check), gpu-bench-<stamp>.jsonl,
+#      and each test binary's XML.
 #   3. Copy the results file into bench/RESULTS.md with the date and device.
 #
 # If the carried binaries do not start there (other glibc or libstdc++), the script builds the
@@ -31,7 +36,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 carry=$root/gpu-carry
-gpu_tests=(linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test)
+gpu_tests=(expert_ffn_lanes_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test)
 binaries=("${gpu_tests[@]}" gpu_expert_bench)
 
 # ---- staging, on the development machine -------------------------------------------------------
@@ -75,10 +80,12 @@ stage() {
     python3 "$root/tools/list_cuda_archs.py" "$carry"/bin/*
   } >"$carry/MANIFEST"
   cat "$carry/MANIFEST"
+  # One compressed file travels (the binaries hold sm_90 and sm_120 code and compress 3x).
+  tar -czf "$carry.tar.gz" -C "$root" gpu-carry
   local carry_kib tree_kib
-  carry_kib=$(du -sk "$carry" | cut -f1)
+  carry_kib=$(du -k "$carry.tar.gz" | cut -f1)
   tree_kib=$(git -C "$root" ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- 2>/dev/null | tail -1 | cut -f1)
-  echo "gpu-carry: $((carry_kib / 1024)) MiB; working tree: $((tree_kib / 1024)) MiB; limit 64 MiB together"
+  echo "gpu-carry.tar.gz: $((carry_kib / 1024)) MiB; working tree: $((tree_kib / 1024)) MiB; limit 64 MiB together"
   if ((carry_kib + tree_kib > 64 * 1024)); then
     echo "gpu-check: too big to carry" >&2
     exit 1
@@ -119,9 +126,17 @@ verdict() {  # verdict PASS|FAIL|SKIP name detail...
   return 0
 }
 logs=$(mktemp -d)
+budget_s=${GPU_CHECK_BUDGET_S:-330}  # the whole check; each step gets at most what is left
 step() {  # step seconds name command...: runs it with a timeout; output in $logs/<name>.log too
   local seconds=$1 name=$2
   shift 2
+  local left=$((budget_s - (SECONDS - started)))
+  ((seconds > left)) && seconds=$left
+  if ((seconds < 5)); then
+    say "---- $name: not run, the ${budget_s}s budget is spent"
+    echo "not run: the ${budget_s}s budget is spent" >"$logs/$name.log"
+    return 124
+  fi
   say "---- $name ($(date -u +%T), limit ${seconds}s)"
   timeout --kill-after=5 "$seconds" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
@@ -130,6 +145,11 @@ step() {  # step seconds name command...: runs it with a timeout; output in $log
   return $rc
 }
 
+# The carried binaries arrive as gpu-carry.tar.gz; unpacked afresh on every run.
+if [[ -f $carry.tar.gz ]]; then
+  rm -rf "$carry"
+  tar -xzf "$carry.tar.gz" -C "$root"
+fi
 say "colibri-node GPU check, $stamp"
 say "checkout: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '(no git)')"
 [[ -f $carry/MANIFEST ]] && say "carried: $(head -1 "$carry/MANIFEST")"
@@ -213,6 +233,27 @@ EOF
     rm -f "$summary.tmp"
   else
     verdict FAIL "bench: no result lines"
+  fi
+fi
+
+# Out-of-bounds accesses and races in the kernels, where compute-sanitizer works (Firecracker
+# machines; not under gVisor): the kernel table test under memcheck, last, in what time is left.
+if [[ -n $bin ]]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [[ -x $sanitizer ]]; then
+    step 120 "compute-sanitizer memcheck" "$sanitizer" --tool memcheck --error-exitcode 3 \
+      "$bin/expert_ffn_cuda_test"
+    rc=$?
+    log=$logs/compute-sanitizer\ memcheck.log
+    if ((rc == 0)) && grep -q 'ERROR SUMMARY: 0 errors' "$log"; then
+      verdict PASS "compute-sanitizer memcheck of expert_ffn_cuda_test: 0 errors"
+    elif ((rc == 3)); then
+      verdict FAIL "compute-sanitizer memcheck of expert_ffn_cuda_test: $(grep -m1 'ERROR SUMMARY' "$log")"
+    else
+      verdict SKIP "compute-sanitizer memcheck: exit $rc ($(tail -n 1 "$log"))"
+    fi
+  else
+    verdict SKIP "compute-sanitizer: not on this machine"
   fi
 fi
 
