@@ -137,7 +137,8 @@ void validate_args(Args& args) {
                                       {"--startup-timeout", node.startup_timeout_s}})
     if (!std::isfinite(seconds) || seconds <= 0 || seconds > kMaxRankTimeoutSeconds)
       fail("{} {} must be a number of seconds in (0, {}]", flag, seconds, kMaxRankTimeoutSeconds);
-  for (const auto& [flag, gib] : {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}})
+  for (const auto& [flag, gib] :
+       {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}, {"--vram-gb", node.vram_gb}})
     if (!std::isfinite(gib) || gib < 0 || gib > colibri::kMaxBudgetGib)
       fail("{} {} must be a number of GiB in [0, {}]", flag, gib, colibri::kMaxBudgetGib);
   if (node.pin_gb > 0 && node.ram_gb > 0 && node.pin_gb > node.ram_gb)
@@ -611,6 +612,10 @@ int main(int argc, char** argv) {
                  "rows per forward call (prefill chunk); sizes the exchange buffers")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--vram-gb", args.node.vram_gb,
+                 "GiB of VRAM per gpu-expert rank for its routed experts, all uploaded at start; "
+                 "0 = the device's free memory (the layout's vram_gb column overrides it per rank)")
+      ->capture_default_str();
   app.add_option("--experts", args.experts,
                  "where a single process computes its routed experts: cpu, or gpu (CUDA device "
                  "0, experts uploaded once; under mpirun use gpu-expert ranks in --layout)")

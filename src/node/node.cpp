@@ -115,8 +115,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     if (spec.role == Role::kGpuExpert) {
       try {
         const int device = choose_gpu(spec.gpu, me.name_of(rank_));
-        expert_backend_ = make_gpu_expert_backend(config_, *expert_store_, owned_, device,
-                                                  gib_to_bytes(spec.vram_gb, "VRAM budget"));
+        expert_backend_ = make_gpu_expert_backend(
+            config_, *expert_store_, owned_, device,
+            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"));
       } catch (const Error& e) {
         refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
       }
