@@ -10,7 +10,9 @@
 // (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), or dense fp32.
 // Each warp computes one output row for up to 8 slots at a time, dequantising 16-byte loads of
 // the packed row in registers; the CPU oracle is kernels::quant_expert_ffn / mlp_forward
-// (tests/gpu/expert_ffn_cuda_test.cpp). Includable from plain C++.
+// (tests/gpu/expert_ffn_cuda_test.cpp). Every batch runs on the CUDA cores in fp32: there is no
+// tensor-core (mma) path yet, so on an H200 16 rows cost several times one row (fp32 FMA bound).
+// Includable from plain C++.
 #pragma once
 
 #include <cuda_runtime_api.h>
