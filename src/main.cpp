@@ -68,6 +68,7 @@ struct Args {
   bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
   std::string activations = "int8";
+  std::string experts = "cpu";
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
@@ -138,7 +139,8 @@ void validate_args(Args& args) {
                                       {"--startup-timeout", node.startup_timeout_s}})
     if (!std::isfinite(seconds) || seconds <= 0 || seconds > kMaxRankTimeoutSeconds)
       fail("{} {} must be a number of seconds in (0, {}]", flag, seconds, kMaxRankTimeoutSeconds);
-  for (const auto& [flag, gib] : {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}})
+  for (const auto& [flag, gib] :
+       {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}, {"--vram-gb", node.vram_gb}})
     if (!std::isfinite(gib) || gib < 0 || gib > colibri::kMaxBudgetGib)
       fail("{} {} must be a number of GiB in [0, {}]", flag, gib, colibri::kMaxBudgetGib);
   if (node.pin_gb > 0 && node.ram_gb > 0 && node.pin_gb > node.ram_gb)
@@ -241,6 +243,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
     layout = fmt::format("a file with content hash {:016x}", hash);
   }
   add("--max-rows", std::to_string(args.node.max_rows), Setting::kJob);
+  add("--experts", args.experts, Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
   add("--activations", args.activations, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
@@ -291,6 +294,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   } catch (const std::invalid_argument& e) {
     fail("--activations: {}", e.what());
   }
+  args.node.gpu_experts = args.experts == "gpu";
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   if (args.serve) {
@@ -623,6 +627,15 @@ int main(int argc, char** argv) {
                  "rows per forward call (prefill chunk); sizes the exchange buffers")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--vram-gb", args.node.vram_gb,
+                 "GiB of VRAM per gpu-expert rank for its routed experts, all uploaded at start; "
+                 "0 = the device's free memory (the layout's vram_gb column overrides it per rank)")
+      ->capture_default_str();
+  app.add_option("--experts", args.experts,
+                 "where a single process computes its routed experts: cpu, or gpu (CUDA device "
+                 "0, experts uploaded once; under mpirun use gpu-expert ranks in --layout)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--ram-gb", args.node.ram_gb,
                  "GiB of RAM per expert rank for routed experts, the rest read from disk on "
                  "demand; 0 = all "

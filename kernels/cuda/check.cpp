@@ -1,27 +1,29 @@
 #include "cuda/check.h"
 
-#include <mpi.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 
 namespace colibri::cuda {
+namespace {
+
+FatalHandler g_handler = nullptr;
+
+}  // namespace
+
+void set_fatal_handler(FatalHandler handler) {
+  g_handler = handler;
+}
 
 void fatal(const char* file, int line, const char* message) {
+  char what[1280];
+  std::snprintf(what, sizeof(what), "%s:%d: %s", file, line, message);
+  if (g_handler) g_handler(what);
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
-  int initialized = 0, finalized = 0, rank = -1;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  const bool mpi_running = initialized && !finalized;
-  if (mpi_running) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank >= 0)
-    std::fprintf(stderr, "[rank %d@%s] error: %s:%d: %s\n", rank, host, file, line, message);
-  else
-    std::fprintf(stderr, "[rank ?@%s] error: %s:%d: %s\n", host, file, line, message);
+  std::fprintf(stderr, "[pid %d@%s] error: %s\n", int(getpid()), host, what);
   std::fflush(stderr);
-  if (mpi_running) MPI_Abort(MPI_COMM_WORLD, 1);
   std::abort();
 }
 

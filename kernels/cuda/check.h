@@ -1,13 +1,20 @@
 // The CUDA check macros. A failed CUDA call is not recoverable inside a rank: the handler prints
-// one line naming rank@host, the call and the source location, then ends the whole job with
-// MPI_Abort (std::abort when MPI is not running, e.g. in a single-process test).
+// one line naming the process, the call and the source location, then ends it. The MPI program
+// installs a handler that names rank@host and ends the whole job with MPI_Abort
+// (set_fatal_handler); without one (tests, benchmarks: no MPI) the line names the host and pid
+// and the process ends with std::abort.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 namespace colibri::cuda {
 
-// Prints "[rank r@host] error: <file>:<line>: <message>" to stderr and ends the job.
+// Called with the formatted "<file>:<line>: <message>"; must not return.
+using FatalHandler = void (*)(const char* what);
+// Replaces the handler; nullptr restores the default. Not thread-safe: call it at start-up.
+void set_fatal_handler(FatalHandler handler);
+
+// Passes "<file>:<line>: <message>" to the handler and ends the process.
 [[noreturn]] void fatal(const char* file, int line, const char* message);
 
 // Formats a failed CUDA status and the expression that returned it, then calls fatal().

@@ -157,6 +157,18 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const
                  double(r.loader_us) / 1e3, double(r.loader_wait_us) / 1e3);
     }
   }
+  // GPU expert ranks.
+  if (std::any_of(reports.begin(), reports.end(),
+                  [](const RankReport& r) { return r.vram_bytes > 0; })) {
+    fmt::print(out, "{:>4}  {:>12}  {:>12}  {:>12}  {:>12}\n", "rank", "vram experts", "gpu reqs",
+               "gpu ms", "gpu us/req");
+    for (const RankReport& r : reports) {
+      if (r.vram_bytes == 0) continue;
+      fmt::print(out, "{:>4}  {:>12}  {:>12}  {:>12.1f}  {:>12.1f}\n", r.rank,
+                 human_bytes(r.vram_bytes), r.gpu_requests, double(r.gpu_us) / 1e3,
+                 r.gpu_requests ? double(r.gpu_us) / double(r.gpu_requests) : 0.0);
+    }
+  }
   for (const RankReport& r : reports) {
     if (r.dropped_events > 0)
       fmt::print(out, "rank {}: trace full, {} events dropped after the first {}\n", r.rank,
@@ -229,6 +241,9 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"disk_bytes_read", r.disk_bytes_read},
                      {"loader_us", r.loader_us},
                      {"loader_wait_us", r.loader_wait_us},
+                     {"vram_bytes", r.vram_bytes},
+                     {"gpu_requests", r.gpu_requests},
+                     {"gpu_us", r.gpu_us},
                      {"trace_events", r.events.size()},
                      {"dropped_events", r.dropped_events},
                      {"phases_us", std::move(phases)},

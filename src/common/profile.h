@@ -75,12 +75,16 @@ struct RankReport {
   uint64_t pinned_hits = 0, ram_hits = 0, disk_hits = 0;
   uint64_t disk_bytes_read = 0;
   uint64_t loader_us = 0, loader_wait_us = 0;
+  // GPU expert ranks: experts held in VRAM (bytes uploaded at start), requests computed on the
+  // GPU and their device time (rows up, kernels, partial down; CUDA events).
+  uint64_t vram_bytes = 0, gpu_requests = 0, gpu_us = 0;
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
        bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
-       pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us);
+       pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us, vram_bytes,
+       gpu_requests, gpu_us);
   }
 };
 

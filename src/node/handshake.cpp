@@ -192,7 +192,7 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
       hello.error = e.what();
     }
   }
-  hello.gpus_on_host = local_gpu_count();
+  hello.gpus_on_host = local_gpu_count(&hello.gpu_why_none);
   hello.local_rank = input.local_rank;
   CHECK_MPI(MPI_Query_thread(&hello.thread_level));
   hello.rank_timeout_s = input.rank_timeout_s;
@@ -269,6 +269,17 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
       } catch (const Error& e) {
         plan.error = e.what();
       }
+    }
+    // A gpu-expert rank computes its experts on its GPU: one that sees no device is refused
+    // (run it as a cpu-expert instead), not quietly run on its CPU.
+    for (const Hello& h : all) {
+      if (!plan.error.empty()) break;
+      const RankSpec& spec = plan.layout.ranks[size_t(h.rank)];
+      if (spec.role == Role::kGpuExpert && h.gpus_on_host == 0)
+        plan.error = fmt::format(
+            "layout {}: {} is a gpu-expert (GPU {}) but sees no CUDA device ({}); make it a "
+            "cpu-expert or run it where its GPU is visible",
+            plan.layout.source, me.name_of(h.rank), spec.gpu, h.gpu_why_none);
     }
     if (plan.error.empty()) {
       const Hello& coordinator = all[size_t(plan.layout.coordinator())];

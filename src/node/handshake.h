@@ -82,7 +82,8 @@ struct Hello {
   std::string model_dir;
   uint64_t model_hash = 0;           // config.json and the tensor index
   uint64_t weights_fingerprint = 0;  // sampled bytes of the weight data
-  int gpus_on_host = 0;
+  int gpus_on_host = 0;              // CUDA devices this rank sees
+  std::string gpu_why_none;          // why it sees none, when gpus_on_host is 0
   int local_rank = 0;
   int thread_level = 0;       // MPI thread support this rank was given
   double rank_timeout_s = 0;  // its --rank-timeout (the heartbeat is sent often enough for all)
@@ -91,7 +92,7 @@ struct Hello {
   template <class Archive>
   void serialize(Archive& ar) {
     ar(protocol_version, rank, host, error, model_dir, model_hash, weights_fingerprint,
-       gpus_on_host, local_rank, thread_level, rank_timeout_s, settings);
+       gpus_on_host, local_rank, thread_level, rank_timeout_s, settings, gpu_why_none);
   }
 };
 

@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "model/container.h"
+#include "node/devices.h"
 #include "node/handshake.h"
 #include "node/memory_plan.h"
 #include "node/serialize.h"
@@ -60,11 +61,6 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   raise_test_fault(options_.fault, TestFault::kLoad, rank_);
 
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
-  if (spec.role == Role::kGpuExpert)
-    std::fprintf(stderr,
-                 "[rank %d@%s] note: gpu-expert rank (GPU %d) runs the CPU expert backend: this "
-                 "build has no CUDA expert backend yet\n",
-                 rank_, me.host.c_str(), spec.gpu);
 
   profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(spec.role), config_.num_layers,
                                          options_.keep_trace);
@@ -92,15 +88,49 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.options.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
-  if (size_ == 1) {
+  StartupStatus gpu_status;
+  const auto refuse = [&](const std::string& message) {
+    gpu_status.stop = gpu_status.is_error = true;
+    gpu_status.exit_code = 1;
+    gpu_status.message = message;
+  };
+  if (options_.gpu_experts && size_ > 1)
+    refuse(
+        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
+        "role in --layout");
+  if (size_ == 1 && options_.gpu_experts) {
+    try {
+      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"));
+    } catch (const Error& e) {
+      refuse(fmt::format("--experts gpu: {}", e.what()));
+    }
+    if (expert_backend_)
+      dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+  } else if (size_ == 1) {
     expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
     dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
   } else if (is_coordinator()) {
     dispatcher_ = make_dispatcher(exchange);
   } else {
-    expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+    // A gpu-expert rank uploads its experts to its GPU; a failure there (no such device, VRAM)
+    // is refused collectively, so that every rank stops and rank 0 can say why.
+    if (spec.role == Role::kGpuExpert) {
+      try {
+        const int device = choose_gpu(spec.gpu, me.name_of(rank_));
+        expert_backend_ = make_gpu_expert_backend(
+            config_, *expert_store_, owned_, device,
+            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"));
+      } catch (const Error& e) {
+        refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+      }
+    } else {
+      expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+    }
     channel_ = make_expert_channel(exchange);
   }
+  const StartupVerdict gpu_verdict =
+      agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));
+  if (gpu_verdict.reporter >= 0) throw StartupRefused(gpu_verdict.status.message);
   if (is_coordinator()) {
     EngineOptions engine;
     engine.max_rows = options_.max_rows;
@@ -180,6 +210,7 @@ void Node::open_expert_store() {
       agree_to_start(comm_, status, startup_deadline("start-up (weights loaded, memory checked)"));
   if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
   if (!has_store) return;
+  owned_ = owned;
 
   expert_store_ = std::make_unique<ExpertStore>(
       std::move(owned),
@@ -231,6 +262,12 @@ std::vector<RankReport> Node::gather_reports() {
     mine.disk_bytes_read = stats.bytes_read;
     mine.loader_us = stats.load_us;
     mine.loader_wait_us = stats.wait_us;
+  }
+  if (expert_backend_) {
+    const ExpertDeviceStats gpu = expert_backend_->device_stats();
+    mine.vram_bytes = gpu.vram_bytes;
+    mine.gpu_requests = gpu.requests;
+    mine.gpu_us = gpu.device_us;
   }
   const std::vector<std::string> all =
       gather_within(comm_, layout_.coordinator(), to_bytes(mine),

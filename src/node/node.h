@@ -35,14 +35,17 @@ struct NodeOptions {
   int kv_tokens = 0;   // KV pool of the engine; 0 = default_kv_tokens(config)
   int max_seqs = 1;    // sequences the engine holds at once
   ElemType wire_type = ElemType::kF32;  // rows and partials between ranks (rank 0's choice)
-  double ram_gb = 0;  // expert rank RAM cache for routed experts; 0 = all resident. The
-                      // layout's ram_gb column overrides it per rank.
-  double pin_gb = 0;  // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
+  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
+                       // layout's ram_gb column overrides it per rank.
+  double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
+  double vram_gb = 0;  // gpu-expert ranks: VRAM for routed experts; 0 = the device's free memory.
+                       // The layout's vram_gb column overrides it per rank.
   double rank_timeout_s = 300;     // longest silence of a peer once started (see the transport)
   double startup_timeout_s = 300;  // longest wait for the other ranks at each start-up step
   std::vector<AgreedSetting> settings;  // compared across ranks at the handshake
   bool keep_trace = false;
-  TestFault fault;  // test hook
+  bool gpu_experts = false;  // a single process computes its routed experts on CUDA device 0
+  TestFault fault;           // test hook
 };
 
 class Node {
@@ -94,6 +97,7 @@ class Node {
   ElemType wire_type_ = ElemType::kF32;
   ModelWeights weights_;
   std::unique_ptr<ExpertStore> expert_store_;  // expert ranks of a multi-rank run
+  std::vector<std::pair<int, int>> owned_;     // its (layer, expert) pairs
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<ExpertBackend> expert_backend_;  // expert ranks, or a single process
   std::unique_ptr<Dispatcher> dispatcher_;         // coordinator

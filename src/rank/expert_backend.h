@@ -4,6 +4,7 @@
 // experts in memory in a single process; a CUDA backend adds a VRAM tier on top of the same store.
 #pragma once
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -14,9 +15,17 @@
 
 namespace colibri {
 
+// What a device backend did; zero for the CPU backend.
+struct ExpertDeviceStats {
+  uint64_t vram_bytes = 0;  // expert bytes held in device memory
+  uint64_t requests = 0;    // requests computed on the device
+  uint64_t device_us = 0;   // their device time (rows up, kernels, partial down)
+};
+
 class ExpertBackend {
  public:
   virtual ~ExpertBackend() = default;
+  virtual ExpertDeviceStats device_stats() const { return {}; }
   // Starts reading the experts of `layer` that are not resident; returns at once.
   virtual void prefetch(int layer, std::span<const int> experts) = 0;
   // partial [n_rows, hidden] (fp32, host) = for each row, the sum over its pairs of

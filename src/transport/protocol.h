@@ -10,7 +10,7 @@
 namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
-constexpr uint16_t kProtocolVersion = 3;
+constexpr uint16_t kProtocolVersion = 4;  // 4: HELLO says why a rank sees no GPU
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer

@@ -225,6 +225,52 @@ TEST(MpiCli, LayoutWithDuplicateRankIsRefused) {
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
 }
 
+// A gpu-expert rank computes on its GPU; one that sees no device (none visible here: the job runs
+// with CUDA_VISIBLE_DEVICES empty, also on a machine with GPUs) is refused by the coordinator in
+// one line naming the layout, the rank and the reason, instead of running on its CPU.
+TEST(MpiCli, GpuExpertRankWithoutDeviceIsRefused) {
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "gpu.layout";
+  std::ofstream(layout) << "0 coordinator\n1 gpu-expert 0\n2 cpu-expert\n";
+  const JobResult r = run_node(3,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "2", "--layout", layout.string()},
+                               {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  const std::string line = "colibri-node: error: layout " + layout.string() + ": rank 1@" +
+                           short_hostname() + " is a gpu-expert (GPU 0) but sees no CUDA device (";
+  EXPECT_NE(r.err.find(line), std::string::npos) << describe(r);
+  EXPECT_NE(r.err.find("make it a cpu-expert"), std::string::npos) << describe(r);
+  size_t errors = 0;
+  for (const std::string& l : lines_of(r.err)) errors += l.rfind("colibri-node: error:", 0) == 0;
+  EXPECT_EQ(errors, 1u) << r.err;
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
+// --experts gpu: a single process's experts on its GPU. Without a visible device it is refused
+// with the reason; under mpirun it is refused too (expert ranks take gpu-expert in --layout).
+TEST(MpiCli, ExpertsOnGpuNeedADeviceAndASingleProcess) {
+  const std::vector<std::string> args = {
+      "--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen",
+      "2",       "--experts",     "gpu"};
+  const JobResult alone = run_node(1, args, {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(alone);
+  EXPECT_NE(alone.exit_code, 0) << describe(alone);
+  EXPECT_NE(
+      alone.err.find("colibri-node: error: --experts gpu: this process sees no CUDA device: "),
+      std::string::npos)
+      << describe(alone);
+  EXPECT_TRUE(parse_tokens(alone.out).empty()) << alone.out;
+
+  const JobResult three = run_node(3, args);
+  expect_clean_end(three);
+  EXPECT_NE(three.exit_code, 0) << describe(three);
+  EXPECT_NE(three.err.find("--experts gpu is for a single process"), std::string::npos)
+      << describe(three);
+  EXPECT_TRUE(parse_tokens(three.out).empty()) << three.out;
+}
+
 // ---- h. bad input at three ranks: refused at start-up, quickly, nothing destroyed
 // ----------------
 

@@ -1,0 +1,244 @@
+// The grouped expert FFN (cuda/expert_ffn.cuh) on GLM-5.2's routed-expert shape against the
+// device-to-device copy bandwidth measured in the same run. Each batch row is routed to every
+// expert of the set (8 experts: 8 slots per row), so batch n gives each expert n slots. Weights
+// are random container bytes with positive scales; several weight sets are rotated so that no
+// timed launch finds its weights in L2. Times are CUDA events around one launch group (gate/up,
+// down, combine), median of --reps after warm-up. Prints a table and one JSON line per batch.
+// No MPI and no library beyond the CUDA runtime, so it runs (or builds) on a bare GPU machine.
+//
+//   gpu_expert_bench [--hidden 6144] [--inter 2048] [--experts 8] [--group 64]
+//                    [--batches 1,8,16] [--reps 50]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/expert_group.h"
+
+namespace {
+
+using colibri::cuda::DeviceExpert;
+using colibri::cuda::WeightFormat;
+
+struct Options {
+  int64_t hidden = 6144, inter = 2048;
+  int experts = 8, group = 64, reps = 50;
+  std::vector<int> batches = {1, 8, 16};
+};
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr,
+               "gpu_expert_bench: %s\nusage: gpu_expert_bench [--hidden N] [--inter N] "
+               "[--experts N] [--group N] [--batches 1,8,16] [--reps N]\n",
+               why);
+  std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
+    const std::string value = argv[++i];
+    if (arg == "--hidden")
+      o.hidden = std::stoll(value);
+    else if (arg == "--inter")
+      o.inter = std::stoll(value);
+    else if (arg == "--experts")
+      o.experts = std::stoi(value);
+    else if (arg == "--group")
+      o.group = std::stoi(value);
+    else if (arg == "--reps")
+      o.reps = std::stoi(value);
+    else if (arg == "--batches") {
+      o.batches.clear();
+      std::stringstream list(value);
+      for (std::string item; std::getline(list, item, ',');) o.batches.push_back(std::stoi(item));
+    } else
+      usage(("unknown option " + arg).c_str());
+  }
+  if (o.hidden <= 0 || o.inter <= 0 || o.experts <= 0 || o.reps <= 0 || o.batches.empty())
+    usage("sizes, experts and reps must be positive");
+  return o;
+}
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Device-to-device copy of `bytes`, reps times; returns the median bandwidth counting bytes read
+// and written (2 * bytes / time), in GB/s.
+double copy_bandwidth_gbs(size_t bytes, int reps, cudaStream_t stream) {
+  void *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, bytes));
+  CHECK_CUDA(cudaMalloc(&dst, bytes));
+  CHECK_CUDA(cudaMemsetAsync(src, 0x5a, bytes, stream));
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  for (int i = 0; i < reps + 3; ++i) {
+    CHECK_CUDA(cudaEventRecord(start, stream));
+    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+    CHECK_CUDA(cudaEventRecord(stop, stream));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    if (i >= 3) ms.push_back(t);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  CHECK_CUDA(cudaFree(src));
+  CHECK_CUDA(cudaFree(dst));
+  return 2.0 * double(bytes) / (double(median(ms)) * 1e-3) / 1e9;
+}
+
+// One set of `experts` experts in int4 g`group`: packed bytes and scales in one allocation.
+struct WeightSet {
+  void* memory = nullptr;
+  std::vector<DeviceExpert> experts;
+  int64_t bytes = 0;  // weight bytes a launch reads (packed + scales)
+};
+
+WeightSet make_weights(const Options& o, std::mt19937& rng) {
+  using colibri::cuda::device_matrix;
+  using colibri::cuda::device_matrix_data_bytes;
+  using colibri::cuda::device_matrix_scale_count;
+  const auto fmt = WeightFormat::kInt4Grouped;
+  const auto padded = [](int64_t b) { return (b + 255) / 256 * 256; };
+  const int64_t gu_data = padded(device_matrix_data_bytes(fmt, o.inter, o.hidden));
+  const int64_t gu_scales = padded(4 * device_matrix_scale_count(fmt, o.inter, o.hidden, o.group));
+  const int64_t d_data = padded(device_matrix_data_bytes(fmt, o.hidden, o.inter));
+  const int64_t d_scales = padded(4 * device_matrix_scale_count(fmt, o.hidden, o.inter, o.group));
+  const int64_t per_expert = 2 * (gu_data + gu_scales) + d_data + d_scales;
+  WeightSet set;
+  set.bytes = o.experts * (2 * (device_matrix_data_bytes(fmt, o.inter, o.hidden) +
+                                4 * device_matrix_scale_count(fmt, o.inter, o.hidden, o.group)) +
+                           device_matrix_data_bytes(fmt, o.hidden, o.inter) +
+                           4 * device_matrix_scale_count(fmt, o.hidden, o.inter, o.group));
+  const size_t total = size_t(per_expert) * size_t(o.experts);
+  CHECK_CUDA(cudaMalloc(&set.memory, total));
+  std::vector<uint8_t> host(total);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : host) b = uint8_t(byte(rng));
+  // Scales: small positive floats, written over the random bytes where scales live.
+  std::uniform_real_distribution<float> scale(0.001f, 0.02f);
+  auto* base = static_cast<uint8_t*>(set.memory);
+  for (int e = 0; e < o.experts; ++e) {
+    const int64_t at = e * per_expert;
+    const int64_t offsets[3][2] = {
+        {at, at + gu_data},
+        {at + gu_data + gu_scales, at + 2 * gu_data + gu_scales},
+        {at + 2 * (gu_data + gu_scales), at + 2 * (gu_data + gu_scales) + d_data}};
+    const int64_t scale_bytes[3] = {gu_scales, gu_scales, d_scales};
+    for (int m = 0; m < 3; ++m)
+      for (int64_t i = 0; i < scale_bytes[m] / 4; ++i) {
+        const float s = scale(rng);
+        std::memcpy(&host[size_t(offsets[m][1] + 4 * i)], &s, 4);
+      }
+    const auto matrix = [&](int m, int64_t rows, int64_t cols, const char* what) {
+      return device_matrix(fmt, o.group, rows, cols, base + offsets[m][0],
+                           reinterpret_cast<const float*>(base + offsets[m][1]), what);
+    };
+    set.experts.push_back({matrix(0, o.inter, o.hidden, "gate"), matrix(1, o.inter, o.hidden, "up"),
+                           matrix(2, o.hidden, o.inter, "down")});
+  }
+  CHECK_CUDA(cudaMemcpy(set.memory, host.data(), total, cudaMemcpyHostToDevice));
+  return set;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  std::string why_none;
+  if (colibri::cuda::device_count(&why_none) == 0) {
+    std::printf("gpu_expert_bench: skipped: no CUDA device: %s\n", why_none.c_str());
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+
+  const double copy_gbs = copy_bandwidth_gbs(size_t(1) << 30, 20, stream);
+  std::mt19937 rng(2026);
+  // Enough sets that the rotation spans several times the L2.
+  std::vector<WeightSet> sets;
+  sets.push_back(make_weights(o, rng));
+  const int64_t one_set = sets[0].bytes;
+  const int n_sets = int(std::clamp<int64_t>((6 * int64_t(prop.l2CacheSize)) / one_set + 1, 2, 8));
+  while (int(sets.size()) < n_sets) sets.push_back(make_weights(o, rng));
+
+  std::printf("device %s (sm_%d%d, %d SMs, L2 %d MiB); d2d copy %.0f GB/s (read+write)\n",
+              prop.name, prop.major, prop.minor, prop.multiProcessorCount, prop.l2CacheSize >> 20,
+              copy_gbs);
+  std::printf(
+      "grouped int4 g%d FFN, %d experts, gate/up %lldx%lld, down %lldx%lld, %.1f MB of "
+      "weights per launch, %d weight sets rotated\n",
+      o.group, o.experts, (long long)o.inter, (long long)o.hidden, (long long)o.hidden,
+      (long long)o.inter, double(one_set) / 1e6, n_sets);
+  std::printf("%6s %10s %10s %10s %10s %12s %10s\n", "batch", "median_us", "min_us", "max_us",
+              "GB/s", "of_copy_bw", "vs_batch1");
+
+  double batch1_us = 0;
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int n : o.batches) {
+    std::vector<colibri::cuda::ExpertPair> pairs;
+    for (int r = 0; r < n; ++r)
+      for (int e = 0; e < o.experts; ++e) pairs.push_back({r, e, 1.0f / float(o.experts)});
+    const auto index = colibri::cuda::index_pairs(n, pairs);
+    std::vector<float> x(size_t(n * o.hidden)), out(x.size());
+    for (float& v : x) v = uniform(rng);
+    std::vector<colibri::cuda::ExpertGroupBuffers> buffers(static_cast<size_t>(n_sets));
+    for (int s = 0; s < n_sets; ++s)
+      buffers[size_t(s)].run(index, sets[size_t(s)].experts, x.data(), o.hidden, o.inter,
+                             out.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    bool finite = true;
+    for (float v : out) finite = finite && std::isfinite(v);
+    cudaEvent_t start, stop;
+    CHECK_CUDA(cudaEventCreate(&start));
+    CHECK_CUDA(cudaEventCreate(&stop));
+    std::vector<float> us;
+    for (int i = 0; i < o.reps + 5; ++i) {
+      const auto& g = buffers[size_t(i % n_sets)].group();
+      CHECK_CUDA(cudaEventRecord(start, stream));
+      colibri::cuda::expert_ffn_grouped(g, stream);
+      CHECK_CUDA(cudaEventRecord(stop, stream));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (i >= 5) us.push_back(ms * 1000.0f);
+    }
+    CHECK_CUDA(cudaEventDestroy(start));
+    CHECK_CUDA(cudaEventDestroy(stop));
+    const double med = median(us);
+    const double lo = *std::min_element(us.begin(), us.end());
+    const double hi = *std::max_element(us.begin(), us.end());
+    const double gbs = double(one_set) / (med * 1e-6) / 1e9;
+    if (n == 1) batch1_us = med;
+    const double vs1 = batch1_us > 0 ? med / batch1_us : 0;
+    std::printf("%6d %10.1f %10.1f %10.1f %10.0f %12.3f %10.2f%s\n", n, med, lo, hi, gbs,
+                gbs / copy_gbs, vs1, finite ? "" : "  NON-FINITE OUTPUT");
+    std::printf(
+        "{\"bench\":\"gpu_expert_ffn\",\"device\":\"%s\",\"format\":\"int4-g%d\",\"experts\":%d,"
+        "\"hidden\":%lld,\"inter\":%lld,\"batch\":%d,\"median_us\":%.2f,\"min_us\":%.2f,"
+        "\"max_us\":%.2f,\"weight_bytes\":%lld,\"weight_gbs\":%.1f,\"copy_gbs\":%.1f,"
+        "\"fraction_of_copy\":%.4f,\"vs_batch1\":%.3f,\"finite\":%s}\n",
+        prop.name, o.group, o.experts, (long long)o.hidden, (long long)o.inter, n, med, lo, hi,
+        (long long)one_set, gbs, copy_gbs, gbs / copy_gbs, vs1, finite ? "true" : "false");
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+  return 0;
+}

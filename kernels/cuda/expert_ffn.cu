@@ -1,0 +1,233 @@
+#include "cuda/expert_ffn.cuh"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/quant.h"
+#include "cuda/check.h"
+#include "cuda/expert_ffn_lanes.cuh"
+
+namespace colibri::cuda {
+namespace {
+
+using namespace lanes;
+constexpr int kWarpsPerBlock = 8;
+constexpr int kThreadsPerBlock = kWarpSize * kWarpsPerBlock;
+constexpr int kMaxSlotsPerPass = 8;  // slots whose dot products share one pass over a weight row
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Input rows of slots s0 .. s0 + T - 1 of one expert (slots past `end` repeat the last one;
+// their results are not written).
+template <int T>
+__device__ __forceinline__ void slot_inputs(const float* base, const int32_t* slot_row,
+                                            int64_t stride, int s0, int end,
+                                            const float* (&xs)[T]) {
+#pragma unroll
+  for (int t = 0; t < T; ++t) {
+    const int s = min(s0 + t, end - 1);
+    xs[t] = base + int64_t(slot_row ? slot_row[s] : s) * stride;
+  }
+}
+
+// grid (ceil(inter / 8), n_experts): warp w of block b computes output row 8b + w of gate and up
+// for every slot of expert blockIdx.y.
+template <int T>
+__global__ void __launch_bounds__(kThreadsPerBlock) gate_up_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= g.inter) return;  // whole warps only
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  for (int s0 = begin; s0 < end; s0 += T) {
+    const float* xs[T];
+    slot_inputs<T>(g.x, g.slot_row, g.hidden, s0, end, xs);
+    float acc_gate[T], acc_up[T];
+    if (is_wide_int4(e.gate) && is_wide_int4(e.up) && e.gate.cols == e.up.cols) {
+      int4_row_dot2<T>(e.gate, e.up, r, xs, lane, acc_gate, acc_up);
+    } else {
+      row_dot<T>(e.gate, r, xs, lane, acc_gate);
+      row_dot<T>(e.up, r, xs, lane, acc_up);
+    }
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float gate = warp_sum(acc_gate[t]), up = warp_sum(acc_up[t]);
+      if (lane == 0 && s0 + t < end)
+        g.h[int64_t(s0 + t) * g.inter + r] = gate / (1.0f + expf(-gate)) * up;
+    }
+  }
+}
+
+// grid (ceil(hidden / 8), n_experts): y_slots[slot, r] = down[r, :] · h[slot, :].
+template <int T>
+__global__ void __launch_bounds__(kThreadsPerBlock) down_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= g.hidden) return;
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  for (int s0 = begin; s0 < end; s0 += T) {
+    const float* hs[T];
+    slot_inputs<T>(g.h, nullptr, g.inter, s0, end, hs);
+    float acc[T];
+    row_dot<T>(e.down, r, hs, lane, acc);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float y = warp_sum(acc[t]);
+      if (lane == 0 && s0 + t < end) g.y_slots[int64_t(s0 + t) * g.hidden + r] = y;
+    }
+  }
+}
+
+// One thread per output element: out[row, j] = ((0 + w0 y0) + w1 y1) + ..., experts ascending.
+__global__ void combine_kernel(ExpertGroup g) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(g.n_rows) * g.hidden) return;
+  const int64_t row = i / g.hidden, j = i % g.hidden;
+  float acc = 0.0f;
+  for (int k = g.row_begin[row]; k < g.row_begin[row + 1]; ++k)
+    acc = __fadd_rn(acc,
+                    __fmul_rn(g.row_weights[k], g.y_slots[int64_t(g.row_slots[k]) * g.hidden + j]));
+  g.out[i] = acc;
+}
+
+template <int T>
+void launch_projections(const ExpertGroup& g, cudaStream_t stream) {
+  const dim3 gate_grid(unsigned((g.inter + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                       unsigned(g.n_experts));
+  gate_up_kernel<T><<<gate_grid, kThreadsPerBlock, 0, stream>>>(g);
+  CHECK_CUDA_LAUNCH();
+  const dim3 down_grid(unsigned((g.hidden + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                       unsigned(g.n_experts));
+  down_kernel<T><<<down_grid, kThreadsPerBlock, 0, stream>>>(g);
+  CHECK_CUDA_LAUNCH();
+}
+
+void check_group(const ExpertGroup& g) {
+  if (g.n_experts < 0 || g.n_slots < 0 || g.n_rows < 0 || g.hidden <= 0 || g.inter <= 0)
+    throw std::invalid_argument("expert_ffn_grouped: negative counts or empty shapes");
+  if (g.n_experts > 65535)
+    throw std::invalid_argument("expert_ffn_grouped: more than 65535 experts in one request");
+  if (g.n_slots > 0 && g.max_slots_per_expert <= 0)
+    throw std::invalid_argument("expert_ffn_grouped: max_slots_per_expert is not set");
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+const char* weight_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kInt4Row:
+      return "int4-row";
+    case WeightFormat::kInt4Grouped:
+      return "int4-grouped";
+    case WeightFormat::kInt8Row:
+      return "int8-row";
+    case WeightFormat::kF32:
+      return "f32";
+  }
+  return "unknown";
+}
+
+int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols) {
+  switch (format) {
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt4Grouped:
+      return rows * ((cols + 1) / 2);
+    case WeightFormat::kInt8Row:
+      return rows * cols;
+    case WeightFormat::kF32:
+      return rows * cols * 4;
+  }
+  return 0;
+}
+
+int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size) {
+  switch (format) {
+    case WeightFormat::kInt4Grouped:
+      return group_size > 0 ? rows * ((cols + group_size - 1) / group_size) : 0;
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt8Row:
+      return rows;
+    case WeightFormat::kF32:
+      return 0;
+  }
+  return 0;
+}
+
+DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
+                           const void* data, const float* scales, const char* what) {
+  const auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(what) + " (" + weight_format_name(format) + ", " +
+                                std::to_string(rows) + "x" + std::to_string(cols) + "): " + why);
+  };
+  if (rows <= 0 || cols <= 0) fail("empty or negative shape");
+  if (format == WeightFormat::kInt4Grouped && !kernels::is_valid_group_size(group_size))
+    fail("group size " + std::to_string(group_size) + " is not one of the container's");
+  if (format != WeightFormat::kInt4Grouped && group_size != 0) fail("per-row formats take group 0");
+  if (!data) fail("null data");
+  if (format != WeightFormat::kF32 && !scales) fail("null scales");
+  DeviceMatrix m;
+  m.format = format;
+  m.group_size = group_size;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = data;
+  m.scales = scales;
+  bool wide = aligned16(data);
+  switch (format) {
+    case WeightFormat::kInt4Row:
+      wide = wide && cols % 32 == 0;
+      break;
+    case WeightFormat::kInt4Grouped:
+      wide = wide && cols % 32 == 0 && group_size % 32 == 0;
+      break;
+    case WeightFormat::kInt8Row:
+      wide = wide && cols % 16 == 0;
+      break;
+    case WeightFormat::kF32:
+      wide = wide && cols % 4 == 0;
+      break;
+  }
+  m.wide = wide ? 1 : 0;
+  return m;
+}
+
+void expert_ffn_grouped_no_combine(const ExpertGroup& g, cudaStream_t stream) {
+  check_group(g);
+  if (g.n_experts == 0 || g.n_slots == 0) return;
+  // The wide paths read input rows as float4 (their widths are then multiples of 4).
+  if (!aligned16(g.x) || !aligned16(g.h))
+    throw std::invalid_argument("expert_ffn_grouped: x and h must be 16-byte aligned");
+  const int m = g.max_slots_per_expert;
+  if (m <= 1)
+    launch_projections<1>(g, stream);
+  else if (m <= 2)
+    launch_projections<2>(g, stream);
+  else if (m <= 4)
+    launch_projections<4>(g, stream);
+  else
+    launch_projections<kMaxSlotsPerPass>(g, stream);
+}
+
+void expert_ffn_grouped(const ExpertGroup& g, cudaStream_t stream) {
+  check_group(g);
+  if (g.n_rows == 0) return;
+  expert_ffn_grouped_no_combine(g, stream);
+  const int64_t n = int64_t(g.n_rows) * g.hidden;
+  constexpr int kCombineThreads = 256;
+  combine_kernel<<<unsigned((n + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0,
+                   stream>>>(g);
+  CHECK_CUDA_LAUNCH();
+}
+
+}  // namespace colibri::cuda

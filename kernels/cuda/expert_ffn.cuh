@@ -1,0 +1,77 @@
+// Grouped routed-expert FFN on a CUDA device: every (row, expert) pair of one request in three
+// launches, whatever the number of experts:
+//   1. gate/up: h[slot] = silu(gate · x[row]) * (up · x[row]) for every slot (a pair, grouped by
+//      expert), both projections of one output row computed by the same warp;
+//   2. down:    y[slot] = down · h[slot];
+//   3. combine: out[row] = sum of weight * y[slot] over the row's slots in ascending expert order,
+//      starting from 0, each step rounded as `out += weight * y` (no fused multiply-add), which
+//      is the order and rounding of the CPU's run_expert_pairs.
+// fp32 activations and fp32 accumulation. Weights stay in colibri's container layout
+// (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), or dense fp32.
+// Each warp computes one output row for up to 8 slots at a time, dequantising 16-byte loads of
+// the packed row in registers; the CPU oracle is kernels::quant_expert_ffn / mlp_forward
+// (tests/gpu/expert_ffn_cuda_test.cpp). Every batch runs on the CUDA cores in fp32: there is no
+// tensor-core (mma) path yet, so on an H200 16 rows cost several times one row (fp32 FMA bound).
+// Includable from plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace colibri::cuda {
+
+enum class WeightFormat : int32_t { kInt4Row = 0, kInt4Grouped = 1, kInt8Row = 2, kF32 = 3 };
+
+const char* weight_format_name(WeightFormat format);
+
+// W [rows, cols] in device memory. Build it with device_matrix(), which checks it.
+struct DeviceMatrix {
+  WeightFormat format = WeightFormat::kF32;
+  int32_t group_size = 0;  // kInt4Grouped: one of kernels::is_valid_group_size; else 0
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;     // int formats: [rows, row_bytes] packed; kF32: float [rows, cols]
+  const float* scales = nullptr;  // int formats: [rows] or [rows, ceil(cols / group_size)]
+  int32_t wide = 0;               // set by device_matrix(): rows can be read in 16-byte loads
+};
+
+// Checks the description (format, group size, non-null pointers, shape) and decides whether the
+// 16-byte path applies (int4: cols % 32 == 0 and group_size % 32 == 0; int8: cols % 16 == 0;
+// f32: cols % 4 == 0; data 16-byte aligned). Throws std::invalid_argument naming `what`.
+DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
+                           const void* data, const float* scales, const char* what);
+
+// Bytes of W's data and scales on the device.
+int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols);
+int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size);
+
+struct DeviceExpert {
+  DeviceMatrix gate, up;  // [inter, hidden]
+  DeviceMatrix down;      // [hidden, inter]
+};
+
+// One request's pairs. A slot is one (row, expert) pair; slots are grouped by expert. Every
+// pointer except `experts_host` is device memory and stays valid until the work is done.
+struct ExpertGroup {
+  int n_experts = 0, n_slots = 0, n_rows = 0;
+  int max_slots_per_expert = 0;  // the largest expert_begin[i + 1] - expert_begin[i]
+  int64_t hidden = 0, inter = 0;
+  const DeviceExpert* experts = nullptr;  // [n_experts]
+  const int32_t* expert_begin = nullptr;  // [n_experts + 1]: expert i's slots
+  const int32_t* slot_row = nullptr;      // [n_slots]: the row of x each slot reads
+  const int32_t* row_begin = nullptr;     // [n_rows + 1]: row r's entries in row_slots
+  const int32_t* row_slots = nullptr;     // [n_slots]: slots of each row, ascending expert
+  const float* row_weights = nullptr;     // [n_slots]: the routing weight of row_slots[i]
+  const float* x = nullptr;               // [n_rows, hidden]
+  float* h = nullptr;                     // [n_slots, inter] workspace
+  float* y_slots = nullptr;               // [n_slots, hidden] workspace
+  float* out = nullptr;                   // [n_rows, hidden]; rows without a slot get 0
+};
+
+// Enqueues the three launches on `stream`; asynchronous. Launch errors abort via CHECK_CUDA.
+void expert_ffn_grouped(const ExpertGroup& group, cudaStream_t stream);
+
+// The first two launches alone, for benchmarks: fills h and y_slots, not out.
+void expert_ffn_grouped_no_combine(const ExpertGroup& group, cudaStream_t stream);
+
+}  // namespace colibri::cuda

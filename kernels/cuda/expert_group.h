@@ -1,0 +1,67 @@
+// The host side of one grouped expert FFN (cuda/expert_ffn.cuh): the slot index of a request's
+// (row, expert, weight) pairs, and the device buffers it runs in. Plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "cuda/expert_ffn.cuh"
+
+namespace colibri::cuda {
+
+struct ExpertPair {
+  int32_t row = 0, expert = 0;  // expert: any id; slots are grouped by ascending id
+  float weight = 0;
+};
+
+// Slots grouped by ascending expert id (pairs of one expert in their given order) and, per row,
+// its slots in ascending expert id: the order in which run_expert_pairs sums them.
+struct ExpertGroupIndex {
+  int n_rows = 0;
+  int max_slots_per_expert = 0;
+  std::vector<int32_t> experts;       // [n_experts] distinct ids, ascending
+  std::vector<int32_t> expert_begin;  // [n_experts + 1]
+  std::vector<int32_t> slot_row;      // [n_slots]
+  std::vector<int32_t> row_begin;     // [n_rows + 1]
+  std::vector<int32_t> row_slots;     // [n_slots]
+  std::vector<float> row_weights;     // [n_slots]
+};
+
+// Throws std::invalid_argument when a row is outside [0, n_rows) or a row names an expert twice.
+ExpertGroupIndex index_pairs(int n_rows, std::span<const ExpertPair> pairs);
+
+// Device buffers for requests up to a capacity, grown on demand (never shrunk), with a pinned
+// host staging area so that the index, the experts' descriptions and the rows go up in one copy.
+class ExpertGroupBuffers {
+ public:
+  ExpertGroupBuffers() = default;
+  ~ExpertGroupBuffers();
+  ExpertGroupBuffers(const ExpertGroupBuffers&) = delete;
+  ExpertGroupBuffers& operator=(const ExpertGroupBuffers&) = delete;
+
+  // Enqueues on `stream`: the upload of index, experts[index.experts.size()] and x [n_rows,
+  // hidden], the three launches, and the copy of out [n_rows, hidden] into `out_host` (pinned
+  // or pageable host memory). Asynchronous: the caller synchronises `stream` before reading
+  // out_host, and must not call run() again before that (the staging area is reused).
+  void run(const ExpertGroupIndex& index, std::span<const DeviceExpert> experts,
+           const float* x_host, int64_t hidden, int64_t inter, float* out_host,
+           cudaStream_t stream);
+
+  // The last run's group (device pointers), e.g. to launch it again in a benchmark.
+  const ExpertGroup& group() const { return group_; }
+
+ private:
+  void reserve(size_t staging_bytes, size_t workspace_floats);
+
+  void* staging_host_ = nullptr;  // pinned
+  void* staging_device_ = nullptr;
+  size_t staging_bytes_ = 0;
+  float* workspace_ = nullptr;  // h, y_slots, out
+  size_t workspace_floats_ = 0;
+  ExpertGroup group_;
+};
+
+}  // namespace colibri::cuda

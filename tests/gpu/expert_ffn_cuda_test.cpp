@@ -1,0 +1,319 @@
+// colibri::cuda::expert_ffn_grouped (through ExpertGroupBuffers) against its CPU oracle:
+// kernels::quant_expert_ffn (container formats) or linear_f32 + silu_mul (fp32 experts) per
+// expert, then each row's weighted sum over its experts in ascending order, as run_expert_pairs
+// does. Table: format x shape x rows x experts x top-k.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu/elementwise.h"
+#include "cpu/linear.h"
+#include "cpu/quant.h"
+#include "cuda/check.h"
+#include "cuda/device.h"
+#include "cuda/expert_group.h"
+
+namespace {
+
+using colibri::cuda::DeviceExpert;
+using colibri::cuda::DeviceMatrix;
+using colibri::cuda::WeightFormat;
+namespace kernels = colibri::kernels;
+
+struct Case {
+  WeightFormat format;
+  int group_size;  // kInt4Grouped only
+  int64_t hidden, inter;
+  int n_rows, n_experts, top_k;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) {
+  std::string f = colibri::cuda::weight_format_name(c.format);
+  std::replace(f.begin(), f.end(), '-', '_');
+  os << f;
+  if (c.format == WeightFormat::kInt4Grouped) os << "_g" << c.group_size;
+  return os << "_h" << c.hidden << "_i" << c.inter << "_rows" << c.n_rows << "_e" << c.n_experts
+            << "_top" << c.top_k;
+}
+
+kernels::QuantFormat quant_format(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kInt4Row:
+      return kernels::QuantFormat::kInt4Row;
+    case WeightFormat::kInt4Grouped:
+      return kernels::QuantFormat::kInt4Grouped;
+    default:
+      return kernels::QuantFormat::kInt8Row;
+  }
+}
+
+// One matrix on the host (the values the CPU reads: fp32, or the container bytes and scales
+// plus their exact dequantisation) and on the device.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  std::vector<float> values;  // [rows, cols]: what the matrix stands for (dequantised)
+  std::vector<uint8_t> data;  // container bytes (int formats)
+  std::vector<float> scales;
+  void* d_data = nullptr;
+  float* d_scales = nullptr;
+  DeviceMatrix device;
+
+  Matrix(const Case& c, int64_t r, int64_t k, std::mt19937& rng, const char* what)
+      : rows(r), cols(k) {
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    values.resize(size_t(rows * cols));
+    for (float& v : values) v = uniform(rng) / std::sqrt(float(cols));
+    int group = 0;
+    if (c.format != WeightFormat::kF32) {
+      const kernels::QuantFormat qf = quant_format(c.format);
+      group = c.format == WeightFormat::kInt4Grouped ? c.group_size : 0;
+      data.resize(size_t(kernels::packed_bytes(qf, rows, cols)));
+      scales.resize(size_t(kernels::scale_count(qf, rows, cols, group)));
+      kernels::quantize(qf, group, values.data(), rows, cols, data.data(), scales.data());
+      kernels::dequantize(view(c), values.data());
+      CHECK_CUDA(cudaMalloc(&d_data, data.size()));
+      CHECK_CUDA(cudaMemcpy(d_data, data.data(), data.size(), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_scales), scales.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_scales, scales.data(), scales.size() * 4, cudaMemcpyHostToDevice));
+    } else {
+      CHECK_CUDA(cudaMalloc(&d_data, values.size() * 4));
+      CHECK_CUDA(cudaMemcpy(d_data, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
+    }
+    device = colibri::cuda::device_matrix(c.format, group, rows, cols, d_data, d_scales, what);
+  }
+  ~Matrix() {
+    cudaFree(d_data);
+    cudaFree(d_scales);
+  }
+  Matrix(const Matrix&) = delete;
+  Matrix& operator=(const Matrix&) = delete;
+
+  kernels::QuantMatrixView view(const Case& c) const {
+    return {quant_format(c.format),
+            rows,
+            cols,
+            c.format == WeightFormat::kInt4Grouped ? c.group_size : 0,
+            data.data(),
+            scales.data()};
+  }
+};
+
+struct Expert {
+  Matrix gate, up, down;
+  Expert(const Case& c, std::mt19937& rng)
+      : gate(c, c.inter, c.hidden, rng, "gate"),
+        up(c, c.inter, c.hidden, rng, "up"),
+        down(c, c.hidden, c.inter, rng, "down") {}
+};
+
+// y [n, hidden] on the CPU oracle.
+void cpu_expert(const Case& c, const Expert& e, const float* x, int n, float* y) {
+  if (c.format != WeightFormat::kF32) {
+    kernels::quant_expert_ffn(e.gate.view(c), e.up.view(c), e.down.view(c), x, n, y);
+    return;
+  }
+  std::vector<float> g(size_t(n * c.inter)), u(g.size());
+  kernels::linear_f32(x, n, e.gate.values.data(), c.inter, c.hidden, g.data());
+  kernels::linear_f32(x, n, e.up.values.data(), c.inter, c.hidden, u.data());
+  kernels::silu_mul(g.data(), u.data(), int64_t(g.size()));
+  kernels::linear_f32(g.data(), n, e.down.values.data(), c.hidden, c.inter, y);
+}
+
+class ExpertFfnCuda : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    std::string why_none;
+    if (colibri::cuda::device_count(&why_none) == 0) GTEST_SKIP() << "no CUDA device: " << why_none;
+  }
+};
+
+// Error bound, per output element, from a double-precision pass over the same dequantised
+// weights. Each dot product of k terms summed in fp32, in any order, is within k·u·Σ|terms| of
+// the exact value (u = 2^-24); the CPU and GPU orders each sum at most `terms(k)` in sequence.
+// The gate/up errors propagate through a = silu(g)·up with |silu'| < 1.1, then through down;
+// the combine adds each row's top-k products in the same order on both sides (2·k·u of each
+// product for the two roundings of the sums that differ in their inputs). A factor 2 covers
+// the scale applied per 32 columns on the GPU (one more rounding per term) and exp's ulps.
+TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
+  const Case c = GetParam();
+  std::mt19937 rng(7 + unsigned(c.hidden * 31 + c.inter * 7 + c.n_rows));
+  std::vector<std::unique_ptr<Expert>> experts;
+  for (int e = 0; e < c.n_experts; ++e) experts.push_back(std::make_unique<Expert>(c, rng));
+
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> x(size_t(c.n_rows * c.hidden));
+  for (float& v : x) v = uniform(rng);
+  // Routing: each row takes top_k distinct experts (row 1 none, when there are 3+ rows), with
+  // ids spread out (expert e has id 3e + 1) so that ids are not slot positions.
+  std::vector<colibri::cuda::ExpertPair> pairs;
+  std::vector<int> ids(size_t(c.n_experts));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int r = 0; r < c.n_rows; ++r) {
+    if (r == 1 && c.n_rows >= 3) continue;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (int k = 0; k < c.top_k; ++k)
+      pairs.push_back({r, 3 * ids[size_t(k)] + 1, 0.05f + 0.9f * std::fabs(uniform(rng))});
+  }
+
+  // CPU: per expert, its rows gathered, the FFN, then out += w * y in ascending expert order.
+  std::vector<float> expected(x.size(), 0.0f), bound(x.size(), 0.0f);
+  std::vector<std::vector<float>> y_cpu(size_t(c.n_rows * c.n_experts));  // [row * E + e]
+  for (int e = 0; e < c.n_experts; ++e) {
+    std::vector<int> rows;
+    for (const auto& p : pairs)
+      if (p.expert == 3 * e + 1) rows.push_back(p.row);
+    if (rows.empty()) continue;
+    std::vector<float> xin(rows.size() * size_t(c.hidden)), y(xin.size());
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy_n(&x[size_t(rows[i] * c.hidden)], c.hidden, &xin[i * size_t(c.hidden)]);
+    cpu_expert(c, *experts[size_t(e)], xin.data(), int(rows.size()), y.data());
+    for (size_t i = 0; i < rows.size(); ++i)
+      y_cpu[size_t(rows[i] * c.n_experts + e)].assign(&y[i * size_t(c.hidden)],
+                                                      &y[(i + 1) * size_t(c.hidden)]);
+  }
+  const double u = std::ldexp(1.0, -24);
+  const auto terms = [](int64_t k) { return double(k / 8 + 16) + double(k / 32 + 32 + 5); };
+  for (int r = 0; r < c.n_rows; ++r) {
+    for (int e = 0; e < c.n_experts; ++e) {
+      const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) {
+        return p.row == r && p.expert == 3 * e + 1;
+      });
+      if (it == pairs.end()) continue;
+      const Expert& ex = *experts[size_t(e)];
+      const float* xr = &x[size_t(r * c.hidden)];
+      std::vector<double> a(size_t(c.inter)), da(size_t(c.inter));
+      for (int64_t i = 0; i < c.inter; ++i) {
+        double g = 0, up = 0, g_abs = 0, up_abs = 0;
+        for (int64_t k = 0; k < c.hidden; ++k) {
+          g += double(ex.gate.values[size_t(i * c.hidden + k)]) * xr[k];
+          up += double(ex.up.values[size_t(i * c.hidden + k)]) * xr[k];
+          g_abs += std::fabs(double(ex.gate.values[size_t(i * c.hidden + k)]) * xr[k]);
+          up_abs += std::fabs(double(ex.up.values[size_t(i * c.hidden + k)]) * xr[k]);
+        }
+        const double silu = g / (1 + std::exp(-g));
+        a[size_t(i)] = silu * up;
+        const double dg = 2 * terms(c.hidden) * u * g_abs, dup = 2 * terms(c.hidden) * u * up_abs;
+        da[size_t(i)] = 1.1 * std::fabs(up) * dg + std::fabs(silu) * dup + 1.1 * dg * dup +
+                        8 * u * std::fabs(a[size_t(i)]);
+      }
+      for (int64_t j = 0; j < c.hidden; ++j) {
+        double prop = 0, y_abs = 0;
+        for (int64_t i = 0; i < c.inter; ++i) {
+          const double d = ex.down.values[size_t(j * c.inter + i)];
+          prop += std::fabs(d) * da[size_t(i)];
+          y_abs += std::fabs(d * a[size_t(i)]);
+        }
+        bound[size_t(r * c.hidden + j)] += it->weight * (prop + 2 * terms(c.inter) * u * y_abs) +
+                                           2 * c.top_k * u * it->weight * y_abs;
+      }
+    }
+  }
+  for (int r = 0; r < c.n_rows; ++r)
+    for (int e = 0; e < c.n_experts; ++e) {
+      const auto& y = y_cpu[size_t(r * c.n_experts + e)];
+      if (y.empty()) continue;
+      const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) {
+        return p.row == r && p.expert == 3 * e + 1;
+      });
+      for (int64_t j = 0; j < c.hidden; ++j)
+        expected[size_t(r * c.hidden + j)] += it->weight * y[size_t(j)];
+    }
+
+  // GPU.
+  const colibri::cuda::ExpertGroupIndex index = colibri::cuda::index_pairs(c.n_rows, pairs);
+  std::vector<DeviceExpert> dev;
+  for (int32_t id : index.experts) {
+    const Expert& ex = *experts[size_t((id - 1) / 3)];
+    dev.push_back({ex.gate.device, ex.up.device, ex.down.device});
+  }
+  std::vector<float> got(x.size(), std::nanf(""));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreate(&stream));
+  {
+    colibri::cuda::ExpertGroupBuffers buffers;
+    // Poison the workspace and output so that an element never written cannot pass.
+    buffers.run(index, dev, x.data(), c.hidden, c.inter, got.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    const colibri::cuda::ExpertGroup& g = buffers.group();
+    CHECK_CUDA(cudaMemsetAsync(g.out, 0xff, x.size() * 4, stream));
+    CHECK_CUDA(cudaMemsetAsync(g.h, 0xff, size_t(g.n_slots * g.inter) * 4, stream));
+    CHECK_CUDA(cudaMemsetAsync(g.y_slots, 0xff, size_t(g.n_slots * g.hidden) * 4, stream));
+    std::fill(got.begin(), got.end(), std::nanf(""));
+    buffers.run(index, dev, x.data(), c.hidden, c.inter, got.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  CHECK_CUDA(cudaStreamDestroy(stream));
+
+  double max_ratio = 0, sum_abs = 0;
+  for (int r = 0; r < c.n_rows; ++r)
+    for (int64_t j = 0; j < c.hidden; ++j) {
+      const size_t i = size_t(r * c.hidden + j);
+      ASSERT_TRUE(std::isfinite(got[i])) << "out[" << r << ", " << j << "] not written";
+      const double err = std::fabs(double(got[i]) - expected[i]);
+      ASSERT_LE(err, bound[i]) << "out[" << r << ", " << j << "]: gpu " << got[i] << " cpu "
+                               << expected[i];
+      if (bound[i] > 0) max_ratio = std::max(max_ratio, err / bound[i]);
+      sum_abs += std::fabs(got[i]);
+      if (r == 1 && c.n_rows >= 3) {
+        ASSERT_EQ(got[i], 0.0f) << "a row without experts";
+      }
+    }
+  EXPECT_GT(sum_abs, 0.0) << "all-zero output: the comparison proved nothing";
+  RecordProperty("max_error_over_bound", std::to_string(max_ratio));
+}
+
+// Formats: int4 in every group size the wide path takes (32, 64, 96, 128, 256) and two it does
+// not (16, 48: the per-element path), int4 and int8 per row, fp32. Shapes: multiples of 32
+// (wide; 288 and 96 end in a short group), odd or small widths (per-element path, int4 padding
+// nibble), GLM-5.2's hidden width with a narrow inter. Rows: decode (1), remainders of the
+// 1/2/4/8-slot passes (3, 5, 9), 16, and 33 (several 8-slot passes per expert).
+INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
+                         testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
+                                         Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
+                                         Case{WeightFormat::kInt4Grouped, 64, 512, 192, 33, 6, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 6144, 64, 3, 4, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 288, 96, 3, 4, 2},
+                                         Case{WeightFormat::kInt4Grouped, 32, 192, 96, 5, 3, 3},
+                                         Case{WeightFormat::kInt4Grouped, 96, 384, 96, 9, 4, 2},
+                                         Case{WeightFormat::kInt4Grouped, 128, 256, 256, 2, 2, 1},
+                                         Case{WeightFormat::kInt4Grouped, 256, 512, 256, 4, 5, 3},
+                                         Case{WeightFormat::kInt4Grouped, 16, 160, 80, 3, 3, 2},
+                                         Case{WeightFormat::kInt4Grouped, 48, 200, 99, 5, 4, 2},
+                                         Case{WeightFormat::kInt4Row, 0, 256, 128, 1, 4, 4},
+                                         Case{WeightFormat::kInt4Row, 0, 257, 45, 8, 4, 2},
+                                         Case{WeightFormat::kInt8Row, 0, 256, 112, 1, 4, 2},
+                                         Case{WeightFormat::kInt8Row, 0, 300, 100, 16, 4, 2},
+                                         Case{WeightFormat::kF32, 0, 128, 96, 1, 4, 2},
+                                         Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2}),
+                         [](const testing::TestParamInfo<Case>& param_info) {
+                           std::ostringstream name;
+                           name << param_info.param;
+                           return name.str();
+                         });
+
+// The slot index: grouped by ascending expert, rows' slots ascending, duplicates refused.
+TEST(ExpertGroupIndex, GroupsPairsByExpertAndOrdersEachRow) {
+  const std::vector<colibri::cuda::ExpertPair> pairs = {
+      {0, 9, 0.5f}, {0, 2, 0.25f}, {1, 9, 1.0f}, {2, 4, 0.125f}, {2, 2, 2.0f}};
+  const auto index = colibri::cuda::index_pairs(3, pairs);
+  EXPECT_EQ(index.experts, (std::vector<int32_t>{2, 4, 9}));
+  EXPECT_EQ(index.expert_begin, (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(index.slot_row, (std::vector<int32_t>{0, 2, 2, 0, 1}));
+  EXPECT_EQ(index.row_begin, (std::vector<int32_t>{0, 2, 3, 5}));
+  EXPECT_EQ(index.row_slots, (std::vector<int32_t>{0, 3, 4, 1, 2}));
+  EXPECT_EQ(index.row_weights, (std::vector<float>{0.25f, 0.5f, 1.0f, 2.0f, 0.125f}));
+  EXPECT_EQ(index.max_slots_per_expert, 2);
+  const std::vector<colibri::cuda::ExpertPair> twice = {{0, 3, 1.0f}, {0, 3, 1.0f}};
+  EXPECT_THROW(colibri::cuda::index_pairs(1, twice), std::invalid_argument);
+  const std::vector<colibri::cuda::ExpertPair> outside = {{2, 3, 1.0f}};
+  EXPECT_THROW(colibri::cuda::index_pairs(2, outside), std::invalid_argument);
+}
+
+}  // namespace
