@@ -71,10 +71,11 @@ float quantize_values(const float* x, int64_t cols, int64_t k, int q[kInt8Block]
 }
 
 // Quantizes block k of row t of x [n, cols] into rows (whose buffers are writable).
-void quantize_block(const float* x, const Int8Rows& rows, int64_t t, int64_t k) {
+void quantize_block(detail::QuantizeBlockFn quantize, const float* x, const Int8Rows& rows,
+                    int64_t t, int64_t k) {
   const int64_t at = t * rows.blocks + k;
   int qb[kInt8Block];
-  const_cast<float*>(rows.scale)[at] = quantize_values(x + t * rows.cols, rows.cols, k, qb);
+  const_cast<float*>(rows.scale)[at] = quantize(x + t * rows.cols, rows.cols, k, qb);
   int8_t* q = const_cast<int8_t*>(rows.q) + at * kInt8Block;
   int32_t sum = 0;
   for (int64_t j = 0; j < kInt8Block; ++j) {
@@ -84,11 +85,11 @@ void quantize_block(const float* x, const Int8Rows& rows, int64_t t, int64_t k) 
   const_cast<int32_t*>(rows.sum)[at] = sum;
 }
 
-Int8Rows quantize_rows(const float* x, int64_t n, int64_t cols, Int8Layout layout,
-                       Int8Buffers& buffers) {
+Int8Rows quantize_rows(detail::QuantizeBlockFn quantize, const float* x, int64_t n, int64_t cols,
+                       Int8Layout layout, Int8Buffers& buffers) {
   const Int8Rows rows = buffers.prepare(layout, n, cols);
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t k = 0; k < rows.blocks; ++k) quantize_block(x, rows, t, k);
+    for (int64_t k = 0; k < rows.blocks; ++k) quantize_block(quantize, x, rows, t, k);
   return rows;
 }
 
@@ -127,6 +128,13 @@ bool cpu_has_vnni() {
 #else
   return false;
 #endif
+}
+
+detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
+#if COLIBRI_QUANT_X86
+  if (isa == QuantIsa::kAvx512) return detail::quantize_block_avx512;
+#endif
+  return quantize_values;
 }
 
 detail::Int8RowsKernel int8_kernel(QuantIsa isa) {
@@ -222,7 +230,8 @@ void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, i
     std::fill(y, y + n * w.rows, 0.0f);
     return;
   }
-  const Int8Rows xq = quantize_rows(x, n, w.cols, layout_for(w), scratch.x_gate);
+  const Int8Rows xq =
+      quantize_rows(quantize_kernel(isa), x, n, w.cols, layout_for(w), scratch.x_gate);
   const detail::Int8RowsKernel kernel = int8_kernel(isa);
 #pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
   {
@@ -250,10 +259,11 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
     std::fill(y, y + n * hidden, 0.0f);
     return;
   }
-  const Int8Rows x_gate = quantize_rows(x, n, hidden, layout_for(gate), scratch.x_gate);
+  const detail::QuantizeBlockFn quantize = quantize_kernel(isa);
+  const Int8Rows x_gate = quantize_rows(quantize, x, n, hidden, layout_for(gate), scratch.x_gate);
   const Int8Rows x_up = layout_for(up) == layout_for(gate)
                             ? x_gate
-                            : quantize_rows(x, n, hidden, layout_for(up), scratch.x_up);
+                            : quantize_rows(quantize, x, n, hidden, layout_for(up), scratch.x_up);
   const Int8Rows h_q = scratch.hidden.prepare(layout_for(down), n, inter);
   float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
   float* up_out = grown(scratch.up, n * inter);
@@ -276,7 +286,7 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
     // Each (row, block) is quantized by one thread, whatever the thread count.
     const int64_t units = n * h_q.blocks;
     for (int64_t u = units * tid / nth; u < units * (tid + 1) / nth; ++u)
-      quantize_block(h, h_q, u / h_q.blocks, u % h_q.blocks);
+      quantize_block(quantize, h, h_q, u / h_q.blocks, u % h_q.blocks);
 #pragma omp barrier
     detail::static_range(hidden, nth, tid, begin, end, kInt8TileRows);
     kernel(down, h_q, y, hidden, begin, end);

@@ -224,6 +224,32 @@ void tile_for(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t
 
 }  // namespace
 
+float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8Block]) {
+  const int64_t i0 = k * kInt8Block, count = std::max<int64_t>(0, std::min(cols - i0, kInt8Block));
+  __m512 v[4];
+  __m512 amax = _mm512_setzero_ps();
+  __mmask16 nan = 0;
+  for (int c = 0; c < 4; ++c) {
+    const int64_t left = std::clamp<int64_t>(count - 16 * c, 0, 16);
+    const __mmask16 m = __mmask16((1u << left) - 1);
+    v[c] = _mm512_maskz_loadu_ps(m, x + i0 + 16 * c);
+    nan |= _mm512_cmp_ps_mask(v[c], v[c], _CMP_UNORD_Q);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v[c]));
+  }
+  const float a = _mm512_reduce_max_ps(amax);
+  for (int j = 0; j < kInt8Block; ++j) q[j] = 0;
+  if (nan != 0 || !(a <= 3.4028235e38f)) return __builtin_nanf("");
+  if (a == 0.0f) return 0.0f;
+  const __m512 inv = _mm512_set1_ps(127.0f / a);
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (int c = 0; c < 4; ++c) {
+    const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[c], inv),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_storeu_si512(q + 16 * c, _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(r, lo), hi)));
+  }
+  return a / 127.0f;
+}
+
 void int8_rows_avx512vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                           int64_t row_begin, int64_t row_end) {
   for (int64_t o0 = row_begin; o0 < row_end; o0 += kInt8TileRows)
