@@ -167,6 +167,43 @@ float dot_i8(const int8_t* a, const float* b, int64_t n) {
   static const DotI8Fn fn = dot_i8_kernel(quant_isa_selected());
   return fn(a, b, n);
 }
+namespace {
+
+// The reference order: K axpy calls per row of y.
+template <typename X, typename Axpy>
+void axpy_rows_by_calls(const AxpyRows& a, const X* x, Axpy axpy) {
+  for (int64_t t = 0; t < a.n; ++t)
+    for (int64_t k = 0; k < a.k; ++k) {
+      const float alpha =
+          a.x_scale ? a.alpha[t * a.a_stride + k] * a.x_scale[k] : a.alpha[t * a.a_stride + k];
+      axpy(alpha, x + k * a.m, a.y + t * a.y_stride, a.m);
+    }
+}
+
+}  // namespace
+
+void axpy_rows_f32(const AxpyRows& a, const float* x) {
+#if COLIBRI_VEC_X86
+  if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_f32_avx512(a, x);
+#endif
+  axpy_rows_by_calls(
+      a, x, [](float al, const float* xr, float* y, int64_t m) { axpy_f32(al, xr, y, m); });
+}
+void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x) {
+#if COLIBRI_VEC_X86
+  if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_bf16_avx512(a, x);
+#endif
+  axpy_rows_by_calls(
+      a, x, [](float al, const uint16_t* xr, float* y, int64_t m) { axpy_bf16(al, xr, y, m); });
+}
+void axpy_rows_i8(const AxpyRows& a, const int8_t* x) {
+#if COLIBRI_VEC_X86
+  if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_i8_avx512(a, x);
+#endif
+  axpy_rows_by_calls(
+      a, x, [](float al, const int8_t* xr, float* y, int64_t m) { axpy_i8(al, xr, y, m); });
+}
+
 void axpy_bf16(QuantIsa isa, float alpha, const uint16_t* x, float* y, int64_t n) {
   require_available(isa);
   axpy_bf16_kernel(isa)(alpha, x, y, n);

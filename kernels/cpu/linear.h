@@ -37,6 +37,24 @@ void axpy_bf16(QuantIsa isa, float alpha, const uint16_t* x, float* y, int64_t n
 void axpy_i8(QuantIsa isa, float alpha, const int8_t* x, float* y, int64_t n);
 float dot_i8(QuantIsa isa, const int8_t* a, const float* b, int64_t n);
 
+// Many rows at once: for t < n, for k = 0 .. K-1 in order,
+//   y[t * y_stride + 0 .. m) += alpha[t * a_stride + k] * x_scale[k] * x[k * m + 0 .. m)
+// with x fp32, BF16 or int8 (x_scale: the int8 rows' scales, nullptr for 1). Each row's result is
+// bit for bit that of K axpy calls (the product alpha * x_scale rounded first, then one fused
+// multiply-add per element), but X's rows are read once for every t: on AVX-512, 4 rows of y by
+// 64 columns stay in registers across k.
+struct AxpyRows {
+  const float* alpha;
+  int64_t a_stride;
+  int64_t n, k, m;
+  const float* x_scale;
+  float* y;
+  int64_t y_stride;
+};
+void axpy_rows_f32(const AxpyRows& a, const float* x);
+void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x);
+void axpy_rows_i8(const AxpyRows& a, const int8_t* x);
+
 // Dot product of two fp32 vectors on the selected ISA.
 float dot_f32(const float* a, const float* b, int64_t n);
 // y[i] += alpha * x[i] on the selected ISA.

@@ -2,6 +2,8 @@
 // only after CPUID), with BF16 and int8 operands widened exactly in registers.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu/vec_detail.h"
 
 // GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
@@ -83,6 +85,92 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
 }
 
 }  // namespace
+
+namespace {
+
+// Rows [t0, t0 + T) of y, columns [c0, c0 + 16 C) (the last vector masked by `last`).
+template <int T, int C, typename X>
+void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0, __mmask16 last) {
+  __m512 acc[T][C];
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c) {
+      const __mmask16 m = c == C - 1 ? last : __mmask16(0xFFFF);
+      acc[t][c] = _mm512_maskz_loadu_ps(m, a.y + (t0 + t) * a.y_stride + c0 + 16 * c);
+    }
+  for (int64_t k = 0; k < a.k; ++k) {
+    __m512 w[C];
+    for (int c = 0; c < C; ++c) {
+      const X* src = x + k * a.m + c0 + 16 * c;
+      w[c] = c == C - 1 && last != 0xFFFF ? load_masked(last, src) : load(src);
+    }
+    const float s = a.x_scale ? a.x_scale[k] : 1.0f;
+    for (int t = 0; t < T; ++t) {
+      const float alpha =
+          a.x_scale ? a.alpha[(t0 + t) * a.a_stride + k] * s : a.alpha[(t0 + t) * a.a_stride + k];
+      const __m512 av = _mm512_set1_ps(alpha);
+      for (int c = 0; c < C; ++c) acc[t][c] = _mm512_fmadd_ps(av, w[c], acc[t][c]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c) {
+      const __mmask16 m = c == C - 1 ? last : __mmask16(0xFFFF);
+      _mm512_mask_storeu_ps(a.y + (t0 + t) * a.y_stride + c0 + 16 * c, m, acc[t][c]);
+    }
+}
+
+template <typename X>
+void axpy_rows(const AxpyRows& a, const X* x) {
+  for (int64_t t0 = 0; t0 < a.n; t0 += 4) {
+    const int64_t rows = std::min<int64_t>(4, a.n - t0);
+    int64_t c0 = 0;
+    for (; c0 + 64 <= a.m; c0 += 64) {
+      switch (rows) {
+        case 4:
+          axpy_rows_tile<4, 4>(a, x, t0, c0, 0xFFFF);
+          break;
+        case 3:
+          axpy_rows_tile<3, 4>(a, x, t0, c0, 0xFFFF);
+          break;
+        case 2:
+          axpy_rows_tile<2, 4>(a, x, t0, c0, 0xFFFF);
+          break;
+        default:
+          axpy_rows_tile<1, 4>(a, x, t0, c0, 0xFFFF);
+          break;
+      }
+    }
+    for (; c0 < a.m; c0 += 16) {
+      const int64_t left = std::min<int64_t>(16, a.m - c0);
+      const __mmask16 last = __mmask16((1u << left) - 1);
+      switch (rows) {
+        case 4:
+          axpy_rows_tile<4, 1>(a, x, t0, c0, last);
+          break;
+        case 3:
+          axpy_rows_tile<3, 1>(a, x, t0, c0, last);
+          break;
+        case 2:
+          axpy_rows_tile<2, 1>(a, x, t0, c0, last);
+          break;
+        default:
+          axpy_rows_tile<1, 1>(a, x, t0, c0, last);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void axpy_rows_f32_avx512(const AxpyRows& a, const float* x) {
+  axpy_rows(a, x);
+}
+void axpy_rows_bf16_avx512(const AxpyRows& a, const uint16_t* x) {
+  axpy_rows(a, x);
+}
+void axpy_rows_i8_avx512(const AxpyRows& a, const int8_t* x) {
+  axpy_rows(a, x);
+}
 
 void axpy_avx512(float alpha, const float* x, float* y, int64_t n) {
   axpy(alpha, x, y, n);

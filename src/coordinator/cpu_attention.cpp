@@ -14,17 +14,21 @@ namespace colibri {
 
 namespace {
 
-// y[r] += alpha * kv_b_proj[row, :] in the row's stored form (fp32, BF16, or int8 with its row
-// scale folded into alpha).
-void kv_b_axpy(const Matrix& w, int64_t row, float alpha, float* y) {
+// For t < n: y[t * r ..] += sum over i < count of alpha[t * a_stride + i] * kv_b_proj[row0 + i, :],
+// in the rows' stored form (fp32, BF16, or int8 with its row scale): axpy_rows, the same bits as
+// one axpy per row and term.
+void kv_b_axpy_rows(const Matrix& w, int64_t row0, int64_t count, const float* alpha,
+                    int64_t a_stride, int64_t n, float* y) {
   const int64_t r = w.cols;
-  if (w.quantized())
-    kernels::axpy_i8(alpha * w.quant.scales[size_t(row)],
-                     reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, y, r);
-  else if (w.stored_bf16())
-    kernels::axpy_bf16(alpha, w.bf16.data() + row * r, y, r);
-  else
-    kernels::axpy_f32(alpha, w.data.data() + row * r, y, r);
+  kernels::AxpyRows a{alpha, a_stride, n, count, r, nullptr, y, r};
+  if (w.quantized()) {
+    a.x_scale = w.quant.scales.data() + row0;
+    kernels::axpy_rows_i8(a, reinterpret_cast<const int8_t*>(w.quant.data.data()) + row0 * r);
+  } else if (w.stored_bf16()) {
+    kernels::axpy_rows_bf16(a, w.bf16.data() + row0 * r);
+  } else {
+    kernels::axpy_rows_f32(a, w.data.data() + row0 * r);
+  }
 }
 
 // kv_b_proj[row, :] · x in the row's stored form.
@@ -193,28 +197,30 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   const float* latent = kv_.latent(layer);
   const float* k_rope = kv_.k_rope(layer);
   grow(heads_out_, size_t(n) * heads * dv);
-  // Per thread: probabilities [max_keys], q_abs [r], o_latent [r].
-  const size_t per_thread = size_t(max_keys_) + 2 * size_t(r);
+  // Per thread: q_abs [n, r], probabilities [max_keys], o_latent [r].
+  const size_t per_thread = size_t(n) * r + size_t(max_keys_) + size_t(r);
   const int threads = omp_get_max_threads();
   grow(scratch_, size_t(threads) * per_thread);
 
-  // Head outer, row inner: a head's absorbed W_UK and W_UV (dn and dv rows of r floats) are read
-  // from memory once per call and reused from cache for every row of the batch.
-#pragma omp parallel for collapse(2) schedule(static)
+  // Head outer: a head's absorbed W_UK and W_UV (dn and dv rows of kv_b_proj) are read from memory
+  // once per call; W_UK's product takes every row of the batch in one pass (axpy_rows).
+#pragma omp parallel for schedule(static)
   for (int head = 0; head < heads; ++head) {
+    float* q_abs_all = &scratch_[size_t(omp_get_thread_num()) * per_thread];
+    float* p = q_abs_all + size_t(n) * r;
+    float* o_latent = p + max_keys_;
+    // Rows of W_UK [dn, r] then W_UV [dv, r] for this head in kv_b_proj.
+    const int64_t uk_row = int64_t(head) * (dn + dv), uv_row = uk_row + dn;
+    // q_abs = W_UK^T q_nope for every row: the queries in latent space.
+    std::fill_n(q_abs_all, size_t(n) * r, 0.0f);
+    kv_b_axpy_rows(w.kv_b_proj, uk_row, dn, &q_[size_t(head) * dq], int64_t(heads) * dq, n,
+                   q_abs_all);
     for (int t = 0; t < n; ++t) {
-      float* p = &scratch_[size_t(omp_get_thread_num()) * per_thread];
-      float* q_abs = p + max_keys_;
-      float* o_latent = q_abs + r;
+      const float* q_abs = q_abs_all + size_t(t) * r;
       const BatchRow& row = batch_->rows[size_t(t)];
       const int* selected = nullptr;
       const int count = keys_of(t, &selected);
       const float* q_head = &q_[(size_t(t) * heads + head) * dq];
-      // Rows of W_UK [dn, r] then W_UV [dv, r] for this head in kv_b_proj.
-      const int64_t uk_row = int64_t(head) * (dn + dv), uv_row = uk_row + dn;
-      // q_abs = W_UK^T q_nope: the query in latent space.
-      std::fill_n(q_abs, r, 0.0f);
-      for (int i = 0; i < dn; ++i) kv_b_axpy(w.kv_b_proj, uk_row + i, q_head[i], q_abs);
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
         p[i] =

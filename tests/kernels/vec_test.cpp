@@ -146,5 +146,52 @@ TEST(Vec, Bf16AndInt8RowPrimitivesEqualFp32OnTheConvertedValues) {
     }
 }
 
+// axpy_rows (the absorbed attention's W_UK product for a whole batch): bit for bit the same axpy
+// calls one row of y at a time, for fp32, BF16 and int8 rows, partial tiles and tails.
+TEST(Vec, AxpyRowsEqualsOneAxpyCallPerRowAndTerm) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t n : {1, 3, 4, 5, 9})
+    for (int64_t k : {1, 7, 64})
+      for (int64_t m : {16, 50, 64, 130, 512}) {
+        std::vector<float> alpha(static_cast<size_t>(n * (k + 3))),
+            y0(static_cast<size_t>(n * (m + 5)));
+        std::vector<float> x32(static_cast<size_t>(k * m)), scale(static_cast<size_t>(k));
+        std::vector<uint16_t> x16(x32.size());
+        std::vector<int8_t> x8(x32.size());
+        for (float& v : alpha) v = normal(rng);
+        for (float& v : y0) v = normal(rng);
+        for (float& v : scale) v = 0.01f * (1.0f + std::abs(normal(rng)));
+        for (size_t i = 0; i < x32.size(); ++i) {
+          x32[i] = normal(rng);
+          uint32_t bits;
+          std::memcpy(&bits, &x32[i], 4);
+          x16[i] = uint16_t(bits >> 16);
+          x8[i] = int8_t(int(rng() % 255) - 127);
+        }
+        const auto check = [&](const char* what, const float* x_scale, auto run, auto one) {
+          std::vector<float> got = y0, want = y0;
+          AxpyRows a{alpha.data(), k + 3, n, k, m, x_scale, got.data(), m + 5};
+          run(a);
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t j = 0; j < k; ++j) {
+              const float al = x_scale ? alpha[size_t(t * (k + 3) + j)] * x_scale[j]
+                                       : alpha[size_t(t * (k + 3) + j)];
+              one(al, j, want.data() + t * (m + 5));
+            }
+          EXPECT_EQ(got, want) << what << " n " << n << " k " << k << " m " << m;
+        };
+        check(
+            "f32", nullptr, [&](const AxpyRows& a) { axpy_rows_f32(a, x32.data()); },
+            [&](float al, int64_t j, float* y) { axpy_f32(al, x32.data() + j * m, y, m); });
+        check(
+            "bf16", nullptr, [&](const AxpyRows& a) { axpy_rows_bf16(a, x16.data()); },
+            [&](float al, int64_t j, float* y) { axpy_bf16(al, x16.data() + j * m, y, m); });
+        check(
+            "int8", scale.data(), [&](const AxpyRows& a) { axpy_rows_i8(a, x8.data()); },
+            [&](float al, int64_t j, float* y) { axpy_i8(al, x8.data() + j * m, y, m); });
+      }
+}
+
 }  // namespace
 }  // namespace colibri::kernels
