@@ -200,6 +200,17 @@ void require_available(QuantIsa isa) {
 
 }  // namespace
 
+void detail::check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
+                              const QuantMatrixView& down) {
+  const int64_t inter = gate.rows, hidden = gate.cols;
+  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter)
+    throw std::invalid_argument(
+        "quant_expert_ffn: expected gate, up [inter, hidden] and down [hidden, inter]; got gate " +
+        std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
+        std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
+        std::to_string(down.rows) + "x" + std::to_string(down.cols));
+}
+
 void detail::static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,
                           int64_t unit) {
   const int64_t units = (total + unit - 1) / unit;
@@ -382,14 +393,8 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
   check_view(up);
   check_view(down);
   require_available(isa);
+  detail::check_ffn_shapes(gate, up, down);
   const int64_t inter = gate.rows, hidden = gate.cols;
-  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter)
-    throw std::invalid_argument(
-        "quant_expert_ffn: expected gate, up [inter, hidden] and down "
-        "[hidden, inter]; got gate " +
-        std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
-        std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
-        std::to_string(down.rows) + "x" + std::to_string(down.cols));
   if (n <= 0 || hidden == 0) return;
   if (inter == 0) {
     std::fill(y, y + n * hidden, 0.0f);

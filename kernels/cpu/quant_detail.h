@@ -44,6 +44,10 @@ inline constexpr int64_t kRowAlignment = 4;
 void static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,
                   int64_t unit = kRowAlignment);
 
+// Throws std::invalid_argument unless gate and up are [inter, hidden] and down [hidden, inter].
+void check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
+                      const QuantMatrixView& down);
+
 // Below this many multiply-adds a call stays on the calling thread.
 inline constexpr int64_t kParallelMinMacs = int64_t(1) << 16;
 

@@ -247,13 +247,8 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
   require(isa, gate);
   require(isa, up);
   require(isa, down);
+  detail::check_ffn_shapes(gate, up, down);
   const int64_t inter = gate.rows, hidden = gate.cols;
-  if (up.rows != inter || up.cols != hidden || down.rows != hidden || down.cols != inter)
-    throw std::invalid_argument(
-        "quant_expert_ffn: expected gate, up [inter, hidden] and down [hidden, inter]; got gate " +
-        std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
-        std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
-        std::to_string(down.rows) + "x" + std::to_string(down.cols));
   if (n <= 0 || hidden == 0) return;
   if (inter == 0) {
     std::fill(y, y + n * hidden, 0.0f);
