@@ -81,6 +81,32 @@ TEST(EmbeddedCli, QuantizedContainerKeepsThePerplexity) {
   std::filesystem::remove_all(dir);
 }
 
+// At start-up the coordinator prints one "memory:" line per rank: the embedded model's BF16
+// projections stay BF16 (about 21 MB of its 26 MB), the rest fp32.
+TEST(EmbeddedCli, StartupReportsResidentMemoryByRepresentation) {
+  const RunResult run =
+      run_command("'" COLIBRI_NODE_BINARY "' --prompt-ids 1,2,3 --ngen 2 2>&1 >/dev/null");
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  const size_t at = run.out.find("memory: rank 0@");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  double total = 0, f32 = 0, bf16 = 0, quantized = 0, rss = 0;
+  const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
+  const size_t weights = line.find("weights ");
+  ASSERT_NE(weights, std::string::npos) << line;
+  ASSERT_EQ(
+      std::sscanf(line.c_str() + weights, "weights %lf GB (fp32 %lf, bf16 %lf, int8/int4 %lf)",
+                  &total, &f32, &bf16, &quantized),
+      4)
+      << line;
+  ASSERT_NE(line.find("RSS "), std::string::npos) << line;
+  ASSERT_EQ(std::sscanf(line.c_str() + line.find("RSS "), "RSS %lf GB", &rss), 1) << line;
+  EXPECT_GT(bf16, 0.015) << line;
+  EXPECT_GT(f32, 0.0) << line;
+  EXPECT_EQ(quantized, 0.0) << line;
+  EXPECT_NEAR(total, f32 + bf16 + quantized, 0.002) << line;
+  EXPECT_GE(rss, total) << line;
+}
+
 TEST(EmbeddedCli, ScorePerplexityMatchesTransformers) {
   const auto golden = read_json(kDataDir / "score.json");
   const std::string heldout = (kDataDir / "heldout.txt").string();
