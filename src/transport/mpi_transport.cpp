@@ -349,8 +349,12 @@ bool MpiTransport::receive(ExpertRequest& request) {
     Backoff backoff;
     // Heartbeats that arrived while this rank computed count from now on.
     auto heard = std::chrono::steady_clock::now();
-    const double limit =
-        options_.rank_timeout_s + (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
+    // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits one
+    // kLaterReportSeconds more, so that when a third rank (another expert rank, or a host whose
+    // link is cut) is silent, the coordinator names it and its MPI_Abort, which can take two
+    // seconds to end ranks on other hosts, ends this one before it blames the coordinator.
+    const double limit = options_.rank_timeout_s + kLaterReportSeconds +
+                         (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
     for (;;) {
       int done = 0;
       CHECK_MPI(MPI_Test(&request_receive_, &done, &status));

@@ -3,7 +3,8 @@
 // every wait polls against a deadline and names the silent peer. The coordinator also sends each
 // expert rank a heartbeat (wire::kTagControl) every heartbeat_s from its own thread (so MPI must
 // provide MPI_THREAD_MULTIPLE), so that an expert rank tells an idle coordinator from a stopped
-// one: nothing, request or heartbeat, for rank_timeout_s ends the job.
+// one: nothing, request or heartbeat, for rank_timeout_s (plus kLaterReportSeconds, so that the
+// coordinator names a silent third rank first) ends the job.
 #pragma once
 
 #include <mpi.h>
@@ -23,7 +24,8 @@ namespace colibri {
 
 struct MpiTransportOptions {
   double rank_timeout_s = 300;  // longest wait for a peer within an exchange, and (expert rank,
-                                // with heartbeats) for the next request or heartbeat
+                                // with heartbeats) for the next request or heartbeat, plus
+                                // kLaterReportSeconds
   double heartbeat_s = 0;       // period of the coordinator's heartbeat; 0: none (no deadline
                                 // for an idle expert rank then)
   ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
