@@ -29,6 +29,12 @@ const wire::Header& heartbeat_header() {
   return header;
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void require_host_f32(ConstView v, const char* what) {
   if (v.device != Device::kHost || v.type != ElemType::kF32)
     fail("the MPI transport takes {} as fp32 host memory", what);
@@ -67,6 +73,12 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       peer.recv.resize(reply_bytes);
     }
     active_.reserve(peers_.size());
+    heard_ns_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
+    busy_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      heard_ns_[i] = 0;
+      busy_[i] = false;
+    }
     row_f32_.resize(size_t(shape_.hidden));
     if (options_.heartbeat_s > 0 && !peers_.empty())
       heartbeat_ = std::thread([this] { send_heartbeats(); });
@@ -88,6 +100,8 @@ MpiTransport::~MpiTransport() {
     MPI_Cancel(receive);
     MPI_Request_free(receive);
   }
+  // The answer header is static: a send still in flight may complete on its own.
+  if (answer_send_ != MPI_REQUEST_NULL) MPI_Request_free(&answer_send_);
 }
 
 void MpiTransport::post_request_receive() {
@@ -115,11 +129,52 @@ void MpiTransport::send_heartbeats() {
         CHECK_MPI(MPI_Isend(&heartbeat_header(), int(kHeaderBytes), MPI_BYTE, peers_[i].rank,
                             wire::kTagControl, comm_, &sends[i]));
     }
+    take_answers();
+    check_idle_peers();
     if (heartbeat_wake_.wait_for(lock, period, [this] { return heartbeat_stop_; })) break;
   }
   // The header is static: a send still in flight may complete on its own.
   for (MPI_Request& send : sends)
     if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+}
+
+void MpiTransport::take_answers() {
+  for (;;) {
+    int found = 0;
+    MPI_Message message;
+    MPI_Status status;
+    CHECK_MPI(MPI_Improbe(MPI_ANY_SOURCE, wire::kTagControl, comm_, &found, &message, &status));
+    if (!found) return;
+    int count = 0;
+    CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    std::vector<std::byte> bytes(size_t(std::max(count, 0)));
+    CHECK_MPI(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+    const int source = status.MPI_SOURCE;
+    const int index =
+        source >= 0 && size_t(source) < owner_peer_.size() ? owner_peer_[size_t(source)] : -1;
+    wire::Header h{};
+    if (bytes.size() == kHeaderBytes) std::memcpy(&h, bytes.data(), kHeaderBytes);
+    if (index < 0 || bytes.size() != kHeaderBytes || h.magic != wire::kMagic ||
+        h.version != wire::kProtocolVersion || h.opcode != uint16_t(wire::Opcode::kHeartbeat))
+      abort_job(fmt::format("corrupted control message from {}: {} bytes, opcode {}",
+                            rank_identity().name_of(source), count, h.opcode));
+    heard_ns_[size_t(index)] = now_ns();
+  }
+}
+
+void MpiTransport::check_idle_peers() {
+  const int64_t now = now_ns();
+  const auto limit_ns = int64_t(options_.rank_timeout_s * 1e9);
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    const int64_t heard = heard_ns_[i];
+    // Not yet answered (still starting), or holding a request (combine has its deadline).
+    if (heard == 0 || busy_[i]) continue;
+    if (now - heard > limit_ns)
+      abort_job(fmt::format(
+          "{} is silent: no answer to the coordinator's heartbeats within {:.1f} s while it "
+          "waited for a request (--rank-timeout)",
+          rank_identity().name_of(peers_[i].rank), options_.rank_timeout_s));
+  }
 }
 
 void MpiTransport::stop_heartbeat() {
@@ -149,6 +204,13 @@ bool MpiTransport::take_heartbeats() {
                             rank_identity().name_of(coordinator_), count, h.opcode));
     any = true;
     post_control_receive();
+    // Answer, one answer in flight at most: the coordinator learns this rank is waiting.
+    int answered = 1;
+    if (answer_send_ != MPI_REQUEST_NULL)
+      CHECK_MPI(MPI_Test(&answer_send_, &answered, MPI_STATUS_IGNORE));
+    if (answered)
+      CHECK_MPI(MPI_Isend(&heartbeat_header(), int(kHeaderBytes), MPI_BYTE, coordinator_,
+                          wire::kTagControl, comm_, &answer_send_));
   }
 }
 
@@ -201,6 +263,7 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     Peer& peer = peers_[size_t(index)];
     peer.share = &share;
     active_.push_back(&peer);
+    busy_[size_t(index)] = true;
     const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
     if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
     std::byte* payload = peer.send.data() + kHeaderBytes;
@@ -273,6 +336,11 @@ void MpiTransport::combine(View out) {
         CHECK_MPI(MPI_Test(requests[i], &done, &statuses[i]));
         if (!done) continue;
         CHECK_MPI(MPI_Get_count(&statuses[i], MPI_BYTE, &counts[i]));
+        {
+          const auto index = size_t(owner_peer_[size_t(ranks[i])]);
+          if (heard_ns_[index] != 0) heard_ns_[index] = now_ns();
+          busy_[index] = false;
+        }
         profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
         last = int(i);
         --remaining;
