@@ -119,6 +119,7 @@ void MpiTransport::send_heartbeats() {
   // One heartbeat in flight per peer: a peer that does not take them gets no more.
   std::vector<MPI_Request> sends(peers_.size(), MPI_REQUEST_NULL);
   std::unique_lock lock(heartbeat_mutex_);
+  int64_t last_round = 0;
   for (;;) {
     for (size_t i = 0; i < peers_.size(); ++i) {
       if (sends[i] != MPI_REQUEST_NULL) {
@@ -130,6 +131,15 @@ void MpiTransport::send_heartbeats() {
                             wire::kTagControl, comm_, &sends[i]));
     }
     take_answers();
+    // After a pause of this process (stopped, or not scheduled), the peers' answers to the
+    // heartbeats it did not send are not missing: their silence counts from now.
+    const int64_t now = now_ns();
+    if (last_round != 0 &&
+        now - last_round > int64_t((options_.heartbeat_s + WaitClock::kPauseSeconds) * 1e9)) {
+      for (size_t i = 0; i < peers_.size(); ++i)
+        if (heard_ns_[i] != 0) heard_ns_[i] = now;
+    }
+    last_round = now;
     check_idle_peers();
     if (heartbeat_wake_.wait_for(lock, period, [this] { return heartbeat_stop_; })) break;
   }
@@ -216,7 +226,7 @@ bool MpiTransport::take_heartbeats() {
 
 void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                             const char* what, int layer) {
-  const auto start = std::chrono::steady_clock::now();
+  WaitClock clock;
   Backoff backoff;
   for (;;) {
     bool all_done = true;
@@ -227,7 +237,7 @@ void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vect
       if (!done) all_done = false;
     }
     if (all_done) return;
-    if (seconds_since(start) > options_.rank_timeout_s) {
+    if (clock.elapsed() > options_.rank_timeout_s) {
       for (size_t i = 0; i < requests.size(); ++i)
         if (*requests[i] != MPI_REQUEST_NULL)
           abort_job(fmt::format(
@@ -324,7 +334,7 @@ void MpiTransport::combine(View out) {
   {
     auto scope = profiler_.scope(Phase::kWaitSlowest, layer_);
     std::vector<MPI_Status> statuses(requests.size());
-    const auto start = std::chrono::steady_clock::now();
+    WaitClock clock;
     Backoff backoff;
     size_t remaining = requests.size();
     int last = -1;
@@ -346,7 +356,7 @@ void MpiTransport::combine(View out) {
         --remaining;
       }
       if (remaining == 0) break;
-      if (seconds_since(start) > options_.rank_timeout_s) {
+      if (clock.elapsed() > options_.rank_timeout_s) {
         for (size_t i = 0; i < requests.size(); ++i)
           if (*requests[i] != MPI_REQUEST_NULL)
             abort_job(fmt::format(
@@ -416,19 +426,18 @@ bool MpiTransport::receive(ExpertRequest& request) {
     auto scope = profiler_.scope(Phase::kRecvWait, layer_);
     Backoff backoff;
     // Heartbeats that arrived while this rank computed count from now on.
-    auto heard = std::chrono::steady_clock::now();
-    // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits one
-    // kLaterReportSeconds more, so that when a third rank (another expert rank, or a host whose
-    // link is cut) is silent, the coordinator names it and its MPI_Abort, which can take two
-    // seconds to end ranks on other hosts, ends this one before it blames the coordinator.
-    const double limit = options_.rank_timeout_s + kLaterReportSeconds +
+    WaitClock heard;
+    // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits
+    // kAbortTeardownSeconds more, so that when a third rank (another expert rank, or a host whose
+    // link is cut) is silent, the coordinator names it and its abort ends this rank first.
+    const double limit = options_.rank_timeout_s + kAbortTeardownSeconds +
                          (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
     for (;;) {
       int done = 0;
       CHECK_MPI(MPI_Test(&request_receive_, &done, &status));
       if (done) break;
-      if (take_heartbeats()) heard = std::chrono::steady_clock::now();
-      if (options_.heartbeat_s > 0 && seconds_since(heard) > limit)
+      if (take_heartbeats()) heard.restart();
+      if (options_.heartbeat_s > 0 && heard.elapsed() > limit)
         abort_job(fmt::format(
             "coordinator {} is silent: no request or heartbeat within {:.1f} s (--rank-timeout)",
             rank_identity().name_of(coordinator_), options_.rank_timeout_s));

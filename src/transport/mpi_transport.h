@@ -3,7 +3,7 @@
 // every wait polls against a deadline and names the silent peer. The coordinator also sends each
 // expert rank a heartbeat (wire::kTagControl) every heartbeat_s from its own thread (so MPI must
 // provide MPI_THREAD_MULTIPLE), so that an expert rank tells an idle coordinator from a stopped
-// one: nothing, request or heartbeat, for rank_timeout_s (plus kLaterReportSeconds, so that the
+// one: nothing, request or heartbeat, for rank_timeout_s (plus kAbortTeardownSeconds, so that the
 // coordinator names a silent third rank first) ends the job. An expert rank waiting for a request
 // answers every heartbeat, and the same thread of the coordinator names an expert rank that has
 // answered before, has no request outstanding, and has not answered for rank_timeout_s: a rank
@@ -30,7 +30,7 @@ namespace colibri {
 struct MpiTransportOptions {
   double rank_timeout_s = 300;  // longest wait for a peer within an exchange, and (expert rank,
                                 // with heartbeats) for the next request or heartbeat, plus
-                                // kLaterReportSeconds
+                                // kAbortTeardownSeconds
   double heartbeat_s = 0;       // period of the coordinator's heartbeat; 0: none (no deadline
                                 // for an idle expert rank then)
   ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
