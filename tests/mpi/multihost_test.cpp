@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <vector>
@@ -137,9 +139,11 @@ std::vector<std::string> generate_args(const std::string& fixture, int ngen) {
 // The lines of stderr that report an error of ours ("[rank r@host] error: ...").
 std::vector<std::string> error_lines(const JobResult& r) {
   std::vector<std::string> lines;
-  for (const std::string& line : lines_of(r.err))
+  for (std::string line : lines_of(r.err)) {
+    while (line.rfind("> ", 0) == 0) line.erase(0, 2);  // after a --chat prompt
     if (line.rfind("[rank ", 0) == 0 && line.find("] error: ") != std::string::npos)
       lines.push_back(line);
+  }
   return lines;
 }
 
@@ -206,15 +210,6 @@ constexpr int kFaultLayer = 2;  // an MoE layer of the GLM-5 parity model
 // Requests for that layer: the prompt's (one), then one per decode step: the third is decode.
 constexpr int kFaultRequest = 3;
 
-// The wall-clock time at which the faulting rank raised its signal, from its announcement.
-double fault_unix_s(const JobResult& r, int rank, int signal) {
-  const std::regex line("test fault: rank " + std::to_string(rank) + " raises signal " +
-                        std::to_string(signal) + " at ([0-9.]+)");
-  std::smatch match;
-  if (!std::regex_search(r.combined, match, line)) return -1;
-  return std::stod(match[1]);
-}
-
 // Every process of the job gone within kFaultLimitSeconds of the fault, exit non-zero, nothing
 // left in any namespace.
 void expect_ended_after_fault(const JobResult& r, double seconds_after_fault,
@@ -228,45 +223,171 @@ void expect_ended_after_fault(const JobResult& r, double seconds_after_fault,
   ::testing::Test::RecordProperty("seconds_after_fault", std::to_string(seconds_after_fault));
 }
 
-TEST_F(Multihost, AnExpertRankKilledOnAnotherHostDuringDecodeEndsTheJob) {
-  const int rank = 4;
-  std::vector<std::string> args = generate_args("glm5", 8);
-  args.insert(args.end(), {"--quiet", "--rank-timeout", "30"});
-  const JobResult r = run_across_hosts(
-      args,
-      {{"COLIBRI_TEST_FAULT", "kill:" + std::to_string(rank) + ":" + std::to_string(kFaultLayer) +
-                                  ":" + std::to_string(kFaultRequest)}});
-  const double fault = fault_unix_s(r, rank, SIGKILL);
-  ASSERT_GT(fault, 0) << describe(r);
-  expect_ended_after_fault(r, r.reaped_unix_s - fault, namespace_processes());
-  // Open MPI's report: "process rank 4 with PID ... on node NAME-h2 exited on signal 9".
-  const std::regex names_rank_and_host("rank " + std::to_string(rank) + " [^\n]*node " +
-                                       regex_escape(host_of_rank(rank)) + "[^\n]*signal 9");
-  EXPECT_TRUE(std::regex_search(r.combined, names_rank_and_host)) << describe(r);
-  EXPECT_EQ(r.combined.find("is silent"), std::string::npos) << describe(r);
-  EXPECT_LT(parse_tokens(r.out).size(), 8u) << describe(r);
+// The fault matrix: {kill -9, SIGSTOP, abort, exit(1)} x {the coordinator (rank 0 on the head),
+// an expert rank on another host (rank 4 on host 2)} x {start-up, weight loading, prefill, decode,
+// idle}. Faults inside the program come from COLIBRI_TEST_FAULT (expert ranks only in prefill and
+// decode); the coordinator in decode and either role while the coordinator idles in --chat get
+// the signal from the test (exit(1) cannot be sent, so those cells are absent). Every cell: every
+// process of the job gone within 10 s of the fault, exit non-zero, nothing left in any namespace,
+// and the rank named: by mpirun for a death ("process rank 4 ... on node NAME-h2 exited on signal
+// 9"; for exit(1) Open MPI names the rank without its host), by one error line for a stop.
+enum class Kind { kKill, kStop, kAbort, kExit };
+enum class Phase { kStartup, kLoad, kPrefill, kDecode, kIdle };
+
+struct Cell {
+  Kind kind;
+  int rank;
+  Phase phase;
+};
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::kKill:
+      return "kill";
+    case Kind::kStop:
+      return "stop";
+    case Kind::kAbort:
+      return "abort";
+    case Kind::kExit:
+      return "exit";
+  }
+  return "?";
+}
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kStartup:
+      return "startup";
+    case Phase::kLoad:
+      return "load";
+    case Phase::kPrefill:
+      return "prefill";
+    case Phase::kDecode:
+      return "decode";
+    case Phase::kIdle:
+      return "idle";
+  }
+  return "?";
+}
+int signal_of(Kind k) {
+  return k == Kind::kKill ? SIGKILL : k == Kind::kStop ? SIGSTOP : k == Kind::kAbort ? SIGABRT : 0;
 }
 
-TEST_F(Multihost, AnExpertRankStoppedOnAnotherHostDuringDecodeIsNamed) {
-  const int rank = 5;
-  const double timeout = 2;
-  std::vector<std::string> args = generate_args("glm5", 8);
-  args.insert(args.end(), {"--quiet", "--rank-timeout", "2"});
-  const JobResult r = run_across_hosts(
-      args,
-      {{"COLIBRI_TEST_FAULT", "stop:" + std::to_string(rank) + ":" + std::to_string(kFaultLayer) +
-                                  ":" + std::to_string(kFaultRequest)}});
-  const double fault = fault_unix_s(r, rank, SIGSTOP);
-  ASSERT_GT(fault, 0) << describe(r);
-  expect_ended_after_fault(r, r.reaped_unix_s - fault, namespace_processes());
-  EXPECT_GE(r.reaped_unix_s - fault, timeout) << "ended before the deadline\n" << describe(r);
-  const std::vector<std::string> lines = error_lines(r);
-  ASSERT_EQ(lines.size(), 1u) << describe(r);
-  EXPECT_EQ(lines[0], "[rank 0@" + host(0) + "] error: rank " + std::to_string(rank) + "@" +
-                          host_of_rank(rank) + " is silent: no reply within 2.0 s in the layer " +
-                          std::to_string(kFaultLayer) + " exchange (--rank-timeout)")
-      << describe(r);
+std::vector<Cell> fault_cells() {
+  std::vector<Cell> cells;
+  for (Kind kind : {Kind::kKill, Kind::kStop, Kind::kAbort, Kind::kExit}) {
+    for (int rank : {0, 4}) {
+      for (Phase phase :
+           {Phase::kStartup, Phase::kLoad, Phase::kPrefill, Phase::kDecode, Phase::kIdle}) {
+        const bool internal = phase == Phase::kStartup || phase == Phase::kLoad ||
+                              (rank != 0 && (phase == Phase::kPrefill || phase == Phase::kDecode));
+        const bool external = phase == Phase::kIdle || (rank == 0 && phase == Phase::kDecode);
+        if (!internal && !(external && kind != Kind::kExit)) continue;
+        cells.push_back({kind, rank, phase});
+      }
+    }
+  }
+  return cells;
 }
+
+class MultihostFault : public Multihost, public ::testing::WithParamInterface<Cell> {};
+
+TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
+  const Cell c = GetParam();
+  const std::string rank = std::to_string(c.rank);
+  // A stop is found by a deadline: short ones. A death is for mpirun to report: deadlines that
+  // cannot fire first.
+  const bool stop = c.kind == Kind::kStop;
+  const std::string rank_timeout = stop ? "1" : "30", startup_timeout = stop ? "2" : "30";
+  std::vector<std::string> args;
+  std::map<std::string, std::string> env;
+  std::optional<JobAction> action;
+  const auto signal_rank = [&](const std::string& after_output, double delay_s) {
+    const int r = c.rank, signal = signal_of(c.kind);
+    action = JobAction{after_output, delay_s, [r, signal](pid_t session, int&) {
+                         const pid_t pid = rank_pid(session, r);
+                         ASSERT_GT(pid, 0) << "no process for rank " << r;
+                         ::kill(pid, signal);
+                       }};
+  };
+  if (c.phase == Phase::kIdle) {
+    // --chat with stdin held open: the coordinator idles at its prompt.
+    args = {"--model", COLIBRI_EMBEDDED_MODEL, "--chat", "--quiet"};
+    signal_rank("> ", 0.5);
+  } else if (c.rank == 0 && c.phase == Phase::kDecode) {
+    // A long decode; the signal just after the first token.
+    args = generate_args("glm5", 3000);
+    const json meta = read_json(kParityDir / "glm5" / "golden" / "meta.json");
+    signal_rank(std::to_string(meta.at("greedy_ids").at(0).get<int>()) + " ", 0.2);
+  } else {
+    args = generate_args("glm5", 8);
+    std::string where = phase_name(c.phase);
+    if (c.phase == Phase::kPrefill) where = std::to_string(kFaultLayer) + ":1";
+    if (c.phase == Phase::kDecode)
+      where = std::to_string(kFaultLayer) + ":" + std::to_string(kFaultRequest);
+    env["COLIBRI_TEST_FAULT"] = std::string(kind_name(c.kind)) + ":" + rank + ":" + where;
+  }
+  args.insert(args.end(), {"--rank-timeout", rank_timeout, "--startup-timeout", startup_timeout});
+  const JobResult r = run_across_hosts(args, env, action ? &*action : nullptr);
+
+  double seconds_after_fault = -1;
+  if (action) {
+    ASSERT_GT(r.action_elapsed_s, 0) << "the fault was not injected\n" << describe(r);
+    seconds_after_fault = r.elapsed_s - r.action_elapsed_s;
+  } else {
+    const std::regex announced(
+        c.kind == Kind::kExit ? "test fault: rank " + rank + " exits with status 1 at ([0-9.]+)"
+                              : "test fault: rank " + rank + " raises signal " +
+                                    std::to_string(signal_of(c.kind)) + " at ([0-9.]+)");
+    std::smatch match;
+    ASSERT_TRUE(std::regex_search(r.combined, match, announced)) << describe(r);
+    seconds_after_fault = r.reaped_unix_s - std::stod(match[1]);
+  }
+  expect_ended_after_fault(r, seconds_after_fault, namespace_processes());
+
+  const std::string fault_host = host_of_rank(c.rank);
+  const std::vector<std::string> lines = error_lines(r);
+  if (c.kind == Kind::kStop) {
+    ASSERT_EQ(lines.size(), 1u) << describe(r);
+    std::string expected;
+    if (c.phase == Phase::kStartup) {
+      // Before the hosts are exchanged, a rank knows only its own.
+      expected = c.rank == 0 ? "rank 0@\\S+ is silent: did not reach start-up"
+                             : "rank 4@\\S+ is silent: did not reach start-up";
+    } else if (c.phase == Phase::kLoad) {
+      expected =
+          "rank " + rank + "@" + regex_escape(fault_host) + " is silent: did not reach start-up";
+    } else if (c.rank == 0) {
+      expected = "coordinator rank 0@" + regex_escape(fault_host) +
+                 " is silent: no request or heartbeat within 1.0 s";
+    } else if (c.phase == Phase::kIdle) {
+      expected = "rank 4@" + regex_escape(fault_host) +
+                 " is silent: no answer to the coordinator's heartbeats within 1.0 s";
+    } else {
+      expected = "rank 4@" + regex_escape(fault_host) + " is silent: no reply within 1.0 s";
+    }
+    // The reporter: the coordinator, or the first expert rank for a silent coordinator.
+    const std::string reporter = c.rank == 0 ? "rank 1@" + host_of_rank(1) : "rank 0@" + host(0);
+    EXPECT_TRUE(std::regex_search(
+        lines[0], std::regex("^\\[" + regex_escape(reporter) + "\\] error: " + expected)))
+        << lines[0];
+  } else {
+    EXPECT_TRUE(lines.empty()) << "a death is reported by mpirun\n" << describe(r);
+    const std::regex names =
+        c.kind == Kind::kExit
+            ? std::regex("Process name: \\[\\[[0-9]+,1\\]," + rank + "\\]\\s+Exit code: +1")
+            : std::regex("rank " + rank + " [^\\n]*node " + regex_escape(fault_host) +
+                         "[^\\n]*signal " + std::to_string(signal_of(c.kind)));
+    EXPECT_TRUE(std::regex_search(r.combined, names)) << describe(r);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, MultihostFault, ::testing::ValuesIn(fault_cells()),
+                         [](const auto& param_info) {
+                           const Cell& c = param_info.param;
+                           return std::string(kind_name(c.kind)) + "_" +
+                                  (c.rank == 0 ? "coordinator" : "expert_other_host") + "_" +
+                                  phase_name(c.phase);
+                         });
 
 TEST_F(Multihost, ALinkCutDuringDecodeEndsTheJob) {
   // A long decode; host 2's link goes down just after the first token.
