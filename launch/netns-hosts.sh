@@ -4,6 +4,7 @@
 #
 #   launch/netns-hosts.sh up N [--name NAME] [--head-slots S] [--slots S]
 #   launch/netns-hosts.sh down [--name NAME]
+#   launch/netns-hosts.sh link none|10g|25g|100g [--name NAME]
 #   launch/netns-hosts.sh gc
 #
 # `up` makes namespaces NAME-head (where mpirun runs) and NAME-h1 .. NAME-hN, each with one veth
@@ -25,6 +26,10 @@
 # `up` on a name that exists first takes the old set down. `down` removes the namespaces (killing
 # any process left in them) and the state directory; it succeeds when there is nothing to remove.
 # Without the privilege to make namespaces, `up` exits with status 77 and one line saying why.
+# `link` shapes every host's link, both directions, as an Ethernet of that speed: the rate with
+# tc tbf (burst one 250 Hz tick at the rate, at least 64 KiB), plus a one-way delay of 10, 5 or
+# 2 us with tc netem where the kernel has sch_netem (otherwise it says so and shapes the rate
+# only); `none` removes the shaping.
 set -euo pipefail
 
 readonly SUBNET_PREFIX=198.18.0
@@ -36,7 +41,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'
   exit 2
 }
 
@@ -201,6 +206,55 @@ up() {
     "run: $(state_dir "$name")/mpirun -np N PROGRAM"
 }
 
+# Shapes the links of set $1 as model $2 (see the header).
+link() {
+  local name=$1 model=$2 rate delay_us
+  case $model in
+    none) rate="" ;;
+    10g) rate=10 delay_us=10 ;;
+    25g) rate=25 delay_us=5 ;;
+    100g) rate=100 delay_us=2 ;;
+    *) die "link model '$model' is unknown (none, 10g, 25g, 100g)" ;;
+  esac
+  ip netns list | grep -q "^${name}-net\b" || die "no namespace hosts named '$name' (up first)"
+  local devices=() ns i
+  # Each direction of host i's link: its eth0 (out of the host), and v_i on the bridge (into it).
+  for ns in $(namespaces_of "$name"); do
+    [[ $ns == "${name}-net" ]] && continue
+    devices+=("$ns eth0")
+    if [[ $ns == "${name}-head" ]]; then i=0; else i=${ns##*-h}; fi
+    devices+=("${name}-net v${i}")
+  done
+  local netem=0
+  if [[ -n $rate ]] && ip netns exec "${name}-net" tc qdisc add dev lo root netem delay 1us 2>/dev/null; then
+    ip netns exec "${name}-net" tc qdisc del dev lo root
+    netem=1
+  fi
+  local burst=$((rate * 1000000000 / 8 / 250))
+  ((burst < 65536)) && burst=65536
+  local device
+  for device in "${devices[@]}"; do
+    read -r ns dev <<<"$device"
+    ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+    [[ -z $rate ]] && continue
+    if ((netem)); then
+      ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: netem delay "${delay_us}us"
+      ip netns exec "$ns" tc qdisc add dev "$dev" parent 1: handle 2: tbf rate "${rate}gbit" \
+        burst "$burst" latency 10ms
+    else
+      ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "${rate}gbit" burst "$burst" \
+        latency 10ms
+    fi
+  done
+  if [[ -z $rate ]]; then
+    echo "netns-hosts: ${name}: links unshaped"
+  elif ((netem)); then
+    echo "netns-hosts: ${name}: links at ${rate} Gbit/s, ${delay_us} us one way"
+  else
+    echo "netns-hosts: ${name}: links at ${rate} Gbit/s; no added delay (this kernel has no sch_netem)"
+  fi
+}
+
 # Removes every set whose state directory names an owner pid that is gone.
 gc() {
   local root=/run/colibri-netns owner dir
@@ -219,7 +273,7 @@ gc() {
 command=$1
 shift
 count=""
-if [[ $command == up ]]; then
+if [[ $command == up || $command == link ]]; then
   (($# >= 1)) || usage
   count=$1
   shift
@@ -238,7 +292,7 @@ while (($#)); do
 done
 check_name "$name"
 [[ $head_slots =~ ^[0-9]+$ && $slots =~ ^[1-9][0-9]*$ ]] || die "slots must be counts"
-if [[ $command != up && $command != down && $command != gc ]]; then usage; fi
+if [[ $command != up && $command != down && $command != gc && $command != link ]]; then usage; fi
 if [[ $command != up && $(id -u) != 0 ]]; then
   echo "netns-hosts: cannot remove namespaces: needs root" >&2
   exit 77
@@ -247,4 +301,5 @@ case $command in
   up) up "$name" "$count" "$head_slots" "$slots" ;;
   down) down "$name" ;;
   gc) gc ;;
+  link) link "$name" "$count" ;;
 esac
