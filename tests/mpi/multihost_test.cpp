@@ -205,7 +205,7 @@ INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality, ::testing::Values("glm
 
 // ---- faults on another host --------------------------------------------------------------------
 
-// Rank 4 (host 2) and rank 5 (host 3) are expert ranks on hosts other than the coordinator's.
+// The faulting expert rank is rank 4, on host 2; the coordinator is alone on the head.
 constexpr int kFaultLayer = 2;  // an MoE layer of the GLM-5 parity model
 // Requests for that layer: the prompt's (one), then one per decode step: the third is decode.
 constexpr int kFaultRequest = 3;
