@@ -116,8 +116,9 @@ write_state() {
   # The agent: Open MPI calls it as `rsh [options] HOST COMMAND...` (ssh style, the command as
   # words for a remote shell). It runs the command in HOST's namespace under a shell, as sshd
   # would, and acts as an ssh connection with keep-alives would: when mpirun (its parent) goes
-  # away, or HOST's link is down for 1.5 s, it ends the command's process group and exits 255,
-  # so that mpirun learns that it lost the daemon there instead of waiting for it.
+  # away, or the link of HOST or of the head is down for 1.5 s (the path between them), it ends
+  # the command's process group and exits 255, so that mpirun learns that it lost the daemon
+  # there instead of waiting for it.
   cat >"$dir/rsh" <<EOF
 #!/usr/bin/env bash
 # rsh agent for the namespace hosts ${name}: see launch/netns-hosts.sh.
@@ -146,10 +147,11 @@ while kill -0 "\$child" 2>/dev/null; do
     kill -KILL -- -\$child 2>/dev/null
     exit 255
   fi
-  if ip -n "\$ns" -o link show eth0 2>/dev/null | grep -q 'state UP'; then
+  if ip -n "\$ns" -o link show eth0 2>/dev/null | grep -q 'state UP' &&
+    ip -n ${name}-head -o link show eth0 2>/dev/null | grep -q 'state UP'; then
     misses=0
   elif ((++misses >= 3)); then
-    echo "netns rsh: connection to \$host lost (its link is down)" >&2
+    echo "netns rsh: connection to \$host lost (a link between it and the head is down)" >&2
     kill -KILL -- -\$child 2>/dev/null
     exit 255
   fi
