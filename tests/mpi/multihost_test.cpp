@@ -1,10 +1,11 @@
 // colibri-node across hosts: a head and three host namespaces made by launch/netns-hosts.sh,
-// `mpirun -np 7` across them over Open MPI's TCP transport only (1 rank on the head, 2 on each
-// host). The distributed logits equal the single process's within 1e-5 on a GLM-5 and a
-// DeepSeek-V3 parity model; faults on another host end every process of the job within 10 s,
-// non-zero, with a line naming rank@host. Skipped, with the reason, where namespaces cannot be
-// made. Each test binary run has its own set of namespaces (named after its pid), taken down at
-// the end, also after failures; sets left by a killed run are removed by the next (`gc`).
+// `mpirun -np 7` across them over Open MPI's TCP transport only (the coordinator and an expert
+// rank on the head, then 2, 2 and 1 expert ranks on the hosts). The distributed logits equal the
+// single process's within 1e-5 on a GLM-5 and a DeepSeek-V3 parity model; faults on another host
+// end every process of the job within 10 s, non-zero, with a line naming rank@host. Skipped, with
+// the reason, where namespaces cannot be made. Each test binary run has its own set of namespaces
+// (named after its pid), taken down at the end, also after failures; sets left by a killed run are
+// removed by the next (`gc`).
 #include <signal.h>
 #include <unistd.h>
 
@@ -31,7 +32,7 @@ using namespace colibri::test;  // NOLINT(google-build-using-namespace): the job
 const fs::path kScript = fs::path(COLIBRI_SOURCE_DIR) / "launch" / "netns-hosts.sh";
 const fs::path kParityDir = fs::path(COLIBRI_TEST_DATA) / "parity";
 constexpr int kHosts = 3;
-constexpr int kRanks = 7;  // rank 0 on the head, ranks 2i-1 and 2i on host i
+constexpr int kRanks = 7;  // ranks 0 and 1 on the head, 2i and 2i+1 on host i (6 on host 3)
 // Every process of a job is gone within this of a fault.
 constexpr double kFaultLimitSeconds = 10;
 
@@ -66,7 +67,7 @@ class Multihost : public ::testing::Test {
   static fs::path state_dir() { return fs::path("/run/colibri-netns") / name_; }
   static fs::path mpirun() { return state_dir() / "mpirun"; }
   static std::string host(int i) { return name_ + (i == 0 ? "-head" : "-h" + std::to_string(i)); }
-  static std::string host_of_rank(int rank) { return host((rank + 1) / 2); }
+  static std::string host_of_rank(int rank) { return host(rank < 2 ? 0 : rank / 2); }
 
   static void SetUpTestSuite() {
     name_ = "cmh" + std::to_string(::getpid());
@@ -75,9 +76,10 @@ class Multihost : public ::testing::Test {
       return;
     }
     run_command("bash " + quoted(kScript.string()) + " gc");
-    const CommandResult up = run_command("env COLIBRI_NETNS_OWNER=" + std::to_string(::getpid()) +
-                                         " bash " + quoted(kScript.string()) + " up " +
-                                         std::to_string(kHosts) + " --name " + name_);
+    const CommandResult up =
+        run_command("env COLIBRI_NETNS_OWNER=" + std::to_string(::getpid()) + " bash " +
+                    quoted(kScript.string()) + " up " + std::to_string(kHosts) +
+                    " --head-slots 2 --name " + name_);
     if (up.exit_code == 77) {
       skip_reason_ = up.output;
     } else if (up.exit_code != 0) {
@@ -205,7 +207,7 @@ INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality, ::testing::Values("glm
 
 // ---- faults on another host --------------------------------------------------------------------
 
-// The faulting expert rank is rank 4, on host 2; the coordinator is alone on the head.
+// The faulting expert ranks: rank 4 on host 2, rank 1 beside the coordinator on the head.
 constexpr int kFaultLayer = 2;  // an MoE layer of the GLM-5 parity model
 // Requests for that layer: the prompt's (one), then one per decode step: the third is decode.
 constexpr int kFaultRequest = 3;
@@ -225,12 +227,13 @@ void expect_ended_after_fault(const JobResult& r, double seconds_after_fault,
 
 // The fault matrix: {kill -9, SIGSTOP, abort, exit(1)} x {the coordinator (rank 0 on the head),
 // an expert rank on another host (rank 4 on host 2)} x {start-up, weight loading, prefill, decode,
-// idle}. Faults inside the program come from COLIBRI_TEST_FAULT (expert ranks only in prefill and
-// decode); the coordinator in decode and either role while the coordinator idles in --chat get
-// the signal from the test (exit(1) cannot be sent, so those cells are absent). Every cell: every
-// process of the job gone within 10 s of the fault, exit non-zero, nothing left in any namespace,
-// and the rank named: by mpirun for a death ("process rank 4 ... on node NAME-h2 exited on signal
-// 9"; for exit(1) Open MPI names the rank without its host), by one error line for a stop.
+// idle}, and kill and stop of the expert rank beside the coordinator (rank 1) in decode and idle.
+// Faults inside the program come from COLIBRI_TEST_FAULT (expert ranks only in prefill and decode);
+// the coordinator in decode and either role while the coordinator idles in --chat get the signal
+// from the test (exit(1) cannot be sent, so those cells are absent). Every cell: every process of
+// the job gone within 10 s of the fault, exit non-zero, nothing left in any namespace, and the rank
+// named: by mpirun for a death ("process rank 4 ... on node NAME-h2 exited on signal 9"; for
+// exit(1) Open MPI names the rank without its host), by one error line for a stop.
 enum class Kind { kKill, kStop, kAbort, kExit };
 enum class Phase { kStartup, kLoad, kPrefill, kDecode, kIdle };
 
@@ -275,9 +278,13 @@ int signal_of(Kind k) {
 std::vector<Cell> fault_cells() {
   std::vector<Cell> cells;
   for (Kind kind : {Kind::kKill, Kind::kStop, Kind::kAbort, Kind::kExit}) {
-    for (int rank : {0, 4}) {
+    for (int rank : {0, 1, 4}) {
       for (Phase phase :
            {Phase::kStartup, Phase::kLoad, Phase::kPrefill, Phase::kDecode, Phase::kIdle}) {
+        // The expert rank beside the coordinator: kill and stop, in decode and idle.
+        if (rank == 1 && ((kind != Kind::kKill && kind != Kind::kStop) ||
+                          (phase != Phase::kDecode && phase != Phase::kIdle)))
+          continue;
         const bool internal = phase == Phase::kStartup || phase == Phase::kLoad ||
                               (rank != 0 && (phase == Phase::kPrefill || phase == Phase::kDecode));
         const bool external = phase == Phase::kIdle || (rank == 0 && phase == Phase::kDecode);
@@ -351,8 +358,7 @@ TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
     std::string expected;
     if (c.phase == Phase::kStartup) {
       // Before the hosts are exchanged, a rank knows only its own.
-      expected = c.rank == 0 ? "rank 0@\\S+ is silent: did not reach start-up"
-                             : "rank 4@\\S+ is silent: did not reach start-up";
+      expected = "rank " + rank + "@\\S+ is silent: did not reach start-up";
     } else if (c.phase == Phase::kLoad) {
       expected =
           "rank " + rank + "@" + regex_escape(fault_host) + " is silent: did not reach start-up";
@@ -360,10 +366,11 @@ TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
       expected = "coordinator rank 0@" + regex_escape(fault_host) +
                  " is silent: no request or heartbeat within 1.0 s";
     } else if (c.phase == Phase::kIdle) {
-      expected = "rank 4@" + regex_escape(fault_host) +
+      expected = "rank " + rank + "@" + regex_escape(fault_host) +
                  " is silent: no answer to the coordinator's heartbeats within 1.0 s";
     } else {
-      expected = "rank 4@" + regex_escape(fault_host) + " is silent: no reply within 1.0 s";
+      expected =
+          "rank " + rank + "@" + regex_escape(fault_host) + " is silent: no reply within 1.0 s";
     }
     // The reporter: the coordinator, or the first expert rank for a silent coordinator.
     const std::string reporter = c.rank == 0 ? "rank 1@" + host_of_rank(1) : "rank 0@" + host(0);
@@ -385,8 +392,10 @@ INSTANTIATE_TEST_SUITE_P(Matrix, MultihostFault, ::testing::ValuesIn(fault_cells
                          [](const auto& param_info) {
                            const Cell& c = param_info.param;
                            return std::string(kind_name(c.kind)) + "_" +
-                                  (c.rank == 0 ? "coordinator" : "expert_other_host") + "_" +
-                                  phase_name(c.phase);
+                                  (c.rank == 0   ? "coordinator"
+                                   : c.rank == 1 ? "expert_head_host"
+                                                 : "expert_other_host") +
+                                  "_" + phase_name(c.phase);
                          });
 
 TEST_F(Multihost, ALinkCutDuringDecodeEndsTheJob) {
@@ -408,7 +417,7 @@ TEST_F(Multihost, ALinkCutDuringDecodeEndsTheJob) {
   // The coordinator names a rank of the cut host.
   const std::vector<std::string> lines = error_lines(r);
   ASSERT_EQ(lines.size(), 1u) << describe(r);
-  const std::regex silent("\\[rank 0@" + regex_escape(host(0)) + "\\] error: rank [34]@" +
+  const std::regex silent("\\[rank 0@" + regex_escape(host(0)) + "\\] error: rank [45]@" +
                           regex_escape(cut_host) +
                           " is silent: no reply within 2\\.0 s in the layer [0-9]+ exchange "
                           "\\(--rank-timeout\\)");
