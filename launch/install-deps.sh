@@ -14,6 +14,7 @@ packages=(
   libpcre2-dev libutf8proc-dev  # tokenizer: pre-tokenizer regexes (PCRE2 >= 10.40), NFC
   pkg-config                    # finds the two above
   libcpp-httplib-dev            # HTTP server of --serve (cpp-httplib 0.11)
+  iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
 )
 
 missing=()

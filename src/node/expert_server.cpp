@@ -15,12 +15,23 @@ namespace colibri {
 
 namespace {
 
-void announce_signal(int rank, int signal) {
+// Announces the fault with its wall-clock time, then raises the signal (a stopped rank goes on
+// when continued), or exits with status 1 (signal 0) without MPI_Finalize.
+void raise_fault(int rank, int signal) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n", rank, signal,
-               now);
+  if (signal == 0)
+    std::fprintf(stderr, "colibri-node test fault: rank %d exits with status 1 at %.3f\n", rank,
+                 now);
+  else
+    std::fprintf(stderr, "colibri-node test fault: rank %d raises signal %d at %.3f\n", rank,
+                 signal, now);
   std::fflush(stderr);
+  if (signal != 0) {
+    std::raise(signal);
+    return;
+  }
+  std::_Exit(1);
 }
 
 }  // namespace
@@ -36,8 +47,8 @@ TestFault test_fault_from_env(int rank) {
   if (fields < 3 || after < 1)
     fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER] or KIND:RANK:startup|load", spec);
   const std::string k = kind, w = where;
-  if (k != "corrupt" && k != "kill" && k != "stop")
-    fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, corrupt)", k);
+  if (k != "corrupt" && k != "kill" && k != "stop" && k != "abort" && k != "exit")
+    fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, abort, exit, corrupt)", k);
   int layer = -1;
   TestFault::Stage stage = TestFault::kNone;
   if (w == "startup" || w == "load") {
@@ -54,7 +65,7 @@ TestFault test_fault_from_env(int rank) {
   } else {
     fault.signal_at_layer = layer;
     fault.signal_at_stage = stage;
-    fault.signal = k == "kill" ? SIGKILL : SIGSTOP;
+    fault.signal = k == "kill" ? SIGKILL : k == "stop" ? SIGSTOP : k == "abort" ? SIGABRT : 0;
     fault.signal_after = after;
   }
   return fault;
@@ -62,8 +73,7 @@ TestFault test_fault_from_env(int rank) {
 
 void raise_test_fault(const TestFault& fault, TestFault::Stage stage, int rank) {
   if (fault.signal_at_stage == TestFault::kNone || fault.signal_at_stage != stage) return;
-  announce_signal(rank, fault.signal);
-  std::raise(fault.signal);
+  raise_fault(rank, fault.signal);
 }
 
 void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
@@ -73,8 +83,7 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
   int fault_layer_requests = 0;
   while (channel.receive(request)) {
     if (request.layer == fault.signal_at_layer && ++fault_layer_requests == fault.signal_after) {
-      announce_signal(profiler.counters().rank, fault.signal);
-      std::raise(fault.signal);
+      raise_fault(profiler.counters().rank, fault.signal);
     }
     const size_t values = size_t(request.n_rows) * hidden;
     if (partial.size() < values) partial.resize(values);

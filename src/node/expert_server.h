@@ -8,16 +8,17 @@
 
 namespace colibri {
 
-// Test hook COLIBRI_TEST_FAULT="kill|stop|corrupt:RANK:LAYER[:AFTER]": that expert rank kills
-// itself, stops itself, or corrupts its reply when serving LAYER (kill and stop: the AFTER-th
-// request for LAYER, counting from 1; default the first). LAYER may instead name a start-up point
-// (kill or stop only): "startup" (before the ranks compare their argument checks) or "load"
-// (after the handshake, before loading weights); those apply to any rank, the coordinator too.
+// Test hook COLIBRI_TEST_FAULT="kill|stop|abort|exit|corrupt:RANK:LAYER[:AFTER]": that expert rank
+// kills itself (SIGKILL), stops itself (SIGSTOP), aborts (SIGABRT), exits with status 1 without
+// MPI_Finalize, or corrupts its reply when serving LAYER (all but corrupt: at the AFTER-th request
+// for LAYER, counting from 1; default the first). LAYER may instead name a start-up point (not
+// with corrupt): "startup" (before the ranks compare their argument checks) or "load" (after the
+// handshake, before loading weights); those apply to any rank, the coordinator too.
 struct TestFault {
   enum Stage { kNone, kStartup, kLoad };
-  int signal_at_layer = -1;       // raise `signal` when a request for this layer arrives
-  Stage signal_at_stage = kNone;  // or at this start-up point
-  int signal = 0;
+  int signal_at_layer = -1;         // raise `signal` when a request for this layer arrives
+  Stage signal_at_stage = kNone;    // or at this start-up point
+  int signal = 0;                   // 0: exit with status 1 instead
   int signal_after = 1;             // which request for that layer
   int corrupt_reply_at_layer = -1;  // flip a byte of the reply (the transport does it)
 };

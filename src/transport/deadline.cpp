@@ -55,6 +55,20 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+WaitClock::WaitClock() : start_(std::chrono::steady_clock::now()), last_poll_(start_) {}
+
+double WaitClock::elapsed() {
+  const auto now = std::chrono::steady_clock::now();
+  const auto gap = now - last_poll_;
+  if (std::chrono::duration<double>(gap).count() > kPauseSeconds) start_ += gap;
+  last_poll_ = now;
+  return std::chrono::duration<double>(now - start_).count();
+}
+
+void WaitClock::restart() {
+  start_ = last_poll_ = std::chrono::steady_clock::now();
+}
+
 std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::string& bytes,
                                        const Deadline& deadline) {
   const auto start = std::chrono::steady_clock::now();
@@ -158,7 +172,7 @@ std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
   receive(start, deadline.seconds, "did not reach");
   // The root waits deadline.seconds at most for the others, then answers or ends the job.
   std::string answer = receive(std::chrono::steady_clock::now(),
-                               deadline.seconds + kLaterReportSeconds, "no answer at");
+                               deadline.seconds + kAbortTeardownSeconds, "no answer at");
   wait_sends(send, {root}, deadline, start);
   return answer;
 }

@@ -35,10 +35,32 @@ class Backoff {
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 
+// Seconds waited for a peer, polled in a loop, leaving out the time this process itself did not
+// run: a gap of more than kPauseSeconds between two polls (the process was stopped, or not
+// scheduled) is not counted, so that a rank continued after a SIGSTOP does not blame its peers
+// for its own absence.
+class WaitClock {
+ public:
+  static constexpr double kPauseSeconds = 1.0;
+  WaitClock();
+  double elapsed();  // call once per poll
+  void restart();
+
+ private:
+  std::chrono::steady_clock::time_point start_, last_poll_;
+};
+
+// Open MPI ends the ranks on other hosts about 2 s after one of them calls MPI_Abort (its
+// launcher's SIGCONT, SIGTERM and SIGKILL steps, odls_base_sigkill_timeout = 1 s apart; measured
+// across network namespaces). A rank that waits on a rank which is itself waiting on a third (an
+// expert rank on the coordinator in an exchange, a rank on the root of a start-up step) waits
+// this much longer, so that the rank that knows who is silent reports, and its abort ends the
+// others before they blame it.
+constexpr double kAbortTeardownSeconds = 4.0;
 // When every rank but one waits on that one (the root of a collective, or the coordinator), the
 // first of them reports it at the deadline and the others this much later: by then the first
-// one's MPI_Abort has usually ended the job, and the user reads one report, not one per rank.
-constexpr double kLaterReportSeconds = 2.0;
+// one's MPI_Abort has ended the job, and the user reads one report, not one per rank.
+constexpr double kLaterReportSeconds = kAbortTeardownSeconds;
 // Whether `rank` is the one that reports a silent `awaited` rank first.
 inline bool reports_first(int rank, int awaited) {
   return rank == (awaited == 0 ? 1 : 0);
@@ -55,8 +77,8 @@ std::vector<std::string> gather_within(MPI_Comm comm, int root, const std::strin
 // tells every rank when it has arrived, so that a rank waiting for it blames the right one: the
 // root names the ranks that did not arrive within deadline.seconds of its own arrival; a rank
 // names the root when it did not arrive within deadline.seconds, or did not answer within
-// deadline.seconds more. Past the first rank to report a silent root, the others wait
-// kLaterReportSeconds longer.
+// deadline.seconds + kAbortTeardownSeconds more. Past the first rank to report a silent root, the
+// others wait kLaterReportSeconds longer.
 std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
                          const std::function<std::string(const std::vector<std::string>&)>& decide,
                          const Deadline& deadline);

@@ -29,6 +29,12 @@ const wire::Header& heartbeat_header() {
   return header;
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void require_host_f32(ConstView v, const char* what) {
   if (v.device != Device::kHost || v.type != ElemType::kF32)
     fail("the MPI transport takes {} as fp32 host memory", what);
@@ -67,6 +73,12 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       peer.recv.resize(reply_bytes);
     }
     active_.reserve(peers_.size());
+    heard_ns_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
+    busy_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
+    for (size_t i = 0; i < peers_.size(); ++i) {
+      heard_ns_[i] = 0;
+      busy_[i] = false;
+    }
     row_f32_.resize(size_t(shape_.hidden));
     if (options_.heartbeat_s > 0 && !peers_.empty())
       heartbeat_ = std::thread([this] { send_heartbeats(); });
@@ -88,6 +100,8 @@ MpiTransport::~MpiTransport() {
     MPI_Cancel(receive);
     MPI_Request_free(receive);
   }
+  // The answer header is static: a send still in flight may complete on its own.
+  if (answer_send_ != MPI_REQUEST_NULL) MPI_Request_free(&answer_send_);
 }
 
 void MpiTransport::post_request_receive() {
@@ -105,6 +119,7 @@ void MpiTransport::send_heartbeats() {
   // One heartbeat in flight per peer: a peer that does not take them gets no more.
   std::vector<MPI_Request> sends(peers_.size(), MPI_REQUEST_NULL);
   std::unique_lock lock(heartbeat_mutex_);
+  int64_t last_round = 0;
   for (;;) {
     for (size_t i = 0; i < peers_.size(); ++i) {
       if (sends[i] != MPI_REQUEST_NULL) {
@@ -115,11 +130,61 @@ void MpiTransport::send_heartbeats() {
         CHECK_MPI(MPI_Isend(&heartbeat_header(), int(kHeaderBytes), MPI_BYTE, peers_[i].rank,
                             wire::kTagControl, comm_, &sends[i]));
     }
+    take_answers();
+    // After a pause of this process (stopped, or not scheduled), the peers' answers to the
+    // heartbeats it did not send are not missing: their silence counts from now.
+    const int64_t now = now_ns();
+    if (last_round != 0 &&
+        now - last_round > int64_t((options_.heartbeat_s + WaitClock::kPauseSeconds) * 1e9)) {
+      for (size_t i = 0; i < peers_.size(); ++i)
+        if (heard_ns_[i] != 0) heard_ns_[i] = now;
+    }
+    last_round = now;
+    check_idle_peers();
     if (heartbeat_wake_.wait_for(lock, period, [this] { return heartbeat_stop_; })) break;
   }
   // The header is static: a send still in flight may complete on its own.
   for (MPI_Request& send : sends)
     if (send != MPI_REQUEST_NULL) MPI_Request_free(&send);
+}
+
+void MpiTransport::take_answers() {
+  for (;;) {
+    int found = 0;
+    MPI_Message message;
+    MPI_Status status;
+    CHECK_MPI(MPI_Improbe(MPI_ANY_SOURCE, wire::kTagControl, comm_, &found, &message, &status));
+    if (!found) return;
+    int count = 0;
+    CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    std::vector<std::byte> bytes(size_t(std::max(count, 0)));
+    CHECK_MPI(MPI_Mrecv(bytes.data(), count, MPI_BYTE, &message, MPI_STATUS_IGNORE));
+    const int source = status.MPI_SOURCE;
+    const int index =
+        source >= 0 && size_t(source) < owner_peer_.size() ? owner_peer_[size_t(source)] : -1;
+    wire::Header h{};
+    if (bytes.size() == kHeaderBytes) std::memcpy(&h, bytes.data(), kHeaderBytes);
+    if (index < 0 || bytes.size() != kHeaderBytes || h.magic != wire::kMagic ||
+        h.version != wire::kProtocolVersion || h.opcode != uint16_t(wire::Opcode::kHeartbeat))
+      abort_job(fmt::format("corrupted control message from {}: {} bytes, opcode {}",
+                            rank_identity().name_of(source), count, h.opcode));
+    heard_ns_[size_t(index)] = now_ns();
+  }
+}
+
+void MpiTransport::check_idle_peers() {
+  const int64_t now = now_ns();
+  const auto limit_ns = int64_t(options_.rank_timeout_s * 1e9);
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    const int64_t heard = heard_ns_[i];
+    // Not yet answered (still starting), or holding a request (combine has its deadline).
+    if (heard == 0 || busy_[i]) continue;
+    if (now - heard > limit_ns)
+      abort_job(fmt::format(
+          "{} is silent: no answer to the coordinator's heartbeats within {:.1f} s while it "
+          "waited for a request (--rank-timeout)",
+          rank_identity().name_of(peers_[i].rank), options_.rank_timeout_s));
+  }
 }
 
 void MpiTransport::stop_heartbeat() {
@@ -149,12 +214,19 @@ bool MpiTransport::take_heartbeats() {
                             rank_identity().name_of(coordinator_), count, h.opcode));
     any = true;
     post_control_receive();
+    // Answer, one answer in flight at most: the coordinator learns this rank is waiting.
+    int answered = 1;
+    if (answer_send_ != MPI_REQUEST_NULL)
+      CHECK_MPI(MPI_Test(&answer_send_, &answered, MPI_STATUS_IGNORE));
+    if (answered)
+      CHECK_MPI(MPI_Isend(&heartbeat_header(), int(kHeaderBytes), MPI_BYTE, coordinator_,
+                          wire::kTagControl, comm_, &answer_send_));
   }
 }
 
 void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                             const char* what, int layer) {
-  const auto start = std::chrono::steady_clock::now();
+  WaitClock clock;
   Backoff backoff;
   for (;;) {
     bool all_done = true;
@@ -165,7 +237,7 @@ void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vect
       if (!done) all_done = false;
     }
     if (all_done) return;
-    if (seconds_since(start) > options_.rank_timeout_s) {
+    if (clock.elapsed() > options_.rank_timeout_s) {
       for (size_t i = 0; i < requests.size(); ++i)
         if (*requests[i] != MPI_REQUEST_NULL)
           abort_job(fmt::format(
@@ -201,6 +273,7 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     Peer& peer = peers_[size_t(index)];
     peer.share = &share;
     active_.push_back(&peer);
+    busy_[size_t(index)] = true;
     const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
     if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
     std::byte* payload = peer.send.data() + kHeaderBytes;
@@ -261,7 +334,7 @@ void MpiTransport::combine(View out) {
   {
     auto scope = profiler_.scope(Phase::kWaitSlowest, layer_);
     std::vector<MPI_Status> statuses(requests.size());
-    const auto start = std::chrono::steady_clock::now();
+    WaitClock clock;
     Backoff backoff;
     size_t remaining = requests.size();
     int last = -1;
@@ -273,12 +346,17 @@ void MpiTransport::combine(View out) {
         CHECK_MPI(MPI_Test(requests[i], &done, &statuses[i]));
         if (!done) continue;
         CHECK_MPI(MPI_Get_count(&statuses[i], MPI_BYTE, &counts[i]));
+        {
+          const auto index = size_t(owner_peer_[size_t(ranks[i])]);
+          if (heard_ns_[index] != 0) heard_ns_[index] = now_ns();
+          busy_[index] = false;
+        }
         profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
         last = int(i);
         --remaining;
       }
       if (remaining == 0) break;
-      if (seconds_since(start) > options_.rank_timeout_s) {
+      if (clock.elapsed() > options_.rank_timeout_s) {
         for (size_t i = 0; i < requests.size(); ++i)
           if (*requests[i] != MPI_REQUEST_NULL)
             abort_job(fmt::format(
@@ -348,15 +426,18 @@ bool MpiTransport::receive(ExpertRequest& request) {
     auto scope = profiler_.scope(Phase::kRecvWait, layer_);
     Backoff backoff;
     // Heartbeats that arrived while this rank computed count from now on.
-    auto heard = std::chrono::steady_clock::now();
-    const double limit =
-        options_.rank_timeout_s + (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
+    WaitClock heard;
+    // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits
+    // kAbortTeardownSeconds more, so that when a third rank (another expert rank, or a host whose
+    // link is cut) is silent, the coordinator names it and its abort ends this rank first.
+    const double limit = options_.rank_timeout_s + kAbortTeardownSeconds +
+                         (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
     for (;;) {
       int done = 0;
       CHECK_MPI(MPI_Test(&request_receive_, &done, &status));
       if (done) break;
-      if (take_heartbeats()) heard = std::chrono::steady_clock::now();
-      if (options_.heartbeat_s > 0 && seconds_since(heard) > limit)
+      if (take_heartbeats()) heard.restart();
+      if (options_.heartbeat_s > 0 && heard.elapsed() > limit)
         abort_job(fmt::format(
             "coordinator {} is silent: no request or heartbeat within {:.1f} s (--rank-timeout)",
             rank_identity().name_of(coordinator_), options_.rank_timeout_s));

@@ -3,13 +3,19 @@
 // every wait polls against a deadline and names the silent peer. The coordinator also sends each
 // expert rank a heartbeat (wire::kTagControl) every heartbeat_s from its own thread (so MPI must
 // provide MPI_THREAD_MULTIPLE), so that an expert rank tells an idle coordinator from a stopped
-// one: nothing, request or heartbeat, for rank_timeout_s ends the job.
+// one: nothing, request or heartbeat, for rank_timeout_s (plus kAbortTeardownSeconds, so that the
+// coordinator names a silent third rank first) ends the job. An expert rank waiting for a request
+// answers every heartbeat, and the same thread of the coordinator names an expert rank that has
+// answered before, has no request outstanding, and has not answered for rank_timeout_s: a rank
+// stopped or cut off while the coordinator idles is found without waiting for the next request.
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -23,7 +29,8 @@ namespace colibri {
 
 struct MpiTransportOptions {
   double rank_timeout_s = 300;  // longest wait for a peer within an exchange, and (expert rank,
-                                // with heartbeats) for the next request or heartbeat
+                                // with heartbeats) for the next request or heartbeat, plus
+                                // kAbortTeardownSeconds
   double heartbeat_s = 0;       // period of the coordinator's heartbeat; 0: none (no deadline
                                 // for an idle expert rank then)
   ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
@@ -66,7 +73,10 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   // Coordinator: the heartbeat thread's loop, and its end.
   void send_heartbeats();
   void stop_heartbeat();
-  // Expert rank: takes the heartbeats that arrived; true if any did.
+  // Coordinator, heartbeat thread: takes the expert ranks' answers; names a silent idle one.
+  void take_answers();
+  void check_idle_peers();
+  // Expert rank: takes the heartbeats that arrived and answers them; true if any did.
   bool take_heartbeats();
 
   MPI_Comm comm_;
@@ -88,6 +98,10 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   std::vector<uint64_t> slowest_;  // [world size]
   std::vector<Peer*> active_;      // peers of this exchange, ascending rank
   std::vector<float> row_f32_;     // [hidden] one partial row converted from the wire type
+  // Per peer, shared by the main and the heartbeat thread: when it was last heard from (an answer
+  // or a reply; steady clock, ns; 0: never answered a heartbeat), and whether it holds a request.
+  std::unique_ptr<std::atomic<int64_t>[]> heard_ns_;
+  std::unique_ptr<std::atomic<bool>[]> busy_;
   std::thread heartbeat_;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
@@ -102,6 +116,7 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   wire::Header request_header_{};
   std::vector<std::byte> control_buffer_;  // one heartbeat
   MPI_Request control_receive_ = MPI_REQUEST_NULL;
+  MPI_Request answer_send_ = MPI_REQUEST_NULL;  // the last answer to a heartbeat
 };
 
 }  // namespace colibri

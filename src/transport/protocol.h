@@ -10,19 +10,20 @@
 namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
-constexpr uint16_t kProtocolVersion = 4;  // 4: HELLO says why a rank sees no GPU
+constexpr uint16_t kProtocolVersion = 5;  // 4: HELLO says why a rank sees no GPU; 5: heartbeat answers
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
   kExpertReply = 2,    // owner -> coordinator: one pre-summed partial row per received row
   kShutdown = 3,       // coordinator -> owner: no more requests; send your report
-  kHeartbeat = 4,      // coordinator -> owner, on kTagControl: alive, though no request comes
+  kHeartbeat = 4,      // on kTagControl, coordinator -> owner: alive, though no request comes;
+                       // owner -> coordinator: the answer (alive, waiting for a request)
 };
 
 // MPI tags: requests and replies never share a tag, so preposted receives match by kind.
 constexpr int kTagRequest = 101;
 constexpr int kTagReply = 102;
-constexpr int kTagControl = 103;     // heartbeats: a header alone
+constexpr int kTagControl = 103;     // heartbeats and their answers: a header alone
 constexpr int kTagCollective = 104;  // start-up and report collectives (transport/deadline.h)
 
 struct Header {

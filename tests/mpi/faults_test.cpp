@@ -5,7 +5,8 @@
 //      --startup-timeout;
 //   2. ranks that disagree on a setting, or on the model's weight data, are refused with both
 //      ranks and the field named;
-//   3. the expert ranks notice a stopped or killed coordinator, even while it idles in --chat.
+//   3. the expert ranks notice a stopped or killed coordinator, even while it idles in --chat, and
+//      the idle coordinator notices a stopped expert rank.
 // Every case asserts the exit code, the message, the time to exit and that no process is left.
 #include <signal.h>
 
@@ -335,6 +336,26 @@ TEST(MpiFaults, ExpertRanksNameAStoppedIdleCoordinator) {
   ASSERT_GE(lines.size(), 1u) << describe(r);
   EXPECT_EQ(lines[0], "[" + rank_at(1) + "] error: coordinator " + rank_at(0) +
                           " is silent: no request or heartbeat within 2.0 s (--rank-timeout)")
+      << describe(r);
+}
+
+// The coordinator idles at its prompt; expert rank 2 stops: the coordinator's heartbeats go
+// unanswered and it names the rank at --rank-timeout, without waiting for a request.
+TEST(MpiFaults, TheCoordinatorNamesAStoppedExpertRankWhileIdle) {
+  const double timeout = 2;
+  const JobResult r = run_idle_chat({"--rank-timeout", "2"}, signal_rank(2, SIGSTOP));
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  ASSERT_GT(r.action_elapsed_s, 0) << describe(r);
+  const double after_stop = r.elapsed_s - r.action_elapsed_s;
+  // Silence counts from the last answer, up to one heartbeat period (timeout / 4) before the stop.
+  EXPECT_GE(after_stop, timeout * 0.75) << describe(r);
+  EXPECT_LT(after_stop, timeout + kAfterDeadlineSeconds) << describe(r);
+  const std::vector<std::string> lines = error_lines(r);
+  ASSERT_EQ(lines.size(), 1u) << describe(r);
+  EXPECT_EQ(lines[0], "[" + rank_at(0) + "] error: " + rank_at(2) +
+                          " is silent: no answer to the coordinator's heartbeats within 2.0 s "
+                          "while it waited for a request (--rank-timeout)")
       << describe(r);
 }
 
