@@ -104,9 +104,9 @@ WeightBytes weight_bytes(const ModelWeights& w);
 struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;
-  // Projections (attention but kv_b_proj, indexer, lm_head), dense MLPs and shared experts stay
-  // in their stored precision when it is a container's int8/int4 or BF16; embeddings, norms,
-  // routers and kv_b_proj are fp32 regardless.
+  // Projections (attention, indexer, lm_head), dense MLPs and shared experts stay in their
+  // stored precision when it is a container's int8/int4 or BF16 (kv_b_proj: int8 rows or BF16
+  // only, as the absorbed attention reads it by rows); embeddings, norms and routers are fp32.
   bool keep_stored = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;
