@@ -14,8 +14,9 @@
 #   4. colibri-convert (int4 g64 experts, int8 rest) and llama.cpp's convert_hf_to_gguf.py (BF16)
 #      then llama-quantize (Q8_0, routed experts Q4_0).
 # run: ROUNDS (default 3) rounds; in each, for every thread count in THREADS (default "1 2"):
-#   llama-bench tg64 and pp128, colibri-node decode 64 tokens after a 128-token prompt (greedy,
-#   --ignore-eos), and the memory read bandwidth (quant_bench's read loop). Medians per engine and
+#   llama-bench tg64 and pp128; colibri-node decode of 64 tokens from an empty context (one
+#   prompt token, greedy, --ignore-eos: llama-bench's tg64 starts at depth 0 too) and a 128-token
+#   prefill; and the memory read bandwidth (quant_bench's read loop). Medians per engine and
 #   thread count, the ratios, and colibri's decode weight bytes per token / time against the read
 #   bandwidth. The machine's load average is printed with every round.
 set -euo pipefail
@@ -108,10 +109,13 @@ run() {
       out=$("$llama/build/bin/llama-bench" -m "$gguf" -t "$t" -p 128 -n 64 -r 1 -o csv 2>/dev/null)
       pp=$(awk -F, 'NR > 1 && $0 ~ /"128","0"/ {gsub(/"/, "", $0); print}' <<<"$out" | awk -F, '{print $(NF-1)}' | head -n 1)
       tg=$(awk -F, 'NR > 1 && $0 ~ /"0","64"/ {gsub(/"/, "", $0); print}' <<<"$out" | awk -F, '{print $(NF-1)}' | head -n 1)
-      line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 65 --ignore-eos \
+      # As llama-bench: decode from an empty context (one prompt token), prefill of 128 tokens.
+      line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids 11 --ngen 65 --ignore-eos \
+               2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
+      dec=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
+      line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 1 \
                --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
       pre=$(sed -n 's/.*prefill \([0-9]*\) tok in \([0-9.]*\) s.*/\1 \2/p' <<<"$line" | awk '{printf "%.2f", $1 / $2}')
-      dec=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
       bw=$("$quant_bench" --experts 2 --batch 1 --threads "$t" --activations int8 --reps 3 \
              --read-mib 1024 2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" | tee -a "$results" >&2
