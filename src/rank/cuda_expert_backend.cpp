@@ -181,15 +181,7 @@ void CudaExpertBackend::upload(const std::vector<std::pair<int, int>>& owned,
 
 void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
   const int hidden = config_.hidden_size;
-  const size_t values = size_t(request.n_rows) * hidden;
-  if (request.rows.count < values)
-    fail("layer {}: {} row values for {} rows", request.layer, request.rows.count, request.n_rows);
-  const float* rows = static_cast<const float*>(request.rows.data);
-  if (request.rows.type != ElemType::kF32 || request.rows.device != Device::kHost) {
-    if (rows_f32_.size() < values) rows_f32_.resize(values);
-    to_f32({request.rows.data, request.rows.type, request.rows.device, values}, rows_f32_.data());
-    rows = rows_f32_.data();
-  }
+  const float* rows = host_f32_rows(request, hidden, rows_f32_);
   pairs_.clear();
   for (const RoutedPair& p : request.pairs) {
     if (p.row >= uint32_t(request.n_rows))

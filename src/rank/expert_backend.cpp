@@ -13,21 +13,24 @@ CpuExpertBackend::CpuExpertBackend(const ModelConfig& config, ExpertStore& store
 CpuExpertBackend::CpuExpertBackend(const ModelConfig& config, const ModelWeights& weights)
     : config_(config), weights_(&weights) {}
 
+const float* host_f32_rows(const ExpertRequest& request, int hidden, std::vector<float>& buffer) {
+  const size_t values = size_t(request.n_rows) * hidden;
+  if (request.rows.count < values)
+    fail("layer {}: {} row values for {} rows", request.layer, request.rows.count, request.n_rows);
+  if (request.rows.type == ElemType::kF32 && request.rows.device == Device::kHost)
+    return static_cast<const float*>(request.rows.data);
+  if (buffer.size() < values) buffer.resize(values);
+  to_f32({request.rows.data, request.rows.type, request.rows.device, values}, buffer.data());
+  return buffer.data();
+}
+
 void CpuExpertBackend::prefetch(int layer, std::span<const int> experts) {
   if (store_) store_->prefetch(layer, experts);
 }
 
 void CpuExpertBackend::compute(const ExpertRequest& request, float* partial) {
   const int hidden = config_.hidden_size;
-  const size_t values = size_t(request.n_rows) * hidden;
-  if (request.rows.count < values)
-    fail("layer {}: {} row values for {} rows", request.layer, request.rows.count, request.n_rows);
-  const float* rows = static_cast<const float*>(request.rows.data);
-  if (request.rows.type != ElemType::kF32 || request.rows.device != Device::kHost) {
-    if (rows_f32_.size() < values) rows_f32_.resize(values);
-    to_f32({request.rows.data, request.rows.type, request.rows.device, values}, rows_f32_.data());
-    rows = rows_f32_.data();
-  }
+  const float* rows = host_f32_rows(request, hidden, rows_f32_);
   // Every requested expert is queued for the loader, then computed in ascending order: the
   // missing ones are read while the resident ones run.
   requested_.clear();

@@ -22,6 +22,10 @@ struct ExpertDeviceStats {
   uint64_t device_us = 0;   // their device time (rows up, kernels, partial down)
 };
 
+// The request's rows as host fp32 (as sent, or converted into `buffer`); refuses a request with
+// fewer values than n_rows * hidden, naming the layer.
+const float* host_f32_rows(const ExpertRequest& request, int hidden, std::vector<float>& buffer);
+
 class ExpertBackend {
  public:
   virtual ~ExpertBackend() = default;
