@@ -32,6 +32,7 @@
 #include "common/profile.h"
 #include "model/config.h"
 #include "rank/placement.h"
+#include "transport/deadline.h"
 #include "transport/mpi_check.h"
 #include "transport/mpi_transport.h"
 
@@ -172,6 +173,12 @@ int run(const BenchOptions& options) {
   transport_options.rank_timeout_s = 60;
   transport_options.wire_type = parse_elem_type(options.wire, "--wire");
   MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
+  MPI_Comm local;  // waiting ranks poll as colibri-node's do: see set_poll_spin_us
+  int local_ranks = 1;
+  CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
+  CHECK_MPI(MPI_Comm_size(local, &local_ranks));
+  CHECK_MPI(MPI_Comm_free(&local));
+  set_poll_spin_us(choose_poll_spin_us(local_ranks, 1));
   CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
 
   if (rank != 0) {

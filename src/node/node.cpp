@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <cstdio>
 
@@ -36,7 +37,10 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   MPI_Comm local;
   CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   CHECK_MPI(MPI_Comm_rank(local, &input.local_rank));
+  int local_ranks = 1;
+  CHECK_MPI(MPI_Comm_size(local, &local_ranks));
   CHECK_MPI(MPI_Comm_free(&local));
+  set_poll_spin_us(choose_poll_spin_us(local_ranks, omp_get_max_threads()));
 
   // A model this rank cannot open is reported by the handshake, so that the other ranks learn
   // it instead of waiting.

@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 #include <sched.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include "transport/mpi_check.h"
@@ -43,12 +45,37 @@ void wait_sends(std::vector<MPI_Request>& requests, const std::vector<int>& peer
 
 }  // namespace
 
+namespace {
+std::atomic<int> spin_us{0};
+}  // namespace
+
+int poll_spin_us() {
+  return spin_us.load(std::memory_order_relaxed);
+}
+void set_poll_spin_us(int us) {
+  spin_us.store(std::max(us, 0), std::memory_order_relaxed);
+}
+
+int choose_poll_spin_us(int local_ranks, int threads) {
+  cpu_set_t set;
+  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
+                        ? CPU_COUNT(&set)
+                        : int(std::thread::hardware_concurrency());
+  return int64_t(local_ranks) * std::max(threads, 1) <= cores ? 2000 : 0;
+}
+
 void Backoff::pause() {
-  if (++polls_ < 64) {
+  // Naps as asked: the default timer slack (50 us) would round a 1 us nap up to about 55 us.
+  static thread_local const bool precise_naps = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
+  (void)precise_naps;
+  const auto now = std::chrono::steady_clock::now();
+  if (polls_++ == 0) start_ = now;
+  const int spin = poll_spin_us();
+  if (polls_ <= 64 || (spin > 0 && now - start_ < std::chrono::microseconds(spin))) {
     sched_yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(std::min(polls_ - 63, max_sleep_us_)));
+    return;
   }
+  std::this_thread::sleep_for(std::chrono::microseconds(std::min(++naps_, max_sleep_us_)));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

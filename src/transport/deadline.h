@@ -21,8 +21,11 @@ struct Deadline {
   std::string stage;                       // e.g. "start-up (handshake)"
 };
 
-// Polling pause: yields for the first polls, then sleeps in steps growing up to `max_sleep_us`,
-// so that waiting ranks do not starve the ranks that compute on an oversubscribed machine.
+// Polling pause: yielding polls while the wait is young, then naps growing up to
+// `max_sleep_us`, so that waiting ranks do not starve the ranks that compute on an
+// oversubscribed machine. "Young" is the first 64 polls, or the first poll_spin_us() of the wait
+// when that is longer: a rank with a core of its own answers a request at once instead of
+// finishing a nap (an expert rank waits through the coordinator's attention at every layer).
 class Backoff {
  public:
   explicit Backoff(int max_sleep_us = 50) : max_sleep_us_(max_sleep_us) {}
@@ -30,8 +33,17 @@ class Backoff {
 
  private:
   int polls_ = 0;
+  int naps_ = 0;
+  std::chrono::steady_clock::time_point start_;
   int max_sleep_us_;
 };
+
+// The yielding part of every Backoff in this process, in microseconds (0: 64 polls only).
+int poll_spin_us();
+void set_poll_spin_us(int us);
+// The spin window for a rank that shares its host with `local_ranks` ranks of `threads` threads
+// each: 2 ms when every thread has a core of its own, else 0.
+int choose_poll_spin_us(int local_ranks, int threads);
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 

@@ -35,6 +35,16 @@ int64_t now_ns() {
       .count();
 }
 
+// dst += src, or dst = 0 + src for a row's first partial: the bits of a sum that starts at zero
+// (0 + -0 is +0), without a pass that zeroes the rows first.
+void add_row(float* __restrict dst, const float* __restrict src, int n, bool first) {
+  if (first) {
+    for (int j = 0; j < n; ++j) dst[j] = 0.0f + src[j];
+  } else {
+    for (int j = 0; j < n; ++j) dst[j] += src[j];
+  }
+}
+
 void require_host_f32(ConstView v, const char* what) {
   if (v.device != Device::kHost || v.type != ElemType::kF32)
     fail("the MPI transport takes {} as fp32 host memory", what);
@@ -372,9 +382,9 @@ void MpiTransport::combine(View out) {
   auto scope = profiler_.scope(Phase::kCombine, layer_);
   const int hidden = shape_.hidden;
   auto* sum = static_cast<float*>(out.data);
-  std::fill(sum, sum + size_t(n_rows_) * hidden, 0.0f);
   RankReport& counters = profiler_.counters();
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
+  row_started_.assign(size_t(n_rows_), 0);
   for (const Peer* peer : active_) {  // ascending rank: a fixed summation order
     const std::byte* partial = peer->recv.data() + kHeaderBytes;
     const std::vector<int>& rows = peer->share->rows;
@@ -386,11 +396,14 @@ void MpiTransport::combine(View out) {
                row_f32_.data());
         src = row_f32_.data();
       }
-      for (int j = 0; j < hidden; ++j) dst[j] += src[j];
+      add_row(dst, src, hidden, !row_started_[size_t(rows[r])]);
+      row_started_[size_t(rows[r])] = 1;
     }
     counters.bytes_in +=
         kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
   }
+  for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
+    if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
   std::vector<MPI_Request*> sends;
   for (Peer* peer : active_) sends.push_back(&peer->send_request);
   wait_all(sends, ranks, "request delivery", layer_);

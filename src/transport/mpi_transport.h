@@ -93,11 +93,12 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   double dispatched_us_ = 0;  // end of the last dispatch (profiler clock)
 
   // coordinator side
-  std::vector<Peer> peers_;        // one per expert rank
-  std::vector<int> owner_peer_;    // rank -> index in peers_ (-1 if none)
-  std::vector<uint64_t> slowest_;  // [world size]
-  std::vector<Peer*> active_;      // peers of this exchange, ascending rank
-  std::vector<float> row_f32_;     // [hidden] one partial row converted from the wire type
+  std::vector<Peer> peers_;           // one per expert rank
+  std::vector<int> owner_peer_;       // rank -> index in peers_ (-1 if none)
+  std::vector<uint64_t> slowest_;     // [world size]
+  std::vector<Peer*> active_;         // peers of this exchange, ascending rank
+  std::vector<float> row_f32_;        // [hidden] one partial row converted from the wire type
+  std::vector<uint8_t> row_started_;  // [rows] whether combine has added a partial to the row
   // Per peer, shared by the main and the heartbeat thread: when it was last heard from (an answer
   // or a reply; steady clock, ns; 0: never answered a heartbeat), and whether it holds a request.
   std::unique_ptr<std::atomic<int64_t>[]> heard_ns_;

@@ -37,7 +37,11 @@ EOF
 chmod +x "$work/bin/numactl"
 export COLIBRI_NODE=/opt/colibri/colibri-node
 unset OMPI_MCA_btl_vader_single_copy_mechanism OMPI_MCA_mpi_yield_when_idle COLIBRI_NUMACTL \
-  CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER
+  CUDA_VISIBLE_DEVICES CUDA_DEVICE_ORDER OMPI_MCA_btl_vader_eager_limit OMPI_MCA_btl_vader_max_send_size
+# Whether this box runs under a syscall filter must not change the expected lines.
+printf 'Name:\tbash\nSeccomp:\t0\n' >"$work/status-open"
+printf 'Name:\tbash\nSeccomp:\t2\n' >"$work/status-filter"
+export COLIBRI_PROC_STATUS=$work/status-open
 if (($(id -u) == 0)); then root_flag=1; else root_flag=0; fi
 root_ok() { if ((root_flag)); then has --allow-run-as-root; else lacks --allow-run-as-root; fi; }
 
@@ -61,7 +65,8 @@ check "localhost: no GPU" lacks CUDA_VISIBLE_DEVICES
 check "localhost: no NUMA binding" lacks numactl
 check "localhost: --oversubscribe on 2 cores" has --oversubscribe
 check "localhost: yield when idle on 2 cores" has "--mca mpi_yield_when_idle 1"
-check "localhost: vader without single copy" has "--mca btl_vader_single_copy_mechanism none"
+check "localhost: eager messages up to 64 KiB" has "--mca btl_vader_eager_limit 65536 --mca btl_vader_max_send_size 65536"
+check "localhost, no syscall filter: Open MPI's single copy" lacks btl_vader_single_copy_mechanism
 check "localhost: --allow-run-as-root iff root" root_ok
 check "localhost: one line" [ "$(wc -l <<<"$out")" -eq 1 ]
 check "localhost: no warning" [ -z "$err" ]
@@ -69,7 +74,9 @@ check "localhost: no warning" [ -z "$err" ]
 dry 16 --hostfile "$hf/localhost" --layout "$hf/localhost.layout"
 check "localhost, 16 cores: no --oversubscribe" lacks --oversubscribe
 check "localhost, 16 cores: no yield" lacks mpi_yield_when_idle
-check "localhost, 16 cores: vader still set" has "btl_vader_single_copy_mechanism none"
+check "localhost, 16 cores: vader still set" has "btl_vader_eager_limit 65536"
+COLIBRI_PROC_STATUS=$work/status-filter dry 2
+check "a syscall filter: vader without single copy" has "--mca btl_vader_single_copy_mechanism none"
 
 # ---- the seed machine, 7 ranks: one GPU each, bound to its socket ------------------------------
 dry 24 --hostfile "$hf/seed-6x5090" --layout "$hf/seed-6x5090.layout"
@@ -141,8 +148,10 @@ args=()
 eval "args=($out)"
 check "the line is shell-quoted" [ "${args[-1]}" = "it's two words" ]
 
-OMPI_MCA_btl_vader_single_copy_mechanism=cma dry 2
+OMPI_MCA_btl_vader_single_copy_mechanism=cma COLIBRI_PROC_STATUS=$work/status-filter dry 2
 check "the user's vader setting wins" lacks btl_vader_single_copy_mechanism
+OMPI_MCA_btl_vader_eager_limit=4096 dry 2
+check "the user's eager limit wins" lacks "btl_vader_eager_limit 65536"
 OMPI_MCA_mpi_yield_when_idle=0 dry 2
 check "the user's yield setting wins" lacks "mpi_yield_when_idle 1"
 
