@@ -81,8 +81,18 @@ inline float value(const uint16_t* p) {
   return v;
 }
 
-template <typename B>
-float dot_scalar(const float* a, const B* b, int64_t n) {
+inline detail::Fp8Row operator+(detail::Fp8Row p, int64_t i) {
+  return {p.bits + i, p.scales, p.col + i, p.block_cols};
+}
+inline float value(detail::Fp8Row p) {  // exact for every E4M3 value but NaN, then scaled
+  const uint32_t bits = (uint32_t(*p.bits & 0x7F) << 20) | (uint32_t(*p.bits & 0x80) << 24);
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v * 0x1p120f * p.scales[p.col / p.block_cols];
+}
+
+template <typename B>  // B: a pointer to the operand type, or an Fp8Row
+float dot_scalar(const float* a, B b, int64_t n) {
   float partial[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -105,6 +115,48 @@ float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n) {
 
 float dot_bf16(const float* a, const uint16_t* b, int64_t n) {
   return selected_dot_bf16()(a, b, n);
+}
+
+namespace {
+
+using DotFp8Fn = float (*)(const float*, detail::Fp8Row, int64_t);
+float dot_fp8_row_scalar(const float* a, detail::Fp8Row b, int64_t n) {
+  return dot_scalar(a, b, n);
+}
+DotFp8Fn dot_fp8_kernel(QuantIsa isa) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return detail::dot_fp8_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::dot_fp8_avx2;
+#endif
+  return dot_fp8_row_scalar;
+}
+DotFp8Fn selected_dot_fp8() {
+  static const DotFp8Fn fn = dot_fp8_kernel(quant_isa_selected());
+  return fn;
+}
+void require_fp8_blocks(int64_t block_cols) {
+  if (block_cols <= 0 || block_cols % 16 != 0)
+    throw std::invalid_argument("FP8 kernels: block_cols " + std::to_string(block_cols) +
+                                " is not a positive multiple of 16");
+}
+
+}  // namespace
+
+float dot_fp8(const float* a, const uint8_t* b, const float* scales, int64_t block_cols,
+              int64_t n) {
+  require_fp8_blocks(block_cols);
+  return selected_dot_fp8()(a, {b, scales, 0, block_cols}, n);
+}
+float dot_fp8_scalar(const float* a, const uint8_t* b, const float* scales, int64_t block_cols,
+                     int64_t n) {
+  require_fp8_blocks(block_cols);
+  return dot_fp8_row_scalar(a, {b, scales, 0, block_cols}, n);
+}
+float dot_fp8(QuantIsa isa, const float* a, const uint8_t* b, const float* scales,
+              int64_t block_cols, int64_t n) {
+  require_available(isa);
+  require_fp8_blocks(block_cols);
+  return dot_fp8_kernel(isa)(a, {b, scales, 0, block_cols}, n);
 }
 
 float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n) {
@@ -250,6 +302,20 @@ void linear_bf16(const float* x, int64_t n, const uint16_t* w, int64_t rows, int
 #pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, w + r * cols, cols);
+}
+
+void linear_fp8(const float* x, int64_t n, const Fp8Weights& w, float* y) {
+  require_fp8_blocks(w.block_cols);
+  if (w.block_rows <= 0) throw std::invalid_argument("FP8 kernels: block_rows must be positive");
+  const DotFp8Fn dot = selected_dot_fp8();
+  const int64_t rows = w.rows, cols = w.cols;
+  const int64_t scale_cols = (cols + w.block_cols - 1) / w.block_cols;
+#pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < n; ++t)
+      y[t * rows + r] = dot(
+          x + t * cols,
+          {w.bits + r * cols, w.scales + (r / w.block_rows) * scale_cols, 0, w.block_cols}, cols);
 }
 
 }  // namespace colibri::kernels

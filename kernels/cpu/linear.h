@@ -26,6 +26,26 @@ float dot_bf16(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16_scalar(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n);
 
+// FP8 E4M3 weights as stored, with their block scales (DeepSeek-V3 / GLM-5 FP8 checkpoints):
+// w[i, j] = e4m3(bits[i, j]) * scales[(i / block_rows) * ceil(cols / block_cols) + j / block_cols],
+// each weight widened exactly and scaled in registers (the product rounded once, as the
+// loader's dequantization rounds it), then linear_f32's products and summation order: bit for
+// bit the dequantized fp32 copy, at a quarter of its bytes. block_cols is a multiple of 16 (else
+// std::invalid_argument); no byte may be a NaN (S.1111.111): the loader refuses those.
+struct Fp8Weights {
+  const uint8_t* bits;
+  const float* scales;
+  int64_t rows, cols;
+  int64_t block_rows, block_cols;
+};
+void linear_fp8(const float* x, int64_t n, const Fp8Weights& w, float* y);
+// dot_f32(a, one dequantized row, n): `scales` are the row's block scales.
+float dot_fp8(const float* a, const uint8_t* b, const float* scales, int64_t block_cols, int64_t n);
+float dot_fp8_scalar(const float* a, const uint8_t* b, const float* scales, int64_t block_cols,
+                     int64_t n);
+float dot_fp8(QuantIsa isa, const float* a, const uint8_t* b, const float* scales,
+              int64_t block_cols, int64_t n);
+
 // Rows of MLA's kv_b_proj kept as stored (the absorbed attention reads them one row at a time):
 // y[i] += alpha * widen(x[i]) for BF16 and alpha * float(x[i]) for int8, with the fp32 axpy's
 // rounding (one fused multiply-add per element); dot_i8 = sum of float(a[i]) * b[i] in dot_f32's

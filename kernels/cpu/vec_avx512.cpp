@@ -35,8 +35,29 @@ inline __m512 load_masked(__mmask16 m, const uint16_t* p) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
-template <typename B>
-float dot(const float* a, const B* b, int64_t n) {
+inline Fp8Row operator+(Fp8Row p, int64_t i) {
+  return {p.bits + i, p.scales, p.col + i, p.block_cols};
+}
+// 16 FP8 E4M3 values (none a NaN), exactly: the magnitude bits in an fp32's exponent and
+// mantissa fields times 2^120 (exact, subnormals included), then times the block's scale,
+// rounded once as the loader's dequantization rounds it.
+inline __m512 widen_fp8(__m512i x, const Fp8Row& p) {
+  const __m512i magnitude = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), 20);
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(magnitude, sign)),
+                                 _mm512_set1_ps(0x1p120f));
+  return _mm512_mul_ps(v, _mm512_set1_ps(p.scales[p.col / p.block_cols]));
+}
+inline __m512 load(Fp8Row p) {  // 16 columns of one scale block
+  return widen_fp8(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.bits))),
+                   p);
+}
+inline __m512 load_masked(__mmask16 m, Fp8Row p) {
+  return widen_fp8(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p.bits)), p);
+}
+
+template <typename B>  // B: a pointer to the operand type, or an Fp8Row
+float dot(const float* a, B b, int64_t n) {
   // Four independent accumulators hide the FMA latency; the tail uses a masked load.
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
@@ -66,6 +87,10 @@ float dot_avx512(const float* a, const float* b, int64_t n) {
 }
 
 float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
+  return dot(a, b, n);
+}
+
+float dot_fp8_avx512(const float* a, Fp8Row b, int64_t n) {
   return dot(a, b, n);
 }
 

@@ -8,10 +8,21 @@
 
 namespace colibri::kernels::detail {
 
+// One row of FP8 E4M3 weights from column `col` on, with its block row's scales: column j has
+// scale scales[j / block_cols]. Plain data: each ISA file keeps its own helpers for it.
+struct Fp8Row {
+  const uint8_t* bits;
+  const float* scales;
+  int64_t col;
+  int64_t block_cols;
+};
+
 float dot_avx2(const float* a, const float* b, int64_t n);
 float dot_avx512(const float* a, const float* b, int64_t n);
 float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n);
+float dot_fp8_avx2(const float* a, Fp8Row b, int64_t n);
+float dot_fp8_avx512(const float* a, Fp8Row b, int64_t n);
 float dot_i8_avx2(const int8_t* a, const float* b, int64_t n);
 float dot_i8_avx512(const int8_t* a, const float* b, int64_t n);
 void axpy_bf16_avx2(float alpha, const uint16_t* x, float* y, int64_t n);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -137,28 +138,67 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   if (view->dtype != Dtype::F8_E4M3) return out;
 
   // DeepSeek-style block scales: W[i, j] *= scale_inv[i / block_rows, j / block_cols].
+  if (shape.size() != 2) fail("{}: F8_E4M3 tensor '{}' must be 2-D", file, name);
+  const Fp8Matrix blocks = fp8_scales(name, shape[0], shape[1]);
+  const int64_t rows = shape[0], cols = shape[1];
+  const int64_t scale_cols = (cols + blocks.block_cols - 1) / blocks.block_cols;
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* scale_row = &blocks.scales[size_t((i / blocks.block_rows) * scale_cols)];
+    float* row = &out[size_t(i * cols)];
+    for (int64_t j = 0; j < cols; ++j) row[j] *= scale_row[j / blocks.block_cols];
+  }
+  return out;
+}
+
+Fp8Matrix Checkpoint::fp8_scales(const std::string& name, int64_t rows, int64_t cols) const {
   const std::string scale_name = name + "_scale_inv";
   const TensorView* scale = find(scale_name);
-  if (!scale) fail("{}: F8_E4M3 tensor '{}' has no '{}'", file, name, scale_name);
-  if (shape.size() != 2) fail("{}: F8_E4M3 tensor '{}' must be 2-D", file, name);
+  if (!scale)
+    fail("{}: F8_E4M3 tensor '{}' has no '{}'", find(name)->file->string(), name, scale_name);
   const auto [block_rows, block_cols] = fp8_block_.value_or(std::array<int, 2>{128, 128});
-  const int64_t rows = shape[0], cols = shape[1];
   const std::vector<int64_t> scale_shape = {(rows + block_rows - 1) / block_rows,
                                             (cols + block_cols - 1) / block_cols};
   if (scale->shape != scale_shape)
     fail("{}: tensor '{}' has shape {}, expected {} for {}x{} blocks of '{}'",
          scale->file->string(), scale_name, shape_string(scale->shape), shape_string(scale_shape),
          block_rows, block_cols, name);
-  std::vector<float> scales(size_t(scale->numel()));
   if (!is_float_dtype(scale->dtype))
     fail("{}: tensor '{}' has dtype {}, expected a float type", scale->file->string(), scale_name,
          dtype_name(scale->dtype));
-  read_f32(*scale, scales.data());
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* scale_row = &scales[size_t((i / block_rows) * scale_shape[1])];
-    float* row = &out[size_t(i * cols)];
-    for (int64_t j = 0; j < cols; ++j) row[j] *= scale_row[j / block_cols];
-  }
+  Fp8Matrix out;
+  out.block_rows = block_rows;
+  out.block_cols = block_cols;
+  out.scales.resize(size_t(scale->numel()));
+  read_f32(*scale, out.scales.data());
+  return out;
+}
+
+bool Checkpoint::is_fp8(const std::string& name) const {
+  const TensorView* view = find(name);
+  return view && view->dtype == Dtype::F8_E4M3;
+}
+
+Fp8Matrix Checkpoint::load_fp8(const std::string& name, const std::vector<int64_t>& shape) const {
+  const TensorView* view = find(name);
+  if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
+  const std::string file = view->file->string();
+  if (view->dtype != Dtype::F8_E4M3)
+    fail("{}: tensor '{}' has dtype {}, expected F8_E4M3", file, name, dtype_name(view->dtype));
+  if (shape.size() != 2 || view->shape != shape)
+    fail("{}: tensor '{}' has shape {}, expected {}", file, name, shape_string(view->shape),
+         shape_string(shape));
+  Fp8Matrix out = fp8_scales(name, shape[0], shape[1]);
+  for (size_t i = 0; i < out.scales.size(); ++i)
+    if (!std::isfinite(out.scales[i]))
+      fail("{}: tensor '{}_scale_inv' has a non-finite scale {} at index {}", file, name,
+           out.scales[i], i);
+  out.bits.resize(view->nbytes);
+  shard_of(*view).read(*view, out.bits.data());
+  bytes_loaded_ += view->nbytes;
+  for (size_t i = 0; i < out.bits.size(); ++i)
+    if ((out.bits[i] & 0x7F) == 0x7F)
+      fail("{}: tensor '{}' has a NaN (byte {:#04x}) at [{}, {}]", file, name, out.bits[i],
+           int64_t(i) / shape[1], int64_t(i) % shape[1]);
   return out;
 }
 

@@ -17,6 +17,16 @@
 
 namespace colibri {
 
+// An FP8 E4M3 weight as stored, with its fp32 block scales ("<name>_scale_inv"): weight [i, j] is
+// e4m3(bits[i * cols + j]) * scales[(i / block_rows) * ceil(cols / block_cols) + j / block_cols].
+struct Fp8Matrix {
+  std::vector<uint8_t> bits;
+  std::vector<float> scales;
+  int64_t block_rows = 0, block_cols = 0;
+  bool empty() const { return bits.empty(); }
+  uint64_t bytes() const { return bits.size() + 4 * scales.size(); }
+};
+
 class Checkpoint {
  public:
   // Opens model.safetensors, or the shards listed in model.safetensors.index.json, or else
@@ -39,6 +49,12 @@ class Checkpoint {
   // The BF16 tensor's bits as stored, checking its shape and dtype.
   std::vector<uint16_t> load_bf16(const std::string& name, const std::vector<int64_t>& shape) const;
 
+  // True when `name` exists with dtype F8_E4M3.
+  bool is_fp8(const std::string& name) const;
+  // The 2-D F8_E4M3 tensor's bytes as stored and its block scales, checking shapes and dtypes and
+  // refusing NaN bytes (S.1111.111) and non-finite scales, naming the tensor and its file.
+  Fp8Matrix load_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
+
   // True when `name` exists with dtype U8, i.e. as a quantized container weight.
   bool is_quantized(const std::string& name) const;
   // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as
@@ -60,6 +76,8 @@ class Checkpoint {
   std::filesystem::path dir_;
   std::optional<std::array<int, 2>> fp8_block_;
   std::vector<std::unique_ptr<SafetensorsFile>> shards_;
+  // The block scales of the F8_E4M3 tensor `name` [rows, cols], checked and read.
+  Fp8Matrix fp8_scales(const std::string& name, int64_t rows, int64_t cols) const;
   std::unordered_map<std::string, const TensorView*> tensors_;
   mutable std::atomic<uint64_t> bytes_loaded_{0};
 };

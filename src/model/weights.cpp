@@ -25,6 +25,11 @@ void linear(const Matrix& w, const float* x, int64_t n, float* y) {
     kernels::quant_linear(w.quant.view(), x, n, y);
   } else if (w.stored_bf16()) {
     kernels::linear_bf16(x, n, w.bf16.data(), w.rows, w.cols, y);
+  } else if (w.stored_fp8()) {
+    kernels::linear_fp8(x, n,
+                        {w.fp8.bits.data(), w.fp8.scales.data(), w.rows, w.cols, w.fp8.block_rows,
+                         w.fp8.block_cols},
+                        y);
   } else {
     kernels::linear_f32(x, n, w.data.data(), w.rows, w.cols, y);
   }
@@ -35,6 +40,7 @@ namespace {
 void add(WeightBytes& b, const Matrix& m) {
   b.f32 += 4 * m.data.size();
   b.bf16 += 2 * m.bf16.size();
+  b.fp8 += m.fp8.bytes();
   b.quantized += m.quant.bytes();
 }
 void add(WeightBytes& b, const std::vector<float>& v) {
@@ -91,7 +97,7 @@ class Loader {
   // Every float weight is checked for NaN/Inf as it is loaded: 1.7 ms for the 11.7 M weights of
   // the embedded model (about 7% of its 22 ms load, 2 cores), against a constant token stream.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols}), {}, {}};
+    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols}), {}, {}, {}};
     check_finite(m.data, where(name));
     return m;
   }
@@ -110,6 +116,9 @@ class Loader {
       if (std::any_of(m.bf16.begin(), m.bf16.end(),
                       [](uint16_t b) { return (b & 0x7F80) == 0x7F80; }))
         check_finite(checkpoint_.load_f32(name, {rows, cols}), where(name));
+    } else if (keep_stored_ && checkpoint_.is_fp8(name) &&
+               c_.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0) {
+      m.fp8 = checkpoint_.load_fp8(name, {rows, cols});
     } else {
       return matrix(name, rows, cols);
     }
@@ -186,7 +195,8 @@ class Loader {
     // or int8 per row, fp32 otherwise.
     const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
     a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
-    if (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row)
+    if (a.kv_b_proj.stored_fp8() ||
+        (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
       a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
     a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
     if (with_indexer) {

@@ -1,8 +1,9 @@
 // Model weights, loaded from a Checkpoint with every shape checked against the config. Expert
 // ranks load only the routed experts they own. Routed experts of a colibri container stay
 // quantized in memory; with LoadOptions::keep_stored (the engine) its projections, dense MLPs
-// and shared experts also stay as stored (container int8/int4, or BF16), run by the quantized and
-// BF16 kernels. Otherwise (the reference) every other tensor is converted to fp32 at load.
+// and shared experts also stay as stored (container int8/int4, BF16, or FP8), run by the
+// quantized, BF16 and FP8 kernels. Otherwise (the reference) every other tensor is converted to
+// fp32 at load.
 #pragma once
 
 #include <cstdint>
@@ -16,17 +17,20 @@
 
 namespace colibri {
 
-// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 as stored, or a container
-// weight kept as stored (int8/int4 rows or groups with fp32 scales); exactly one is non-empty.
+// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 or FP8 (block-scaled) as
+// stored, or a container weight kept as stored (int8/int4 rows or groups with fp32 scales);
+// exactly one is non-empty.
 struct Matrix {
   int64_t rows = 0, cols = 0;
   std::vector<float> data;     // fp32
   QuantMatrix quant;           // container int8/int4
   std::vector<uint16_t> bf16;  // BF16 bits
-  bool empty() const { return data.empty() && quant.empty() && bf16.empty(); }
+  Fp8Matrix fp8;               // FP8 E4M3 with block scales
+  bool empty() const { return data.empty() && quant.empty() && bf16.empty() && fp8.empty(); }
   bool quantized() const { return !quant.empty(); }
   bool stored_bf16() const { return !bf16.empty(); }
-  uint64_t bytes() const { return 4 * data.size() + quant.bytes() + 2 * bf16.size(); }
+  bool stored_fp8() const { return !fp8.empty(); }
+  uint64_t bytes() const { return 4 * data.size() + quant.bytes() + 2 * bf16.size() + fp8.bytes(); }
 };
 
 // y[n, rows] = x[n, cols] · W^T with the kernel of W's representation.
@@ -96,8 +100,8 @@ struct ModelWeights {
 
 // Bytes of the weights held in memory, by representation (norms and biases count as fp32).
 struct WeightBytes {
-  uint64_t f32 = 0, bf16 = 0, quantized = 0;  // quantized: container int8/int4 with scales
-  uint64_t total() const { return f32 + bf16 + quantized; }
+  uint64_t f32 = 0, bf16 = 0, fp8 = 0, quantized = 0;  // fp8, quantized: with their scales
+  uint64_t total() const { return f32 + bf16 + fp8 + quantized; }
 };
 WeightBytes weight_bytes(const ModelWeights& w);
 
@@ -105,8 +109,9 @@ struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;
   // Projections (attention, indexer, lm_head), dense MLPs and shared experts stay in their
-  // stored precision when it is a container's int8/int4 or BF16 (kv_b_proj: int8 rows or BF16
-  // only, as the absorbed attention reads it by rows); embeddings, norms and routers are fp32.
+  // stored precision when it is a container's int8/int4, BF16, or FP8 E4M3 with column blocks a
+  // multiple of 16 (kv_b_proj: int8 rows or BF16 only, as the absorbed attention reads it by
+  // rows); embeddings, norms and routers are fp32.
   bool keep_stored = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;

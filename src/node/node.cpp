@@ -70,7 +70,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
                                          options_.keep_trace);
   LoadOptions load;
   if (is_coordinator()) {
-    load.keep_stored = true;  // the engine runs int8/int4 and BF16 weights as stored
+    load.keep_stored = true;  // the engine runs int8/int4, BF16 and FP8 weights as stored
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
   } else {
     load.dense = false;
@@ -158,10 +158,11 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
 std::string Node::memory_line(const std::string& host) const {
   const WeightBytes w = weight_bytes(weights_);
   const auto gb = [](uint64_t bytes) { return double(bytes) / 1e9; };
-  std::string line =
-      fmt::format("rank {}@{} ({}): weights {:.3f} GB (fp32 {:.3f}, bf16 {:.3f}, int8/int4 {:.3f})",
-                  rank_, host, role_name(layout_.ranks[size_t(rank_)].role), gb(w.total()),
-                  gb(w.f32), gb(w.bf16), gb(w.quantized));
+  std::string line = fmt::format(
+      "rank {}@{} ({}): weights {:.3f} GB (fp32 {:.3f}, bf16 {:.3f}, fp8 {:.3f}, "
+      "int8/int4 {:.3f})",
+      rank_, host, role_name(layout_.ranks[size_t(rank_)].role), gb(w.total()), gb(w.f32),
+      gb(w.bf16), gb(w.fp8), gb(w.quantized));
   if (expert_store_)
     line += fmt::format(", routed experts {:.3f} GB resident ({:.3f} pinned)",
                         gb(expert_store_->resident_bytes() + expert_store_->pinned_bytes()),

@@ -4,11 +4,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
 
+#include "../unit/model_writer.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "coordinator/kv_manager.h"
 #include "cpu/quant.h"
@@ -149,6 +153,115 @@ TEST(Engine, Bf16WeightsKeptAsStoredGiveTheFp32Logits) {
     ASSERT_FALSE(a.logits[i].empty());
     EXPECT_EQ(a.logits[i], b.logits[i]) << "sequence " << i;
   }
+}
+
+// The glm52 parity model with every projection, MLP and lm_head weight as F8_E4M3 in blocks of
+// 16 x 32 (partial blocks at the edges; scale amax/448 per block, each weight the nearest E4M3),
+// as DeepSeek-V3 / GLM-5 FP8 checkpoints store them.
+void write_fp8_copy(const std::filesystem::path& from, const std::filesystem::path& to) {
+  constexpr int64_t kBlockRows = 16, kBlockCols = 32;
+  const Checkpoint source(from);
+  std::vector<float> positive;  // E4M3 magnitudes by code 0x00 .. 0x7E
+  for (int code = 0; code < 0x7F; ++code) positive.push_back(fp8_e4m3_to_f32(uint8_t(code)));
+  std::vector<test::Tensor> tensors;
+  for (const std::string& name : source.names()) {
+    const TensorView& view = *source.find(name);
+    const std::vector<float> values = source.load_f32(name, view.shape);
+    const bool fp8 = view.shape.size() == 2 && name.ends_with(".weight") &&
+                     name.find("embed_tokens") == std::string::npos &&
+                     !name.ends_with("mlp.gate.weight");
+    if (!fp8) {
+      test::Tensor t{name, "F32", view.shape, {}, {}};
+      for (float v : values)
+        for (int b = 0; b < 4; ++b)
+          t.bytes.push_back(uint8_t(std::bit_cast<uint32_t>(v) >> (8 * b)));
+      tensors.push_back(std::move(t));
+      continue;
+    }
+    const int64_t rows = view.shape[0], cols = view.shape[1];
+    const int64_t scale_rows = (rows + kBlockRows - 1) / kBlockRows;
+    const int64_t scale_cols = (cols + kBlockCols - 1) / kBlockCols;
+    test::Tensor w{name, "F8_E4M3", view.shape, {}, {}};
+    test::Tensor s{name + "_scale_inv", "F32", {scale_rows, scale_cols}, {}, {}};
+    std::vector<float> scales(size_t(scale_rows * scale_cols), 0.0f);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        float& amax = scales[size_t((i / kBlockRows) * scale_cols + j / kBlockCols)];
+        amax = std::max(amax, std::abs(values[size_t(i * cols + j)]));
+      }
+    for (float& v : scales) v = v > 0 ? v / 448.0f : 1.0f;
+    for (float v : scales)
+      for (int b = 0; b < 4; ++b) s.bytes.push_back(uint8_t(std::bit_cast<uint32_t>(v) >> (8 * b)));
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const float x = values[size_t(i * cols + j)] /
+                        scales[size_t((i / kBlockRows) * scale_cols + j / kBlockCols)];
+        // Codes are ordered by magnitude: the nearest is the first >= |x| or the one before.
+        const auto above = std::lower_bound(positive.begin(), positive.end() - 1, std::abs(x));
+        auto best = size_t(above - positive.begin());
+        if (best > 0 && std::abs(x) - positive[best - 1] < positive[best] - std::abs(x)) --best;
+        w.bytes.push_back(uint8_t(best | (x < 0 ? 0x80 : 0)));
+      }
+    tensors.push_back(std::move(w));
+    tensors.push_back(std::move(s));
+  }
+  std::filesystem::create_directories(to);
+  std::vector<const test::Tensor*> all;
+  for (const test::Tensor& t : tensors) all.push_back(&t);
+  test::write_safetensors(to / "model.safetensors", all);
+  test::json config = test::read_json_file(from / "config.json");
+  config["quantization_config"] = {
+      {"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {kBlockRows, kBlockCols}}};
+  test::write_json_file(to / "config.json", config);
+}
+
+// FP8 projections kept as stored: a quarter of the bytes of the fp32 copies, and the FP8 kernels
+// widen and scale each weight exactly as the loader's dequantization does, then sum in the fp32
+// kernels' order, so the logits are bit for bit those of the engine on the dequantized copies.
+TEST(Engine, Fp8WeightsKeptAsStoredGiveTheDequantizedLogits) {
+  const test::TempDir dir;
+  write_fp8_copy(kParityDir / "glm52" / "model", dir.path());
+  LocalModel stored(dir.path(), /*keep_stored=*/true);
+  LocalModel dequantized(dir.path(), /*keep_stored=*/false);
+  const Matrix& o_proj = stored.weights.layers[0].attn.o_proj;
+  ASSERT_TRUE(o_proj.stored_fp8());
+  ASSERT_TRUE(stored.weights.lm_head.stored_fp8());
+  ASSERT_TRUE(stored.weights.layers[1].shared_experts.gate.stored_fp8());
+  ASSERT_TRUE(stored.weights.layers[0].dense_mlp.down.stored_fp8());
+  EXPECT_FALSE(stored.weights.layers[0].attn.kv_b_proj.stored_fp8()) << "read by rows: fp32";
+  EXPECT_LT(o_proj.bytes() * 3, dequantized.weights.layers[0].attn.o_proj.bytes());
+  const WeightBytes bytes = weight_bytes(stored.weights);
+  EXPECT_GT(bytes.fp8, bytes.f32 / 4) << "most projection bytes are FP8";
+
+  EngineOptions options;
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  const std::vector<testing::ScriptedSequence> seqs =
+      testing::make_sequences(3, stored.config.vocab_size, 6);
+  const testing::ScheduleRun a = testing::run_schedule(*stored.engine(options), seqs, 5);
+  const testing::ScheduleRun b = testing::run_schedule(*dequantized.engine(options), seqs, 5);
+  ASSERT_EQ(a.logits.size(), seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_FALSE(a.logits[i].empty());
+    EXPECT_EQ(a.logits[i], b.logits[i]) << "sequence " << i;
+  }
+}
+
+// A NaN byte in an FP8 weight kept as stored is refused by name, as the fp32 path refuses it.
+TEST(Engine, Fp8NanByteIsRefusedWithTheTensorNamed) {
+  const test::TempDir dir;
+  write_fp8_copy(kParityDir / "glm52" / "model", dir.path());
+  const std::string name = "model.layers.0.self_attn.o_proj.weight";
+  test::SafetensorsParts parts = test::split_safetensors(dir.path() / "model.safetensors");
+  const uint64_t begin = parts.header[name]["data_offsets"][0];
+  parts.data[size_t(begin + 5)] = char(0x7F);
+  test::write_file_bytes(dir.path() / "model.safetensors",
+                         test::encode_safetensors(parts.header, parts.data));
+  const std::string stored = error_of([&] { LocalModel m(dir.path(), true); });
+  EXPECT_NE(stored.find(name), std::string::npos) << stored;
+  EXPECT_NE(stored.find("NaN"), std::string::npos) << stored;
+  const std::string dequantized = error_of([&] { LocalModel m(dir.path(), false); });
+  EXPECT_NE(dequantized.find(name), std::string::npos) << dequantized;
 }
 
 TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {

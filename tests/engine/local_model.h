@@ -23,7 +23,8 @@ struct LocalModel {
   std::unique_ptr<CpuExpertBackend> backend;
   std::unique_ptr<LocalDispatcher> dispatcher;
 
-  // keep_stored: projections stay as stored (container int8/int4, BF16), as the engine loads them.
+  // keep_stored: projections stay as stored (container int8/int4, BF16, FP8), as the engine loads
+  // them.
   explicit LocalModel(const std::filesystem::path& dir, bool keep_stored = false) {
     config = load_model_config(dir);
     checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
