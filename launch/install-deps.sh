@@ -12,8 +12,9 @@ packages=(
   libcli11-dev libfmt-dev       # command line, formatting
   libgtest-dev libgmock-dev     # tests
   libpcre2-dev libutf8proc-dev  # tokenizer: pre-tokenizer regexes (PCRE2 >= 10.40), NFC
-  pkg-config                    # finds the two above
+  pkg-config                    # finds the two above, cpp-httplib and libnuma
   libcpp-httplib-dev            # HTTP server of --serve (cpp-httplib 0.11)
+  libnuma-dev                   # a rank's NUMA node (layout numa column)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
 )
 

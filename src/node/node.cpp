@@ -12,6 +12,7 @@
 #include "node/devices.h"
 #include "node/handshake.h"
 #include "node/memory_plan.h"
+#include "node/numa.h"
 #include "node/serialize.h"
 #include "transport/deadline.h"
 #include "transport/exchange.h"
@@ -65,6 +66,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   raise_test_fault(options_.fault, TestFault::kLoad, rank_);
 
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
+  // Before any weight is read: the rank's threads and memory on its node.
+  if (spec.numa >= 0) bind_to_numa_node(spec.numa);
 
   profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(spec.role), config_.num_layers,
                                          options_.keep_trace);
@@ -175,6 +178,11 @@ std::string Node::memory_line(const std::string& host) const {
       line += fmt::format("; RSS {:.3f} GB", double(std::stoull(entry.substr(6))) * 1024 / 1e9);
       break;
     }
+  const int numa = layout_.ranks[size_t(rank_)].numa;
+  const std::string by_node = resident_by_numa_node();
+  if (!by_node.empty())
+    line += fmt::format(" ({}; {})", by_node,
+                        numa >= 0 ? fmt::format("bound to node {}", numa) : "not bound");
   return line;
 }
 

@@ -225,6 +225,47 @@ TEST(MpiCli, LayoutWithDuplicateRankIsRefused) {
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
 }
 
+// The layout's numa column binds each rank to its node (this host has node 0) before it loads
+// anything; every rank's memory line says where its resident memory is and that it is bound.
+TEST(MpiCli, NumaColumnBindsEachRankAndTheMemoryLineSaysWhere) {
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "numa.layout";
+  std::ofstream(layout) << "# rank role gpu numa\n0 coordinator - 0\n1 cpu-expert - 0\n"
+                           "2 cpu-expert - -\n";
+  const JobResult r = run_node(3, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                   "--ngen", "2", "--layout", layout.string()});
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(parse_tokens(r.out),
+            std::vector<int>(golden().greedy.begin(), golden().greedy.begin() + 2))
+      << r.out;
+  for (const int rank : {0, 1, 2}) {
+    const std::string start = "memory: rank " + std::to_string(rank) + "@";
+    const size_t at = r.err.find(start);
+    ASSERT_NE(at, std::string::npos) << describe(r);
+    const std::string line = r.err.substr(at, r.err.find('\n', at) - at);
+    EXPECT_NE(line.find("(node 0 "), std::string::npos) << line;
+    EXPECT_NE(line.find(rank == 2 ? "; not bound)" : "; bound to node 0)"), std::string::npos)
+        << line;
+  }
+}
+
+// A numa node the host does not have ends the job with one line naming the rank and the nodes.
+TEST(MpiCli, NumaNodeTheHostLacksIsNamed) {
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "numa.layout";
+  std::ofstream(layout) << "0 coordinator\n1 cpu-expert - 9\n2 cpu-expert\n";
+  const JobResult r = run_node(3, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                   "--ngen", "2", "--layout", layout.string()});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("rank 1@" + short_hostname() +
+                       "] error: layout numa 9: this host has NUMA nodes 0.."),
+            std::string::npos)
+      << describe(r);
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
 // A gpu-expert rank computes on its GPU; one that sees no device (none visible here: the job runs
 // with CUDA_VISIBLE_DEVICES empty, also on a machine with GPUs) is refused by the coordinator in
 // one line naming the layout, the rank and the reason, instead of running on its CPU.
