@@ -288,7 +288,7 @@ void refuse_unexpected_tensors(const ModelConfig& c, const Checkpoint& checkpoin
 
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
                               int expert) {
-  return Loader(config, checkpoint)
+  return Loader(config, checkpoint, /*keep_stored=*/true)
       .expert(expert_prefix(layer, expert), config.moe_intermediate_size);
 }
 

@@ -120,8 +120,9 @@ struct LoadOptions {
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options = {});
 
-// One routed expert, as load_model_weights would hold it (quantized when the container stores it
-// so). Thread-safe: the checkpoint is only read.
+// One routed expert as stored (a container's int8/int4, BF16, or FP8 with column blocks a multiple
+// of 16; fp32 otherwise), as the engine's load_model_weights holds it. Thread-safe: the checkpoint
+// is only read.
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
                               int expert);
 

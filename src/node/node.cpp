@@ -236,17 +236,28 @@ void Node::open_expert_store() {
 uint64_t Node::expert_bytes() const {
   const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) *
                         uint64_t(config_.hidden_size) * sizeof(float);
-  // A container's routed experts stay quantized in memory: count their packed bytes and scales.
+  // Routed experts stay as stored (load_routed_expert): a container's packed bytes and scales,
+  // BF16, FP8 with its scales; other dtypes become fp32.
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
   if (!checkpoint_ || layer == config_.num_layers) return fp32;
+  const bool fp8_kept = config_.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0;
   uint64_t bytes = 0;
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const std::string name = fmt::format("model.layers.{}.mlp.experts.0.{}.weight", layer, proj);
     const TensorView* w = checkpoint_->find(name);
+    if (!w) return fp32;
     const TensorView* qs = checkpoint_->find(name + kQuantScaleSuffix);
-    if (!w || w->dtype != Dtype::U8 || !qs) return fp32;
-    bytes += w->nbytes + qs->nbytes;
+    const TensorView* fp8_scales = checkpoint_->find(name + "_scale_inv");
+    if (w->dtype == Dtype::U8 && qs) {
+      bytes += w->nbytes + qs->nbytes;
+    } else if (w->dtype == Dtype::BF16) {
+      bytes += w->nbytes;
+    } else if (w->dtype == Dtype::F8_E4M3 && fp8_kept && fp8_scales) {
+      bytes += w->nbytes + uint64_t(fp8_scales->numel()) * sizeof(float);
+    } else {
+      bytes += uint64_t(w->numel()) * sizeof(float);
+    }
   }
   return bytes;
 }

@@ -137,6 +137,8 @@ TEST(Engine, Bf16WeightsKeptAsStoredGiveTheFp32Logits) {
   ASSERT_TRUE(stored.weights.lm_head.stored_bf16());
   ASSERT_TRUE(stored.weights.layers[1].shared_experts.gate.stored_bf16());
   EXPECT_EQ(o_proj.bytes() * 2, widened.weights.layers[0].attn.o_proj.bytes());
+  // As an expert rank loads a routed expert: as stored too.
+  EXPECT_TRUE(load_routed_expert(stored.config, *stored.checkpoint, 1, 0).down.stored_bf16());
   // A tensor the checkpoint stores as F16 is not BF16: converted to fp32 as before.
   ASSERT_TRUE(stored.weights.layers[4].attn.indexer.has_value());
   EXPECT_FALSE(stored.weights.layers[4].attn.indexer->wq_b.stored_bf16());
@@ -229,6 +231,8 @@ TEST(Engine, Fp8WeightsKeptAsStoredGiveTheDequantizedLogits) {
   ASSERT_TRUE(stored.weights.layers[1].shared_experts.gate.stored_fp8());
   ASSERT_TRUE(stored.weights.layers[0].dense_mlp.down.stored_fp8());
   EXPECT_FALSE(stored.weights.layers[0].attn.kv_b_proj.stored_fp8()) << "read by rows: fp32";
+  EXPECT_TRUE(stored.weights.layers[1].experts[0].gate.stored_fp8());
+  EXPECT_TRUE(load_routed_expert(stored.config, *stored.checkpoint, 1, 0).up.stored_fp8());
   EXPECT_LT(o_proj.bytes() * 3, dequantized.weights.layers[0].attn.o_proj.bytes());
   const WeightBytes bytes = weight_bytes(stored.weights);
   EXPECT_GT(bytes.fp8, bytes.f32 / 4) << "most projection bytes are FP8";
