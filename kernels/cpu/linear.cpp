@@ -82,13 +82,14 @@ inline float value(const uint16_t* p) {
 }
 
 inline detail::Fp8Row operator+(detail::Fp8Row p, int64_t i) {
-  return {p.bits + i, p.scales, p.col + i, p.block_cols};
+  return {p.bits + i, p.scales, p.col + i, p.block_cols, p.block_shift};
 }
 inline float value(detail::Fp8Row p) {  // exact for every E4M3 value but NaN, then scaled
   const uint32_t bits = (uint32_t(*p.bits & 0x7F) << 20) | (uint32_t(*p.bits & 0x80) << 24);
   float v;
   std::memcpy(&v, &bits, 4);
-  return v * 0x1p120f * p.scales[p.col / p.block_cols];
+  return v * 0x1p120f *
+         p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols];
 }
 
 template <typename B>  // B: a pointer to the operand type, or an Fp8Row
@@ -134,6 +135,10 @@ DotFp8Fn selected_dot_fp8() {
   static const DotFp8Fn fn = dot_fp8_kernel(quant_isa_selected());
   return fn;
 }
+detail::Fp8Row fp8_row(const uint8_t* bits, const float* scales, int64_t block_cols) {
+  const bool power_of_two = (block_cols & (block_cols - 1)) == 0;
+  return {bits, scales, 0, block_cols, power_of_two ? __builtin_ctzll(uint64_t(block_cols)) : -1};
+}
 void require_fp8_blocks(int64_t block_cols) {
   if (block_cols <= 0 || block_cols % 16 != 0)
     throw std::invalid_argument("FP8 kernels: block_cols " + std::to_string(block_cols) +
@@ -145,18 +150,18 @@ void require_fp8_blocks(int64_t block_cols) {
 float dot_fp8(const float* a, const uint8_t* b, const float* scales, int64_t block_cols,
               int64_t n) {
   require_fp8_blocks(block_cols);
-  return selected_dot_fp8()(a, {b, scales, 0, block_cols}, n);
+  return selected_dot_fp8()(a, fp8_row(b, scales, block_cols), n);
 }
 float dot_fp8_scalar(const float* a, const uint8_t* b, const float* scales, int64_t block_cols,
                      int64_t n) {
   require_fp8_blocks(block_cols);
-  return dot_fp8_row_scalar(a, {b, scales, 0, block_cols}, n);
+  return dot_fp8_row_scalar(a, fp8_row(b, scales, block_cols), n);
 }
 float dot_fp8(QuantIsa isa, const float* a, const uint8_t* b, const float* scales,
               int64_t block_cols, int64_t n) {
   require_available(isa);
   require_fp8_blocks(block_cols);
-  return dot_fp8_kernel(isa)(a, {b, scales, 0, block_cols}, n);
+  return dot_fp8_kernel(isa)(a, fp8_row(b, scales, block_cols), n);
 }
 
 float dot_bf16(QuantIsa isa, const float* a, const uint16_t* b, int64_t n) {
@@ -313,9 +318,10 @@ void linear_fp8(const float* x, int64_t n, const Fp8Weights& w, float* y) {
 #pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < n; ++t)
-      y[t * rows + r] = dot(
-          x + t * cols,
-          {w.bits + r * cols, w.scales + (r / w.block_rows) * scale_cols, 0, w.block_cols}, cols);
+      y[t * rows + r] =
+          dot(x + t * cols,
+              fp8_row(w.bits + r * cols, w.scales + (r / w.block_rows) * scale_cols, w.block_cols),
+              cols);
 }
 
 }  // namespace colibri::kernels

@@ -36,7 +36,7 @@ inline __m512 load_masked(__mmask16 m, const uint16_t* p) {
 }
 
 inline Fp8Row operator+(Fp8Row p, int64_t i) {
-  return {p.bits + i, p.scales, p.col + i, p.block_cols};
+  return {p.bits + i, p.scales, p.col + i, p.block_cols, p.block_shift};
 }
 // 16 FP8 E4M3 values (none a NaN), exactly: the magnitude bits in an fp32's exponent and
 // mantissa fields times 2^120 (exact, subnormals included), then times the block's scale,
@@ -46,7 +46,9 @@ inline __m512 widen_fp8(__m512i x, const Fp8Row& p) {
   const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
   const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_or_si512(magnitude, sign)),
                                  _mm512_set1_ps(0x1p120f));
-  return _mm512_mul_ps(v, _mm512_set1_ps(p.scales[p.col / p.block_cols]));
+  return _mm512_mul_ps(
+      v,
+      _mm512_set1_ps(p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols]));
 }
 inline __m512 load(Fp8Row p) {  // 16 columns of one scale block
   return widen_fp8(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.bits))),

@@ -9,12 +9,14 @@
 namespace colibri::kernels::detail {
 
 // One row of FP8 E4M3 weights from column `col` on, with its block row's scales: column j has
-// scale scales[j / block_cols]. Plain data: each ISA file keeps its own helpers for it.
+// scale scales[j / block_cols], that is scales[j >> block_shift] when block_cols is a power of two
+// (block_shift >= 0; -1 otherwise). Plain data: each ISA file keeps its own helpers for it.
 struct Fp8Row {
   const uint8_t* bits;
   const float* scales;
   int64_t col;
   int64_t block_cols;
+  int block_shift;
 };
 
 float dot_avx2(const float* a, const float* b, int64_t n);
