@@ -75,7 +75,10 @@ void Backoff::pause() {
     sched_yield();
     return;
   }
-  std::this_thread::sleep_for(std::chrono::microseconds(std::min(++naps_, max_sleep_us_)));
+  // A wait past 100 ms is an idle rank (chat, serve): naps of up to 1 ms, not thousands a second.
+  const int cap =
+      now - start_ > std::chrono::milliseconds(100) ? std::max(max_sleep_us_, 1000) : max_sleep_us_;
+  std::this_thread::sleep_for(std::chrono::microseconds(std::min(++naps_, cap)));
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

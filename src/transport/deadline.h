@@ -26,6 +26,7 @@ struct Deadline {
 // oversubscribed machine. "Young" is the first 64 polls, or the first poll_spin_us() of the wait
 // when that is longer: a rank with a core of its own answers a request at once instead of
 // finishing a nap (an expert rank waits through the coordinator's attention at every layer).
+// Past 100 ms the naps may grow to 1 ms: an idle rank wakes a thousand times a second at most.
 class Backoff {
  public:
   explicit Backoff(int max_sleep_us = 50) : max_sleep_us_(max_sleep_us) {}
