@@ -87,7 +87,7 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
     }
     const size_t values = size_t(request.n_rows) * hidden;
     if (partial.size() < values) partial.resize(values);
-    {
+    if (request.n_rows > 0) {  // none: a host-mate's empty share (--combine host)
       auto scope = profiler.scope(Phase::kCompute, request.layer);
       backend.compute(request, partial.data());
     }

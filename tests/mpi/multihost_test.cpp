@@ -151,10 +151,13 @@ std::vector<std::string> error_lines(const JobResult& r) {
 
 // ---- equal to the single process ---------------------------------------------------------------
 
-class MultihostEquality : public Multihost, public ::testing::WithParamInterface<std::string> {};
+// Fixture and --combine: star (every owner replies to the coordinator) or host (the expert
+// ranks of a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here).
+using EqualityCase = std::tuple<std::string, std::string>;
+class MultihostEquality : public Multihost, public ::testing::WithParamInterface<EqualityCase> {};
 
 TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
-  const std::string fixture = GetParam();
+  const auto& [fixture, combine] = GetParam();
   const ScratchDir dir;
   const int ngen = 4;
   std::vector<std::string> one_args = generate_args(fixture, ngen);
@@ -168,8 +171,9 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   ASSERT_EQ(one.exit_code, 0) << describe(one);
 
   std::vector<std::string> job_args = generate_args(fixture, ngen);
-  job_args.insert(job_args.end(), {"--logits-out", (dir.path() / "seven.npy").string(),
-                                   "--print-placement", "--rank-timeout", "30"});
+  job_args.insert(job_args.end(),
+                  {"--logits-out", (dir.path() / "seven.npy").string(), "--print-placement",
+                   "--rank-timeout", "30", "--combine", combine});
   const JobResult job = run_across_hosts(job_args);
   expect_clean_end(job);
   ASSERT_EQ(job.exit_code, 0) << describe(job);
@@ -200,10 +204,23 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   EXPECT_GT(max_abs, 0.1f) << "logits near zero: the comparison would pass vacuously";
   EXPECT_LE(max_diff, 1e-5f) << fixture << ": " << a.shape[0] << " positions";
   RecordProperty("max_abs_diff", std::to_string(max_diff));
+  // The coordinator's count of the bytes that crossed hosts (profile table).
+  std::smatch crossed;
+  ASSERT_TRUE(std::regex_search(job.err, crossed,
+                                std::regex("rank 0: [^\n]*\\(([0-9]+) bytes\\) crossed hosts")))
+      << describe(job);
+  RecordProperty("bytes_cross_host", crossed[1].str());
+  std::printf("[%s --combine %s] max |logit diff| %.3g, %s bytes crossed hosts\n", fixture.c_str(),
+              combine.c_str(), max_diff, crossed[1].str().c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality, ::testing::Values("glm5", "dsv3"),
-                         [](const auto& param_info) { return param_info.param; });
+INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality,
+                         ::testing::Combine(::testing::Values("glm5", "dsv3"),
+                                            ::testing::Values("star", "host")),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) + "_" +
+                                  std::get<1>(param_info.param);
+                         });
 
 // ---- faults on another host --------------------------------------------------------------------
 
