@@ -415,6 +415,29 @@ INSTANTIATE_TEST_SUITE_P(Matrix, MultihostFault, ::testing::ValuesIn(fault_cells
                                   "_" + phase_name(c.phase);
                          });
 
+// --combine host: rank 5 stops in decode; its host leader (rank 4, the lowest expert rank of
+// host 2) names it, before the coordinator's longer wait for the leader runs out.
+TEST_F(Multihost, AStoppedHostMateIsNamedByItsHostLeader) {
+  std::vector<std::string> args = generate_args("glm5", 8);
+  args.insert(args.end(), {"--combine", "host", "--rank-timeout", "1", "--startup-timeout", "2"});
+  const JobResult r =
+      run_across_hosts(args, {{"COLIBRI_TEST_FAULT", "stop:5:" + std::to_string(kFaultLayer) + ":" +
+                                                         std::to_string(kFaultRequest)}});
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(
+      r.combined, match,
+      std::regex("test fault: rank 5 raises signal " + std::to_string(SIGSTOP) + " at ([0-9.]+)")))
+      << describe(r);
+  expect_ended_after_fault(r, r.reaped_unix_s - std::stod(match[1]), namespace_processes());
+  const std::vector<std::string> lines = error_lines(r);
+  ASSERT_EQ(lines.size(), 1u) << describe(r);
+  const std::regex silent("\\[rank 4@" + regex_escape(host_of_rank(4)) + "\\] error: rank 5@" +
+                          regex_escape(host_of_rank(5)) +
+                          " is silent: no host partial for its host leader within 1\\.0 s in the "
+                          "layer 2 exchange \\(--rank-timeout\\)");
+  EXPECT_TRUE(std::regex_match(lines[0], silent)) << lines[0];
+}
+
 TEST_F(Multihost, ALinkCutDuringDecodeEndsTheJob) {
   // A long decode; host 2's link goes down just after the first token.
   const json meta = read_json(kParityDir / "glm5" / "golden" / "meta.json");
