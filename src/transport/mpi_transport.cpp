@@ -63,7 +63,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
                                                                       shape_.hidden, elem_bytes_);
   const size_t host_partial_bytes =
       kHeaderBytes +
-      wire::host_partial_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden, elem_bytes_);
+      wire::host_partial_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden, sizeof(float));
   const auto host_of = [&](int r) {
     return options_.host_of.empty() ? r : options_.host_of.at(size_t(r));
   };
@@ -623,12 +623,13 @@ void MpiTransport::reply(ConstView partial) {
 void MpiTransport::send_host_partial(ConstView partial) {
   const wire::Header& request = request_header_;
   const size_t values = size_t(request.n_rows) * shape_.hidden;
+  // fp32 within the host: the leader rounds the host's sum to the wire type once.
   const size_t payload_bytes =
-      wire::host_partial_payload_bytes(request.n_rows, shape_.hidden, elem_bytes_);
+      wire::host_partial_payload_bytes(request.n_rows, shape_.hidden, sizeof(float));
   std::byte* payload = reply_buffer_.data() + kHeaderBytes;
-  from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
+  if (values > 0) std::memcpy(payload, partial.data, values * sizeof(float));
   if (request.n_rows > 0)
-    std::memcpy(payload + values * elem_bytes_, request_rows_.data(),
+    std::memcpy(payload + values * sizeof(float), request_rows_.data(),
                 size_t(request.n_rows) * sizeof(uint32_t));
   const wire::Header header{wire::kMagic,
                             wire::kProtocolVersion,
@@ -684,7 +685,7 @@ uint32_t MpiTransport::sum_host_partials(const float* own) {
   check.layer = request.layer;
   check.max_rows = shape_.max_rows;
   check.hidden = shape_.hidden;
-  check.elem_bytes = elem_bytes_;
+  check.elem_bytes = sizeof(float);
   std::vector<wire::Header> headers(mates_.size());
   for (size_t i = 0; i < mates_.size(); ++i) {
     const std::string problem = wire::check_host_partial(
@@ -694,7 +695,7 @@ uint32_t MpiTransport::sum_host_partials(const float* own) {
                             rank_identity().name_of(mates_[i]), request.layer, problem));
   }
   const int hidden = shape_.hidden;
-  const size_t row_bytes = size_t(hidden) * elem_bytes_;
+  const size_t row_bytes = size_t(hidden) * sizeof(float);
   const auto mate_rows = [&](size_t i) {
     return mate_buffers_[i].data() + kHeaderBytes + size_t(headers[i].n_rows) * row_bytes;
   };
@@ -724,8 +725,7 @@ uint32_t MpiTransport::sum_host_partials(const float* own) {
       uint32_t row;
       std::memcpy(&row, mate_rows(i) + size_t(r) * sizeof(row), sizeof(row));
       float* dst = sum + size_t(slot_[row]) * hidden;
-      to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
-             row_f32_.data());
+      std::memcpy(row_f32_.data(), partial + r * row_bytes, row_bytes);  // unaligned
       for (int j = 0; j < hidden; ++j) dst[j] += row_f32_[size_t(j)];
     }
     counters.bytes_in += size_t(counts[i]);

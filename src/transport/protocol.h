@@ -67,7 +67,8 @@ constexpr size_t request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hi
   return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_pairs) * sizeof(Pair) +
          size_t(n_rows) * sizeof(uint32_t);
 }
-// Host partial payload: rows [n_rows, hidden] in the wire element type, then n_rows uint32
+// Host partial payload: rows [n_rows, hidden] (fp32 whatever the wire type, so that a host's sum
+// is rounded to the wire type once, by its leader; `elem_bytes` 4), then n_rows uint32
 // coordinator row indices, strictly ascending.
 constexpr size_t host_partial_payload_bytes(uint32_t n_rows, int hidden, size_t elem_bytes) {
   return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_rows) * sizeof(uint32_t);

@@ -2,7 +2,8 @@
 // coordinator (reply) receives it, through wire::check_request / wire::check_reply. The first
 // byte chooses: bit 0 recomputes the payload checksum (so mutations reach the checks after it),
 // bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire, bit 3 (with bit 1 clear)
-// checks a host partial as a host leader receives it (wire::check_host_partial). Limits: hidden
+// checks a host partial as a host leader receives it (wire::check_host_partial; fp32 rows
+// whatever the wire). Limits: hidden
 // 4, at most 8 rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted
 // request's rows, pairs and row indices lie inside the message, its pairs are valid and its row
 // indices ascend below 8; so do an accepted host partial's.
@@ -46,18 +47,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check.layer = 1;
       check.max_rows = 8;
       check.hidden = 4;
-      check.elem_bytes = elem_bytes;
+      check.elem_bytes = 4;
       wire::Header h;
       const std::string problem =
           wire::check_host_partial(message.data(), message.size(), check, h);
       if (!problem.empty()) throw Error(problem);
       fuzz_require(h.n_rows <= 8, "rows within the limit");
-      fuzz_require(message.size() == sizeof(wire::Header) + h.n_rows * (4 * elem_bytes + 4),
+      fuzz_require(message.size() == sizeof(wire::Header) + h.n_rows * (4 * 4 + 4),
                    "rows and row indices fill the message");
       uint32_t previous = 0;
       for (uint32_t i = 0; i < h.n_rows; ++i) {
         uint32_t row;
-        std::memcpy(&row, message.data() + sizeof(wire::Header) + h.n_rows * 4 * elem_bytes + i * 4,
+        std::memcpy(&row, message.data() + sizeof(wire::Header) + h.n_rows * 4 * 4 + i * 4,
                     sizeof(row));
         fuzz_require(row < 8 && (i == 0 || row > previous), "ascending row indices");
         previous = row;

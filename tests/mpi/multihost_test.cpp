@@ -151,13 +151,13 @@ std::vector<std::string> error_lines(const JobResult& r) {
 
 // ---- equal to the single process ---------------------------------------------------------------
 
-// Fixture and --combine: star (every owner replies to the coordinator) or host (the expert
-// ranks of a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here).
-using EqualityCase = std::tuple<std::string, std::string>;
+// Fixture, --combine: star (every owner replies to the coordinator) or host (the expert ranks of
+// a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here), and --placement.
+using EqualityCase = std::tuple<std::string, std::string, std::string>;
 class MultihostEquality : public Multihost, public ::testing::WithParamInterface<EqualityCase> {};
 
 TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
-  const auto& [fixture, combine] = GetParam();
+  const auto& [fixture, combine, placement] = GetParam();
   const ScratchDir dir;
   const int ngen = 4;
   std::vector<std::string> one_args = generate_args(fixture, ngen);
@@ -173,7 +173,7 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   std::vector<std::string> job_args = generate_args(fixture, ngen);
   job_args.insert(job_args.end(),
                   {"--logits-out", (dir.path() / "seven.npy").string(), "--print-placement",
-                   "--rank-timeout", "30", "--combine", combine});
+                   "--rank-timeout", "30", "--combine", combine, "--placement", placement});
   const JobResult job = run_across_hosts(job_args);
   expect_clean_end(job);
   ASSERT_EQ(job.exit_code, 0) << describe(job);
@@ -210,16 +210,31 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
                                 std::regex("rank 0: [^\n]*\\(([0-9]+) bytes\\) crossed hosts")))
       << describe(job);
   RecordProperty("bytes_cross_host", crossed[1].str());
-  std::printf("[%s --combine %s] max |logit diff| %.3g, %s bytes crossed hosts\n", fixture.c_str(),
-              combine.c_str(), max_diff, crossed[1].str().c_str());
+  std::printf("[%s --combine %s --placement %s] max |logit diff| %.3g, %s bytes crossed hosts\n",
+              fixture.c_str(), combine.c_str(), placement.c_str(), max_diff,
+              crossed[1].str().c_str());
+  // --print-placement: a line per host (the head's two ranks, two on hosts 1 and 2, one on 3).
+  for (int h = 0; h <= kHosts; ++h) {
+    const int ranks = h == 3 ? 1 : 2;
+    EXPECT_TRUE(
+        std::regex_search(job.err, std::regex("\\n  host " + regex_escape(host(h)) + " +" +
+                                              std::to_string(ranks) + " ranks +[0-9]+ experts")))
+        << host(h) << "\n"
+        << describe(job);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality,
-                         ::testing::Combine(::testing::Values("glm5", "dsv3"),
-                                            ::testing::Values("star", "host")),
+                         ::testing::Values(EqualityCase{"glm5", "star", "balanced"},
+                                           EqualityCase{"glm5", "host", "balanced"},
+                                           EqualityCase{"dsv3", "star", "balanced"},
+                                           EqualityCase{"dsv3", "host", "balanced"},
+                                           EqualityCase{"dsv3", "star", "hosts"},
+                                           EqualityCase{"dsv3", "host", "hosts"}),
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) + "_" +
-                                  std::get<1>(param_info.param);
+                                  std::get<1>(param_info.param) + "_" +
+                                  std::get<2>(param_info.param);
                          });
 
 // ---- faults on another host --------------------------------------------------------------------
