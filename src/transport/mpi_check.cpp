@@ -5,7 +5,9 @@
 #include "common/error.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 
 namespace colibri {
 
@@ -31,6 +33,15 @@ void set_abort_hook(std::function<void(const std::string&)> hook) {
 }
 
 void abort_job(const std::string& what) {
+  // Once per process: when two threads find a fault at once (the coordinator's main thread a
+  // silent rank in an exchange, its heartbeat thread an idle one of the same cut host), the
+  // first reports and ends the job; the second waits for that end without a second line.
+  // A re-entry from the reporting thread itself (a failing MPI call in its abort) goes on.
+  static std::atomic<bool> aborting{false};
+  thread_local bool reporting = false;
+  if (!reporting && aborting.exchange(true))
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  reporting = true;
   static std::atomic<bool> hook_ran{false};
   if (abort_hook() && !hook_ran.exchange(true)) abort_hook()(what);
   const RankIdentity& me = rank_identity();
