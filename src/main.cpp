@@ -574,6 +574,7 @@ int main(int argc, char** argv) {
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
   me.host = std::string(host, size_t(host_length));
+  colibri::post_early_hosts(MPI_COMM_WORLD);
 
   Args args;
   CLI::App app{
@@ -734,6 +735,7 @@ int main(int argc, char** argv) {
   const colibri::StartupVerdict verdict = colibri::agree_to_start(
       MPI_COMM_WORLD, status,
       {startup_timeout_s, "--startup-timeout", "start-up (argument checks)"});
+  colibri::finish_early_hosts();  // every rank passed the first step: their messages arrived
   if (verdict.reporter >= 0) {
     if (verdict.reporter == rank) report_stop(status, me.size > 1);
     MPI_Finalize();

@@ -30,6 +30,7 @@ constexpr int kTagReply = 102;
 constexpr int kTagControl = 103;      // heartbeats and their answers: a header alone
 constexpr int kTagCollective = 104;   // start-up and report collectives (transport/deadline.h)
 constexpr int kTagHostPartial = 105;  // host-mate -> host leader partials (--combine host)
+constexpr int kTagHostName = 106;     // each rank's host, before the first start-up step
 
 struct Header {
   uint32_t magic;
