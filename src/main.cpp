@@ -574,6 +574,18 @@ int main(int argc, char** argv) {
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
   me.host = std::string(host, size_t(host_length));
+  // An exit() before MPI_Finalize (not through abort_job, which ends with MPI_Abort and _Exit):
+  // say so with this rank's host, which Open MPI's report of it leaves out.
+  std::atexit([] {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return;
+    const colibri::RankIdentity& self = colibri::rank_identity();
+    std::fprintf(stderr, "[rank %d@%s] error: exit() before MPI_Finalize; the job ends\n",
+                 self.rank, self.host.c_str());
+    std::fflush(stderr);
+  });
   colibri::post_early_hosts(MPI_COMM_WORLD);
 
   Args args;

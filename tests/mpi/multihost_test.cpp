@@ -265,7 +265,8 @@ void expect_ended_after_fault(const JobResult& r, double seconds_after_fault,
 // from the test (exit(1) cannot be sent, so those cells are absent). Every cell: every process of
 // the job gone within 10 s of the fault, exit non-zero, nothing left in any namespace, and the rank
 // named: by mpirun for a death ("process rank 4 ... on node NAME-h2 exited on signal 9"; for
-// exit(1) Open MPI names the rank without its host), by one error line for a stop.
+// exit(1) Open MPI names the rank without its host, and the rank's own line its host), by one
+// error line for a stop.
 enum class Kind { kKill, kStop, kAbort, kExit };
 enum class Phase { kStartup, kLoad, kPrefill, kDecode, kIdle };
 
@@ -410,13 +411,22 @@ TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
     EXPECT_TRUE(std::regex_search(
         lines[0], std::regex("^\\[" + regex_escape(reporter) + "\\] error: " + expected)))
         << lines[0];
+  } else if (c.kind == Kind::kExit) {
+    // exit(1) before MPI_Finalize: the rank says so itself, with its host (Open MPI names the
+    // rank only).
+    ASSERT_EQ(lines.size(), 1u) << describe(r);
+    EXPECT_TRUE(
+        std::regex_search(lines[0], std::regex("^\\[rank " + rank + "@" + regex_escape(fault_host) +
+                                               "\\] error: exit\\(\\) before MPI_Finalize")))
+        << lines[0];
+    EXPECT_TRUE(std::regex_search(
+        r.combined, std::regex("Process name: \\[\\[[0-9]+,1\\]," + rank + "\\]\\s+Exit code: +1")))
+        << describe(r);
   } else {
     EXPECT_TRUE(lines.empty()) << "a death is reported by mpirun\n" << describe(r);
     const std::regex names =
-        c.kind == Kind::kExit
-            ? std::regex("Process name: \\[\\[[0-9]+,1\\]," + rank + "\\]\\s+Exit code: +1")
-            : std::regex("rank " + rank + " [^\\n]*node " + regex_escape(fault_host) +
-                         "[^\\n]*signal " + std::to_string(signal_of(c.kind)));
+        std::regex("rank " + rank + " [^\\n]*node " + regex_escape(fault_host) + "[^\\n]*signal " +
+                   std::to_string(signal_of(c.kind)));
     EXPECT_TRUE(std::regex_search(r.combined, names)) << describe(r);
   }
 }
