@@ -1,6 +1,7 @@
 // exchange_bench: the MPI transport's cost per MoE layer, without any model or compute.
 //
-//   mpirun -np N exchange_bench [--rows 1,8,64] [--warmup 50] [--iters 300]
+//   mpirun -np N exchange_bench [--rows 1,8,64] [--warmup 50] [--iters 300] [--wire f32|bf16]
+//                               [--combine star|host]
 //
 // Rank 0 coordinates; ranks 1..N-1 own the routed experts of one MoE layer, placed round-robin.
 // Per iteration the coordinator dispatches R rows [R, hidden] with a top-k routing (uniform
@@ -51,6 +52,7 @@ struct BenchOptions {
   int iters = 300;
   uint64_t seed = 1;
   std::string wire = "f32";
+  std::string combine = "star";  // or host: one summed partial per host (MpiTransportOptions)
 };
 
 struct Stats {
@@ -172,6 +174,10 @@ int run(const BenchOptions& options) {
   MpiTransportOptions transport_options;
   transport_options.rank_timeout_s = 60;
   transport_options.wire_type = parse_elem_type(options.wire, "--wire");
+  transport_options.host_combine = options.combine == "host";
+  for (const std::string& host : me.hosts)
+    transport_options.host_of.push_back(
+        int(std::find(me.hosts.begin(), me.hosts.end(), host) - me.hosts.begin()));
   MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do: see set_poll_spin_us
   int local_ranks = 1;
@@ -214,6 +220,7 @@ int run(const BenchOptions& options) {
     int rows;
     Stats stats;
     double bytes_per_layer;
+    double cross_host_bytes_per_layer;  // of them, to and from ranks on other hosts
     Floors floor;
   };
   std::vector<Row> results;
@@ -246,7 +253,14 @@ int run(const BenchOptions& options) {
     const double bytes =
         double((after.bytes_out - before.bytes_out) + (after.bytes_in - before.bytes_in)) /
         double(options.iters);
-    // Each owner of a row sent the row back once: out = x * (distinct owners of the row).
+    const double cross_host =
+        double(after.bytes_cross_host - before.bytes_cross_host) / double(options.iters);
+    // Each owner of a row sent the row back once: out = x * (distinct owners of the row). Exact,
+    // but for a host leader's sum on a bf16 wire: rounded to bf16 once (8 significant bits).
+    const float rounding =
+        transport_options.host_combine && transport_options.wire_type == ElemType::kBF16
+            ? 1.0f / 256
+            : 0.0f;
     const Routing& last = routings[size_t(options.iters - 1) % routings.size()];
     for (int t = 0; t < n; ++t) {
       std::vector<int> owners;
@@ -255,37 +269,51 @@ int run(const BenchOptions& options) {
       std::sort(owners.begin(), owners.end());
       const float copies = float(std::unique(owners.begin(), owners.end()) - owners.begin());
       for (int j = 0; j < options.hidden; ++j)
-        if (out[size_t(t) * options.hidden + j] != copies * x[size_t(t) * options.hidden + j])
+        if (std::abs(out[size_t(t) * options.hidden + j] -
+                     copies * x[size_t(t) * options.hidden + j]) >
+            copies * x[size_t(t) * options.hidden + j] * rounding)
           fail("combine of {} rows: row {} column {} is {}, expected {}", n, t, j,
                out[size_t(t) * options.hidden + j], copies * x[size_t(t) * options.hidden + j]);
     }
-    results.push_back({n, summarize(samples), bytes, floors(size_t(bytes))});
+    results.push_back({n, summarize(samples), bytes, cross_host, floors(size_t(bytes))});
   }
   transport.shutdown();
 
-  fmt::print("\n{:>5}  {:>5}  {:>10}  {:>10}  {:>10}  {:>12}  {:>10}  {:>12}\n", "ranks", "rows",
-             "median us", "p10 us", "p90 us", "bytes/layer", "memcpy us", "checksum us");
+  int hosts = 0;
+  for (size_t r = 0; r < me.hosts.size(); ++r)
+    if (std::find(me.hosts.begin(), me.hosts.begin() + ptrdiff_t(r), me.hosts[r]) ==
+        me.hosts.begin() + ptrdiff_t(r))
+      ++hosts;
+  fmt::print("\n{:>5}  {:>5}  {:>5}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12}  {:>10}  {:>12}\n",
+             "ranks", "hosts", "rows", "median us", "p10 us", "p90 us", "bytes/layer", "cross-host",
+             "memcpy us", "checksum us");
   for (const Row& r : results)
-    fmt::print("{:>5}  {:>5}  {:>10.1f}  {:>10.1f}  {:>10.1f}  {:>12.0f}  {:>10.1f}  {:>12.1f}\n",
-               size, r.rows, r.stats.median_us, r.stats.p10_us, r.stats.p90_us, r.bytes_per_layer,
-               r.floor.memcpy_us, r.floor.checksum_us);
+    fmt::print(
+        "{:>5}  {:>5}  {:>5}  {:>10.1f}  {:>10.1f}  {:>10.1f}  {:>12.0f}  {:>12.0f}  {:>10.1f}  "
+        "{:>12.1f}\n",
+        size, hosts, r.rows, r.stats.median_us, r.stats.p10_us, r.stats.p90_us, r.bytes_per_layer,
+        r.cross_host_bytes_per_layer, r.floor.memcpy_us, r.floor.checksum_us);
   const auto round2 = [](double v) { return std::round(v * 100) / 100; };
   for (const Row& r : results) {
-    nlohmann::ordered_json line = {{"bench", "exchange"},
-                                   {"ranks", size},
-                                   {"rows", r.rows},
-                                   {"hidden", options.hidden},
-                                   {"wire", options.wire},
-                                   {"median_us", round2(r.stats.median_us)},
-                                   {"p10_us", round2(r.stats.p10_us)},
-                                   {"p90_us", round2(r.stats.p90_us)},
-                                   {"bytes_per_layer", std::llround(r.bytes_per_layer)},
-                                   {"top_k", options.top_k},
-                                   {"experts", options.experts},
-                                   {"warmup", options.warmup},
-                                   {"iters", options.iters},
-                                   {"memcpy_us", round2(r.floor.memcpy_us)},
-                                   {"checksum_us", round2(r.floor.checksum_us)}};
+    nlohmann::ordered_json line = {
+        {"bench", "exchange"},
+        {"ranks", size},
+        {"rows", r.rows},
+        {"hidden", options.hidden},
+        {"wire", options.wire},
+        {"combine", options.combine},
+        {"hosts", hosts},
+        {"median_us", round2(r.stats.median_us)},
+        {"p10_us", round2(r.stats.p10_us)},
+        {"p90_us", round2(r.stats.p90_us)},
+        {"bytes_per_layer", std::llround(r.bytes_per_layer)},
+        {"cross_host_bytes_per_layer", std::llround(r.cross_host_bytes_per_layer)},
+        {"top_k", options.top_k},
+        {"experts", options.experts},
+        {"warmup", options.warmup},
+        {"iters", options.iters},
+        {"memcpy_us", round2(r.floor.memcpy_us)},
+        {"checksum_us", round2(r.floor.checksum_us)}};
     fmt::print("{}\n", line.dump());
   }
   std::fflush(stdout);
@@ -307,6 +335,10 @@ int main(int argc, char** argv) {
       ">= 2)."};
   app.add_option("--wire", options.wire, "element type of rows and partials: f32 or bf16")
       ->capture_default_str();
+  app.add_option("--combine", options.combine,
+                 "star (every owner replies) or host (one summed reply per host)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"star", "host"}));
   app.add_option("--rows", options.rows, "rows per dispatch, one configuration each")
       ->delimiter(',')
       ->capture_default_str()

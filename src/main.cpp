@@ -67,6 +67,7 @@ struct Args {
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
   bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
+  std::string combine = "star";
   std::string activations = "int8";
   std::string experts = "cpu";
   int ngen = 16;
@@ -245,6 +246,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   add("--max-rows", std::to_string(args.node.max_rows), Setting::kJob);
   add("--experts", args.experts, Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
+  add("--combine", args.combine, Setting::kJob);
   add("--activations", args.activations, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
   add("--layout", layout, Setting::kJob);
@@ -285,6 +287,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.placement = colibri::parse_placement_policy(args.placement);
   args.node.keep_trace = !args.trace.empty();
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
+  args.node.host_combine = args.combine == "host";
   try {  // the flag, else COLIBRI_ACTIVATIONS, else int8
     if (app.count("--activations") > 0)
       colibri::kernels::set_quant_activations(
@@ -571,6 +574,19 @@ int main(int argc, char** argv) {
   int host_length = 0;
   MPI_Get_processor_name(host, &host_length);
   me.host = std::string(host, size_t(host_length));
+  // An exit() before MPI_Finalize (not through abort_job, which ends with MPI_Abort and _Exit):
+  // say so with this rank's host, which Open MPI's report of it leaves out.
+  std::atexit([] {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (!initialized || finalized) return;
+    const colibri::RankIdentity& self = colibri::rank_identity();
+    std::fprintf(stderr, "[rank %d@%s] error: exit() before MPI_Finalize; the job ends\n",
+                 self.rank, self.host.c_str());
+    std::fflush(stderr);
+  });
+  colibri::post_early_hosts(MPI_COMM_WORLD);
 
   Args args;
   CLI::App app{
@@ -615,7 +631,8 @@ int main(int argc, char** argv) {
                  "layout file: rank -> role, GPU, NUMA node, budgets (default: rank 0 "
                  "coordinates, the others are expert ranks)");
   app.add_option("--placement", args.placement,
-                 "expert placement policy: balanced, round-robin, contiguous")
+                 "expert placement policy: balanced, round-robin, contiguous, hosts (contiguous "
+                 "expert groups per host, in proportion to the hosts' budgets)")
       ->capture_default_str();
   app.add_flag("--print-placement", args.print_placement,
                "print the expert placement table at start-up");
@@ -661,6 +678,12 @@ int main(int argc, char** argv) {
   app.add_option("--wire", args.wire,
                  "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)")
       ->capture_default_str();
+  app.add_option("--combine", args.combine,
+                 "star: every expert rank replies to the coordinator; host: the expert ranks of "
+                 "each host sum their partials at the lowest of them, which replies once for the "
+                 "host (fewer bytes across hosts)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"star", "host"}));
   app.add_option("--activations", args.activations,
                  "activations of the products with int4/int8 weights: int8 (quantized per 64 "
                  "inputs, integer dot products) or f32")
@@ -724,6 +747,7 @@ int main(int argc, char** argv) {
   const colibri::StartupVerdict verdict = colibri::agree_to_start(
       MPI_COMM_WORLD, status,
       {startup_timeout_s, "--startup-timeout", "start-up (argument checks)"});
+  colibri::finish_early_hosts();  // every rank passed the first step: their messages arrived
   if (verdict.reporter >= 0) {
     if (verdict.reporter == rank) report_stop(status, me.size > 1);
     MPI_Finalize();

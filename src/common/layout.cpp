@@ -43,7 +43,7 @@ std::vector<int> Layout::expert_ranks() const {
 
 namespace {
 
-constexpr int kMaxColumns = 6;  // rank role gpu numa ram_gb vram_gb
+constexpr int kMaxColumns = 7;  // rank role gpu numa ram_gb vram_gb host
 
 // One line of a layout file, for error messages: "source:line".
 struct Where {
@@ -142,8 +142,8 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
     const std::vector<std::string_view> columns = split_columns(content);
     if (columns.empty()) continue;
     if (columns.size() > size_t(kMaxColumns))
-      fail("{}: {} columns, expected at most {} (rank role gpu numa ram_gb vram_gb)", at(where),
-           columns.size(), kMaxColumns);
+      fail("{}: {} columns, expected at most {} (rank role gpu numa ram_gb vram_gb host)",
+           at(where), columns.size(), kMaxColumns);
     if (columns.size() < 2) fail("{}: role is missing (expected at least 'rank role')", at(where));
 
     const std::optional<int> rank = to_int(columns[0]);
@@ -162,6 +162,7 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
     if (columns.size() > 3) spec.numa = parse_index(columns[3], "numa", where);
     if (columns.size() > 4) spec.ram_gb = parse_budget(columns[4], "ram_gb", where);
     if (columns.size() > 5) spec.vram_gb = parse_budget(columns[5], "vram_gb", where);
+    if (columns.size() > 6 && columns[6] != "-") spec.host = std::string(columns[6]);
 
     switch (spec.role) {
       case Role::kCoordinator:

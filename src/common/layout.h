@@ -2,12 +2,12 @@
 // NUMA node and memory budgets. Read from a human-written layout file or derived from the world.
 //
 // Layout file: one line per rank, '#' starts a comment, columns separated by spaces:
-//   rank  role         gpu  numa  ram_gb  vram_gb
-//   0     coordinator  -    0     -       -
-//   1     gpu-expert   0    0     16      28
-//   7     cpu-expert   -    1     100     -
-// '-' means unset. Roles: coordinator (exactly one), gpu-expert, cpu-expert. Ranks 0..N-1 each
-// appear exactly once.
+//   rank  role         gpu  numa  ram_gb  vram_gb  host
+//   0     coordinator  -    0     -       -        node-a
+//   1     gpu-expert   0    0     16      28       node-a
+//   7     cpu-expert   -    1     100     -        node-b
+// '-' means unset; an unset host is the rank's MPI processor name (filled in at the handshake).
+// Roles: coordinator (exactly one), gpu-expert, cpu-expert. Ranks 0..N-1 each appear exactly once.
 #pragma once
 
 #include <cereal/types/string.hpp>
@@ -33,10 +33,11 @@ struct RankSpec {
   int numa = -1;       // NUMA node to bind to; -1 = unbound
   double ram_gb = 0;   // expert RAM budget; 0 = unset
   double vram_gb = 0;  // expert VRAM budget; 0 = unset
+  std::string host;    // the host it runs on (placement by host); "" = unset
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(rank, role, gpu, numa, ram_gb, vram_gb);
+    ar(rank, role, gpu, numa, ram_gb, vram_gb, host);
   }
 };
 

@@ -169,6 +169,11 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const
                  r.gpu_requests ? double(r.gpu_us) / double(r.gpu_requests) : 0.0);
     }
   }
+  // The coordinator's requests and replies that crossed to and from other hosts.
+  for (const RankReport& r : reports)
+    if (r.bytes_cross_host > 0)
+      fmt::print(out, "rank {}: {} ({} bytes) crossed hosts in the exchange\n", r.rank,
+                 human_bytes(r.bytes_cross_host), r.bytes_cross_host);
   for (const RankReport& r : reports) {
     if (r.dropped_events > 0)
       fmt::print(out, "rank {}: trace full, {} events dropped after the first {}\n", r.rank,
@@ -244,6 +249,7 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"vram_bytes", r.vram_bytes},
                      {"gpu_requests", r.gpu_requests},
                      {"gpu_us", r.gpu_us},
+                     {"bytes_cross_host", r.bytes_cross_host},
                      {"trace_events", r.events.size()},
                      {"dropped_events", r.dropped_events},
                      {"phases_us", std::move(phases)},

@@ -16,7 +16,7 @@ namespace colibri {
 namespace {
 
 // Announces the fault with its wall-clock time, then raises the signal (a stopped rank goes on
-// when continued), or exits with status 1 (signal 0) without MPI_Finalize.
+// when continued), or calls exit(1) (signal 0) without MPI_Finalize.
 void raise_fault(int rank, int signal) {
   const double now =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -31,7 +31,7 @@ void raise_fault(int rank, int signal) {
     std::raise(signal);
     return;
   }
-  std::_Exit(1);
+  std::exit(1);
 }
 
 }  // namespace
@@ -87,7 +87,7 @@ void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& pro
     }
     const size_t values = size_t(request.n_rows) * hidden;
     if (partial.size() < values) partial.resize(values);
-    {
+    if (request.n_rows > 0) {  // none: a host-mate's empty share (--combine host)
       auto scope = profiler.scope(Phase::kCompute, request.layer);
       backend.compute(request, partial.data());
     }

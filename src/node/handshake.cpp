@@ -265,6 +265,9 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
       try {
         plan.layout = input.layout_file ? load_layout(*input.layout_file, size)
                                         : default_layout(size, local_rank, gpus, host_index);
+        // A host the layout leaves unset is where the rank runs (its MPI processor name).
+        for (RankSpec& spec : plan.layout.ranks)
+          if (spec.host.empty()) spec.host = all[size_t(spec.rank)].host;
         plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes);
       } catch (const Error& e) {
         plan.error = e.what();

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/error.h"
@@ -94,6 +95,11 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.options.rank_timeout_s = options_.rank_timeout_s;
   exchange.options.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
+  exchange.options.host_combine = options_.host_combine;
+  for (const std::string& name : plan.hosts) {  // the host index of each rank
+    const auto first = std::find(plan.hosts.begin(), plan.hosts.end(), name);
+    exchange.options.host_of.push_back(int(first - plan.hosts.begin()));
+  }
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
   StartupStatus gpu_status;
   const auto refuse = [&](const std::string& message) {

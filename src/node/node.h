@@ -35,8 +35,9 @@ struct NodeOptions {
   int kv_tokens = 0;   // KV pool of the engine; 0 = default_kv_tokens(config)
   int max_seqs = 1;    // sequences the engine holds at once
   ElemType wire_type = ElemType::kF32;  // rows and partials between ranks (rank 0's choice)
-  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
-                       // layout's ram_gb column overrides it per rank.
+  bool host_combine = false;  // --combine host: one summed partial per host (MpiTransportOptions)
+  double ram_gb = 0;          // expert rank RAM cache for routed experts; 0 = all resident. The
+                              // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double vram_gb = 0;  // gpu-expert ranks: VRAM for routed experts; 0 = the device's free memory.
                        // The layout's vram_gb column overrides it per rank.

@@ -12,7 +12,8 @@ PlacementPolicy parse_placement_policy(const std::string& name) {
   if (name == "balanced") return PlacementPolicy::kBalanced;
   if (name == "round-robin") return PlacementPolicy::kRoundRobin;
   if (name == "contiguous") return PlacementPolicy::kContiguous;
-  fail("--placement '{}' is unknown (balanced, round-robin, contiguous)", name);
+  if (name == "hosts") return PlacementPolicy::kHosts;
+  fail("--placement '{}' is unknown (balanced, round-robin, contiguous, hosts)", name);
 }
 
 const char* placement_policy_name(PlacementPolicy policy) {
@@ -23,6 +24,8 @@ const char* placement_policy_name(PlacementPolicy policy) {
       return "round-robin";
     case PlacementPolicy::kContiguous:
       return "contiguous";
+    case PlacementPolicy::kHosts:
+      return "hosts";
   }
   return "?";
 }
@@ -55,6 +58,42 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
     if (spec.ram_gb + spec.vram_gb > 0) capacity[size_t(i)] = spec.ram_gb + spec.vram_gb;
   }
   std::vector<double> assigned(size_t(r), 0.0);
+  // hosts: the host of each expert rank (index into host_ranks), and each expert id's host.
+  std::vector<int> host_of_rank(size_t(r), 0), host_of_expert(size_t(experts), 0);
+  std::vector<std::vector<int>> host_ranks;
+  if (policy == PlacementPolicy::kHosts) {
+    std::vector<std::string> names;
+    std::vector<double> host_capacity;
+    for (int i = 0; i < r; ++i) {
+      const std::string& name = layout.ranks[size_t(ranks[size_t(i)])].host;
+      auto it = std::find(names.begin(), names.end(), name);
+      if (it == names.end()) {
+        it = names.insert(names.end(), name);
+        host_ranks.emplace_back();
+        host_capacity.push_back(0);
+      }
+      const auto h = size_t(it - names.begin());
+      host_of_rank[size_t(i)] = int(h);
+      host_ranks[h].push_back(i);
+      host_capacity[h] += capacity[size_t(i)];
+    }
+    // Units of whole expert groups when every host can get one, else single experts; unit u
+    // goes to the host whose share of the summed capacity holds its middle.
+    const int groups = config.n_group;
+    const int unit = groups > 1 && experts % groups == 0 && size_t(groups) >= names.size()
+                         ? experts / groups
+                         : 1;
+    const int units = experts / unit;
+    double total = 0;
+    for (double c : host_capacity) total += c;
+    for (int u = 0; u < units; ++u) {
+      const double middle = (double(u) + 0.5) * total / double(units);
+      size_t h = 0;
+      double end = host_capacity[0];
+      while (h + 1 < host_capacity.size() && end <= middle) end += host_capacity[++h];
+      for (int e = u * unit; e < (u + 1) * unit; ++e) host_of_expert[size_t(e)] = int(h);
+    }
+  }
   int moe_index = 0;
   for (int l = 0; l < table.num_layers; ++l) {
     if (!config.layer_is_moe[size_t(l)]) continue;
@@ -80,6 +119,21 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
           }
           break;
         }
+        case PlacementPolicy::kHosts: {  // balanced within the expert's host
+          const std::vector<int>& local = host_ranks[size_t(host_of_expert[size_t(e)])];
+          const int n_local = int(local.size());
+          double best = 0;
+          for (int j = 0; j < n_local; ++j) {
+            const int candidate = local[size_t((j + moe_index + e) % n_local)];
+            const double fill = (assigned[size_t(candidate)] + double(bytes_per_expert)) /
+                                capacity[size_t(candidate)];
+            if (j == 0 || fill < best) {
+              best = fill;
+              pick = candidate;
+            }
+          }
+          break;
+        }
       }
       assigned[size_t(pick)] += double(bytes_per_expert);
       table.owner[size_t(l) * experts + e] = ranks[size_t(pick)];
@@ -95,8 +149,23 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
                                 table.num_layers, table.num_experts);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
-    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB\n", spec.rank,
+    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  {}\n", spec.rank,
                        role_name(spec.role), owned,
+                       double(owned) * double(bytes_per_expert) / (1 << 20), spec.host);
+  }
+  // Per host (the layout's host column): its ranks, experts and bytes.
+  std::vector<std::string> hosts;
+  for (const RankSpec& spec : layout.ranks)
+    if (std::find(hosts.begin(), hosts.end(), spec.host) == hosts.end()) hosts.push_back(spec.host);
+  for (const std::string& host : hosts) {
+    int n_ranks = 0, owned = 0;
+    for (const RankSpec& spec : layout.ranks)
+      if (spec.host == host) {
+        ++n_ranks;
+        owned += table.count_owned(spec.rank);
+      }
+    out += fmt::format("  host {:<16} {:>3} ranks {:>6} experts {:>10.1f} MiB\n",
+                       host.empty() ? "(unnamed)" : host, n_ranks, owned,
                        double(owned) * double(bytes_per_expert) / (1 << 20));
   }
   for (int l = 0; l < table.num_layers; ++l) {

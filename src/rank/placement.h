@@ -13,7 +13,7 @@
 
 namespace colibri {
 
-enum class PlacementPolicy { kBalanced, kRoundRobin, kContiguous };
+enum class PlacementPolicy { kBalanced, kRoundRobin, kContiguous, kHosts };
 
 PlacementPolicy parse_placement_policy(const std::string& name);
 const char* placement_policy_name(PlacementPolicy policy);
@@ -41,6 +41,11 @@ struct PlacementTable {
 //               per-layer expected load (uniform without routing statistics) spreads too.
 //  round-robin: expert e of MoE layer i goes to expert rank (i * E + e) mod R.
 //  contiguous:  expert e goes to expert rank floor(e * R / E) (blocks of ids).
+//  hosts:       contiguous blocks of expert ids per host (the layout's host column), each host's
+//               block in proportion to its ranks' budgets, whole expert groups (n_group) when
+//               there are at least as many groups as hosts; within a host, balanced over its
+//               ranks. With group-limited routing a token's experts then lie on at most
+//               topk_group hosts (fewer messages and bytes across hosts, with --combine host).
 // With no expert ranks (one process) the coordinator owns everything.
 PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
                               PlacementPolicy policy, uint64_t bytes_per_expert);

@@ -21,6 +21,15 @@ struct RankIdentity {
 // Set once by the node at start-up; used by the error handler.
 RankIdentity& rank_identity();
 
+// Right after MPI_Init, before the first start-up step: every rank sends its host to rank 0 and
+// rank 0 its own to every rank (tag wire::kTagHostName), waiting at most 1 s for them to go
+// through. Until the first step
+// has exchanged the hosts, name_of() takes a host from these messages where one has arrived, so
+// that a rank silent at that step is named with its host (else "rank r@?").
+void post_early_hosts(MPI_Comm comm);
+// Completes those messages; call once every rank has passed the first start-up step.
+void finish_early_hosts();
+
 // Prints "[rank r@host] error: <what>" to stderr and aborts every rank of the job.
 [[noreturn]] void abort_job(const std::string& what);
 

@@ -71,6 +71,21 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
                                                  shape_.hidden, elem_bytes_);
   const size_t reply_bytes = kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows),
                                                                       shape_.hidden, elem_bytes_);
+  const size_t host_partial_bytes =
+      kHeaderBytes +
+      wire::host_partial_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden, sizeof(float));
+  const auto host_of = [&](int r) {
+    return options_.host_of.empty() ? r : options_.host_of.at(size_t(r));
+  };
+  // The expert ranks of a rank's host, ascending (empty without host combine or when alone).
+  const auto host_group = [&](int r) {
+    std::vector<int> group;
+    if (!options_.host_combine) return group;
+    for (int q = 0; q < size; ++q)
+      if (q != coordinator_ && host_of(q) == host_of(r)) group.push_back(q);
+    if (group.size() < 2) group.clear();
+    return group;
+  };
   if (rank_ == coordinator_) {
     owner_peer_.assign(size_t(size), -1);
     slowest_.assign(size_t(size), 0);
@@ -81,8 +96,18 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       peer.rank = r;
       peer.send.resize(request_bytes);
       peer.recv.resize(reply_bytes);
+      peer.remote = host_of(r) != host_of(coordinator_);
     }
+    for (Peer& peer : peers_) {
+      const std::vector<int> group = host_group(peer.rank);
+      if (group.empty()) continue;
+      peer.leader = owner_peer_[size_t(group.front())];
+      if (group.front() == peer.rank)
+        for (int q : group) peer.members.push_back(owner_peer_[size_t(q)]);
+    }
+    row_marks_.assign(size_t(shape_.max_rows), 0);
     active_.reserve(peers_.size());
+    repliers_.reserve(peers_.size());
     heard_ns_ = std::make_unique<std::atomic<int64_t>[]>(peers_.size());
     busy_ = std::make_unique<std::atomic<bool>[]>(peers_.size());
     for (size_t i = 0; i < peers_.size(); ++i) {
@@ -94,8 +119,20 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       heartbeat_ = std::thread([this] { send_heartbeats(); });
   } else {
     request_buffer_.resize(request_bytes);
-    reply_buffer_.resize(reply_bytes);
+    reply_buffer_.resize(std::max(reply_bytes, host_partial_bytes));
     request_pairs_.reserve(max_pairs);
+    request_rows_.reserve(size_t(shape_.max_rows));
+    reply_to_ = coordinator_;
+    const std::vector<int> group = host_group(rank_);
+    if (!group.empty() && group.front() != rank_) reply_to_ = group.front();
+    if (!group.empty() && group.front() == rank_) {
+      mates_.assign(group.begin() + 1, group.end());
+      mate_buffers_.assign(mates_.size(), std::vector<std::byte>(host_partial_bytes));
+      mate_receives_.assign(mates_.size(), MPI_REQUEST_NULL);
+      host_sum_.resize(size_t(shape_.max_rows) * size_t(shape_.hidden));
+      slot_.assign(size_t(shape_.max_rows), -1);
+      row_f32_.resize(size_t(shape_.hidden));
+    }
     control_buffer_.resize(kHeaderBytes);
     post_request_receive();
     post_control_receive();
@@ -105,7 +142,9 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
 MpiTransport::~MpiTransport() {
   stop_heartbeat();
   // Receives still posted at exit (an expert rank after shutdown has none) are cancelled.
-  for (MPI_Request* receive : {&request_receive_, &control_receive_}) {
+  std::vector<MPI_Request*> receives = {&request_receive_, &control_receive_};
+  for (MPI_Request& receive : mate_receives_) receives.push_back(&receive);
+  for (MPI_Request* receive : receives) {
     if (*receive == MPI_REQUEST_NULL) continue;
     MPI_Cancel(receive);
     MPI_Request_free(receive);
@@ -271,8 +310,7 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
   const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
 
-  active_.clear();
-  RankReport& counters = profiler_.counters();
+  for (Peer& peer : peers_) peer.share = nullptr;
   for (const OwnerShare& share : plan.owners) {
     const int index = share.rank >= 0 && size_t(share.rank) < owner_peer_.size()
                           ? owner_peer_[size_t(share.rank)]
@@ -280,10 +318,43 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     if (index < 0)
       fail("layer {}: experts placed on rank {}, which is not an expert rank", plan.layer,
            share.rank);
-    Peer& peer = peers_[size_t(index)];
-    peer.share = &share;
+    peers_[size_t(index)].share = &share;
+  }
+  // With host combine, every expert rank of a host with work gets a request (an empty one when
+  // it has no rows), so that its leader knows whom to wait for.
+  const auto host_has_work = [&](const Peer& peer) {
+    if (peer.leader < 0) return false;
+    for (int m : peers_[size_t(peer.leader)].members)
+      if (peers_[size_t(m)].share && peers_[size_t(m)].share != &empty_share_) return true;
+    return false;
+  };
+  active_.clear();
+  repliers_.clear();
+  RankReport& counters = profiler_.counters();
+  for (size_t index = 0; index < peers_.size(); ++index) {
+    Peer& peer = peers_[index];
+    if (!peer.share && !host_has_work(peer)) continue;
+    if (!peer.share) peer.share = &empty_share_;
+    const OwnerShare& share = *peer.share;
     active_.push_back(&peer);
-    busy_[size_t(index)] = true;
+    busy_[index] = true;
+    peer.replies = peer.leader < 0 || peer.leader == int(index);
+    if (peer.leader == int(index)) {  // the union of its host's rows, ascending
+      peer.reply_rows.clear();
+      for (int m : peer.members) {
+        const OwnerShare* member = peers_[size_t(m)].share;
+        if (member)
+          for (int row : member->rows) row_marks_[size_t(row)] = 1;
+      }
+      for (int row = 0; row < n; ++row)
+        if (row_marks_[size_t(row)]) {
+          peer.reply_rows.push_back(row);
+          row_marks_[size_t(row)] = 0;
+        }
+    } else if (peer.replies) {
+      peer.reply_rows.assign(share.rows.begin(), share.rows.end());
+    }
+    if (peer.replies) repliers_.push_back(&peer);
     const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
     if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
     std::byte* payload = peer.send.data() + kHeaderBytes;
@@ -294,6 +365,11 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     for (uint32_t i = 0; i < n_pairs; ++i) {
       const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
       std::memcpy(pairs + size_t(i) * sizeof(wire::Pair), &pair, sizeof(wire::Pair));
+    }
+    std::byte* row_indices = pairs + size_t(n_pairs) * sizeof(wire::Pair);
+    for (uint32_t r = 0; r < n_rows; ++r) {
+      const auto row = uint32_t(share.rows[r]);
+      std::memcpy(row_indices + size_t(r) * sizeof(row), &row, sizeof(row));
     }
     const size_t payload_bytes = wire::request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes_);
     const wire::Header header{wire::kMagic,
@@ -307,14 +383,16 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
                               wire::checksum(payload, payload_bytes)};
     std::memcpy(peer.send.data(), &header, kHeaderBytes);
     // The reply receive is posted before the request leaves.
-    CHECK_MPI(MPI_Irecv(peer.recv.data(), int(peer.recv.size()), MPI_BYTE, peer.rank,
-                        wire::kTagReply, comm_, &peer.recv_request));
+    if (peer.replies)
+      CHECK_MPI(MPI_Irecv(peer.recv.data(), int(peer.recv.size()), MPI_BYTE, peer.rank,
+                          wire::kTagReply, comm_, &peer.recv_request));
     CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, peer.rank,
                         wire::kTagRequest, comm_, &peer.send_request));
     counters.rows += n_rows;
     counters.experts += n_pairs;
     counters.bytes_out += kHeaderBytes + payload_bytes;
     counters.bytes_to_rank[peer.rank] += kHeaderBytes + payload_bytes;
+    if (peer.remote) counters.bytes_cross_host += kHeaderBytes + payload_bytes;
   }
   dispatched_us_ = profiler_.now_us();
 }
@@ -323,7 +401,7 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   wire::ReplyCheck check;
   check.expected_sequence = peer.sequence;
   check.layer = layer_;
-  check.n_rows = uint32_t(peer.share->rows.size());
+  check.n_rows = uint32_t(peer.reply_rows.size());
   check.hidden = shape_.hidden;
   check.elem_bytes = elem_bytes_;
   const std::string problem =
@@ -337,9 +415,11 @@ void MpiTransport::combine(View out) {
   require_host_f32(out, "the combined partials");
   std::vector<MPI_Request*> requests;
   std::vector<int> ranks;
-  for (Peer* peer : active_) {
+  std::vector<double> limits;  // a host leader waits for its host-mates first: it names them
+  for (Peer* peer : repliers_) {
     requests.push_back(&peer->recv_request);
     ranks.push_back(peer->rank);
+    limits.push_back(options_.rank_timeout_s + (peer->leader >= 0 ? kAbortTeardownSeconds : 0));
   }
   {
     auto scope = profiler_.scope(Phase::kWaitSlowest, layer_);
@@ -358,25 +438,28 @@ void MpiTransport::combine(View out) {
         CHECK_MPI(MPI_Get_count(&statuses[i], MPI_BYTE, &counts[i]));
         {
           const auto index = size_t(owner_peer_[size_t(ranks[i])]);
-          if (heard_ns_[index] != 0) heard_ns_[index] = now_ns();
-          busy_[index] = false;
+          std::vector<int> heard{int(index)};
+          if (peers_[index].leader == int(index)) heard = peers_[index].members;
+          for (int h : heard) {
+            if (heard_ns_[size_t(h)] != 0) heard_ns_[size_t(h)] = now_ns();
+            busy_[size_t(h)] = false;
+          }
         }
         profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
         last = int(i);
         --remaining;
       }
       if (remaining == 0) break;
-      if (clock.elapsed() > options_.rank_timeout_s) {
-        for (size_t i = 0; i < requests.size(); ++i)
-          if (*requests[i] != MPI_REQUEST_NULL)
-            abort_job(fmt::format(
-                "{} is silent: no reply within {:.1f} s in the layer {} exchange (--rank-timeout)",
-                rank_identity().name_of(ranks[i]), options_.rank_timeout_s, layer_));
-      }
+      const double elapsed = clock.elapsed();
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (*requests[i] != MPI_REQUEST_NULL && elapsed > limits[i])
+          abort_job(fmt::format(
+              "{} is silent: no reply within {:.1f} s in the layer {} exchange (--rank-timeout)",
+              rank_identity().name_of(ranks[i]), options_.rank_timeout_s, layer_));
       backoff.pause();
     }
     if (last >= 0) ++slowest_[size_t(ranks[size_t(last)])];
-    for (size_t i = 0; i < active_.size(); ++i) validate_reply(*active_[i], counts[i]);
+    for (size_t i = 0; i < repliers_.size(); ++i) validate_reply(*repliers_[i], counts[i]);
   }
 
   auto scope = profiler_.scope(Phase::kCombine, layer_);
@@ -385,9 +468,9 @@ void MpiTransport::combine(View out) {
   RankReport& counters = profiler_.counters();
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
   row_started_.assign(size_t(n_rows_), 0);
-  for (const Peer* peer : active_) {  // ascending rank: a fixed summation order
+  for (const Peer* peer : repliers_) {  // ascending rank: a fixed summation order
     const std::byte* partial = peer->recv.data() + kHeaderBytes;
-    const std::vector<int>& rows = peer->share->rows;
+    const std::vector<int>& rows = peer->reply_rows;
     for (size_t r = 0; r < rows.size(); ++r) {
       float* dst = sum + size_t(rows[r]) * hidden;
       const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
@@ -399,14 +482,20 @@ void MpiTransport::combine(View out) {
       add_row(dst, src, hidden, !row_started_[size_t(rows[r])]);
       row_started_[size_t(rows[r])] = 1;
     }
-    counters.bytes_in +=
+    const size_t reply_bytes =
         kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
+    counters.bytes_in += reply_bytes;
+    if (peer->remote) counters.bytes_cross_host += reply_bytes;
   }
   for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
     if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
   std::vector<MPI_Request*> sends;
-  for (Peer* peer : active_) sends.push_back(&peer->send_request);
-  wait_all(sends, ranks, "request delivery", layer_);
+  std::vector<int> send_ranks;
+  for (Peer* peer : active_) {
+    sends.push_back(&peer->send_request);
+    send_ranks.push_back(peer->rank);
+  }
+  wait_all(sends, send_ranks, "request delivery", layer_);
   for (Peer* peer : active_) peer->share = nullptr;
 }
 
@@ -485,6 +574,13 @@ bool MpiTransport::receive(ExpertRequest& request) {
     std::memcpy(&pair, payload + rows_bytes + size_t(i) * sizeof(wire::Pair), sizeof(pair));
     request_pairs_[i] = {pair.row, pair.expert, pair.weight};
   }
+  const std::byte* row_indices = payload + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair);
+  request_rows_.resize(h.n_rows);
+  if (h.n_rows > 0)
+    std::memcpy(request_rows_.data(), row_indices, size_t(h.n_rows) * sizeof(uint32_t));
+  for (size_t i = 0; i < mates_.size(); ++i)
+    CHECK_MPI(MPI_Irecv(mate_buffers_[i].data(), int(mate_buffers_[i].size()), MPI_BYTE, mates_[i],
+                        wire::kTagHostPartial, comm_, &mate_receives_[i]));
   layer_ = h.layer;
   request.layer = h.layer;
   request.n_rows = int(h.n_rows);
@@ -501,20 +597,28 @@ void MpiTransport::reply(ConstView partial) {
   auto scope = profiler_.scope(Phase::kSend, layer_);
   require_host_f32(partial, "the partial");
   std::vector<MPI_Request*> previous{&reply_send_};
-  wait_all(previous, {coordinator_}, "reply delivery", layer_);
+  wait_all(previous, {reply_to_}, "reply delivery", layer_);
   const wire::Header& request = request_header_;
   const size_t values = size_t(request.n_rows) * shape_.hidden;
   if (partial.count < values) fail("reply: {} values for {} rows", partial.count, request.n_rows);
-  const size_t payload_bytes =
-      wire::reply_payload_bytes(request.n_rows, shape_.hidden, elem_bytes_);
+  if (reply_to_ != coordinator_) {
+    send_host_partial(partial);
+    post_request_receive();
+    return;
+  }
   std::byte* payload = reply_buffer_.data() + kHeaderBytes;
-  from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
+  uint32_t n_rows = request.n_rows;
+  if (!mates_.empty())
+    n_rows = sum_host_partials(static_cast<const float*>(partial.data));
+  else
+    from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
+  const size_t payload_bytes = wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_);
   const wire::Header header{wire::kMagic,
                             wire::kProtocolVersion,
                             uint16_t(wire::Opcode::kExpertReply),
                             request.sequence,
                             request.layer,
-                            request.n_rows,
+                            n_rows,
                             0,
                             uint32_t(payload_bytes),
                             wire::checksum(payload, payload_bytes)};
@@ -527,6 +631,121 @@ void MpiTransport::reply(ConstView partial) {
   counters.bytes_out += kHeaderBytes + payload_bytes;
   counters.bytes_to_rank[coordinator_] += kHeaderBytes + payload_bytes;
   post_request_receive();
+}
+
+void MpiTransport::send_host_partial(ConstView partial) {
+  const wire::Header& request = request_header_;
+  const size_t values = size_t(request.n_rows) * shape_.hidden;
+  // fp32 within the host: the leader rounds the host's sum to the wire type once.
+  const size_t payload_bytes =
+      wire::host_partial_payload_bytes(request.n_rows, shape_.hidden, sizeof(float));
+  std::byte* payload = reply_buffer_.data() + kHeaderBytes;
+  if (values > 0) std::memcpy(payload, partial.data, values * sizeof(float));
+  if (request.n_rows > 0)
+    std::memcpy(payload + values * sizeof(float), request_rows_.data(),
+                size_t(request.n_rows) * sizeof(uint32_t));
+  const wire::Header header{wire::kMagic,
+                            wire::kProtocolVersion,
+                            uint16_t(wire::Opcode::kHostPartial),
+                            request.sequence,
+                            request.layer,
+                            request.n_rows,
+                            0,
+                            uint32_t(payload_bytes),
+                            wire::checksum(payload, payload_bytes)};
+  std::memcpy(reply_buffer_.data(), &header, kHeaderBytes);
+  if (request.layer == options_.corrupt_reply_at_layer && payload_bytes > 0)
+    payload[payload_bytes / 2] ^= std::byte{0x5a};
+  CHECK_MPI(MPI_Isend(reply_buffer_.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, reply_to_,
+                      wire::kTagHostPartial, comm_, &reply_send_));
+  RankReport& counters = profiler_.counters();
+  counters.bytes_out += kHeaderBytes + payload_bytes;
+  counters.bytes_to_rank[reply_to_] += kHeaderBytes + payload_bytes;
+}
+
+uint32_t MpiTransport::sum_host_partials(const float* own) {
+  const wire::Header& request = request_header_;
+  std::vector<int> counts(mates_.size(), 0);
+  {
+    // The host-mates' partials, each within the deadline; a silent one is named.
+    WaitClock clock;
+    Backoff backoff;
+    size_t remaining = mates_.size();
+    while (remaining > 0) {
+      for (size_t i = 0; i < mates_.size(); ++i) {
+        if (mate_receives_[i] == MPI_REQUEST_NULL) continue;
+        int done = 0;
+        MPI_Status status;
+        CHECK_MPI(MPI_Test(&mate_receives_[i], &done, &status));
+        if (!done) continue;
+        CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &counts[i]));
+        --remaining;
+      }
+      if (remaining == 0) break;
+      if (clock.elapsed() > options_.rank_timeout_s) {
+        for (size_t i = 0; i < mates_.size(); ++i)
+          if (mate_receives_[i] != MPI_REQUEST_NULL)
+            abort_job(fmt::format(
+                "{} is silent: no host partial for its host leader within {:.1f} s in the layer "
+                "{} exchange (--rank-timeout)",
+                rank_identity().name_of(mates_[i]), options_.rank_timeout_s, request.layer));
+      }
+      backoff.pause();
+    }
+  }
+  wire::HostPartialCheck check;
+  check.expected_sequence = request.sequence;
+  check.layer = request.layer;
+  check.max_rows = shape_.max_rows;
+  check.hidden = shape_.hidden;
+  check.elem_bytes = sizeof(float);
+  std::vector<wire::Header> headers(mates_.size());
+  for (size_t i = 0; i < mates_.size(); ++i) {
+    const std::string problem = wire::check_host_partial(
+        mate_buffers_[i].data(), size_t(std::max(counts[i], 0)), check, headers[i]);
+    if (!problem.empty())
+      abort_job(fmt::format("corrupted host partial from {} in layer {}: {}",
+                            rank_identity().name_of(mates_[i]), request.layer, problem));
+  }
+  const int hidden = shape_.hidden;
+  const size_t row_bytes = size_t(hidden) * sizeof(float);
+  const auto mate_rows = [&](size_t i) {
+    return mate_buffers_[i].data() + kHeaderBytes + size_t(headers[i].n_rows) * row_bytes;
+  };
+  // The union of the rows, ascending: slot_[row] is its place in the sum.
+  for (uint32_t row : request_rows_) slot_[row] = 0;
+  for (size_t i = 0; i < mates_.size(); ++i)
+    for (uint32_t r = 0; r < headers[i].n_rows; ++r) {
+      uint32_t row;
+      std::memcpy(&row, mate_rows(i) + size_t(r) * sizeof(row), sizeof(row));
+      slot_[row] = 0;
+    }
+  uint32_t n_rows = 0;
+  for (int& slot : slot_)
+    if (slot >= 0) slot = int(n_rows++);
+  float* sum = host_sum_.data();
+  std::fill(sum, sum + size_t(n_rows) * hidden, 0.0f);
+  // Ascending rank: this rank (the lowest of its host) first, then its host-mates.
+  for (size_t r = 0; r < request_rows_.size(); ++r) {
+    float* dst = sum + size_t(slot_[request_rows_[r]]) * hidden;
+    const float* src = own + r * size_t(hidden);
+    for (int j = 0; j < hidden; ++j) dst[j] += src[j];
+  }
+  RankReport& counters = profiler_.counters();
+  for (size_t i = 0; i < mates_.size(); ++i) {
+    const std::byte* partial = mate_buffers_[i].data() + kHeaderBytes;
+    for (uint32_t r = 0; r < headers[i].n_rows; ++r) {
+      uint32_t row;
+      std::memcpy(&row, mate_rows(i) + size_t(r) * sizeof(row), sizeof(row));
+      float* dst = sum + size_t(slot_[row]) * hidden;
+      std::memcpy(row_f32_.data(), partial + r * row_bytes, row_bytes);  // unaligned
+      for (int j = 0; j < hidden; ++j) dst[j] += row_f32_[size_t(j)];
+    }
+    counters.bytes_in += size_t(counts[i]);
+  }
+  for (int& slot : slot_) slot = -1;
+  from_f32(sum, size_t(n_rows) * hidden, options_.wire_type, reply_buffer_.data() + kHeaderBytes);
+  return n_rows;
 }
 
 }  // namespace colibri

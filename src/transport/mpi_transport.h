@@ -36,6 +36,12 @@ struct MpiTransportOptions {
   ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
   // Test hook: this rank flips one payload byte of its reply at this layer (-1: never).
   int corrupt_reply_at_layer = -1;
+  // Per-host combine (--combine host): the expert ranks of one host (host_of equal) send their
+  // partials to the lowest of them, the host leader, which sums them in ascending rank order and
+  // sends one reply for the host. On every host, the coordinator's included; a host with one
+  // expert rank replies directly. Off: every owner replies to the coordinator (star).
+  bool host_combine = false;
+  std::vector<int> host_of;  // [world size] host index of each rank; empty: one host each
 };
 
 class MpiTransport final : public Dispatcher, public ExpertChannel {
@@ -61,6 +67,13 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request recv_request = MPI_REQUEST_NULL;
     uint32_t sequence = 0;  // messages sent to this peer
+    bool remote = false;    // on another host than the coordinator
+    // Host combine: index in peers_ of this peer's host leader (itself for a leader); -1 when it
+    // replies directly. A leader's members: its host's peers, ascending, itself first.
+    int leader = -1;
+    std::vector<int> members;
+    bool replies = true;          // this exchange: its reply comes to the coordinator
+    std::vector<int> reply_rows;  // this exchange: the coordinator rows its reply covers
   };
 
   // Polls until every request is complete or the deadline passes. On timeout names the peer of
@@ -68,6 +81,10 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   void wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                 const char* what, int layer);
   void validate_reply(const Peer& peer, int count_bytes);
+  // Expert rank: the host-mate's send of its partial to its leader; the leader's sum of its own
+  // and its host-mates' partials into reply_buffer_ (returns the rows of the sum).
+  void send_host_partial(ConstView partial);
+  uint32_t sum_host_partials(const float* own);
   void post_request_receive();
   void post_control_receive();
   // Coordinator: the heartbeat thread's loop, and its end.
@@ -97,6 +114,9 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   std::vector<int> owner_peer_;       // rank -> index in peers_ (-1 if none)
   std::vector<uint64_t> slowest_;     // [world size]
   std::vector<Peer*> active_;         // peers of this exchange, ascending rank
+  std::vector<Peer*> repliers_;       // those of them that reply to the coordinator
+  OwnerShare empty_share_;            // a host-mate's share when it has no rows
+  std::vector<char> row_marks_;       // [max_rows] scratch: rows of a host's union
   std::vector<float> row_f32_;        // [hidden] one partial row converted from the wire type
   std::vector<uint8_t> row_started_;  // [rows] whether combine has added a partial to the row
   // Per peer, shared by the main and the heartbeat thread: when it was last heard from (an answer
@@ -115,6 +135,15 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   MPI_Request request_receive_ = MPI_REQUEST_NULL;
   MPI_Request reply_send_ = MPI_REQUEST_NULL;
   wire::Header request_header_{};
+  std::vector<uint32_t> request_rows_;  // the coordinator's row indices of the last request
+  int reply_to_ = 0;                    // the coordinator, or this rank's host leader
+  // Host leader: its host-mates (ascending), a receive of each one's partial per exchange, the
+  // sum (fp32) and which of its rows holds each coordinator row.
+  std::vector<int> mates_;
+  std::vector<std::vector<std::byte>> mate_buffers_;
+  std::vector<MPI_Request> mate_receives_;
+  std::vector<float> host_sum_;
+  std::vector<int> slot_;
   std::vector<std::byte> control_buffer_;  // one heartbeat
   MPI_Request control_receive_ = MPI_REQUEST_NULL;
   MPI_Request answer_send_ = MPI_REQUEST_NULL;  // the last answer to a heartbeat

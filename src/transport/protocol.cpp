@@ -87,6 +87,19 @@ uint32_t checksum_with(const std::byte* data, size_t bytes, bool hw) {
   return uint32_t(mixed ^ (mixed >> 32));
 }
 
+// n row indices (uint32, unaligned), strictly ascending and below max_rows.
+std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows) {
+  uint32_t previous = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t row;
+    std::memcpy(&row, indices + size_t(i) * sizeof(row), sizeof(row));
+    if (row >= uint32_t(max_rows) || (i > 0 && row <= previous))
+      return fmt::format("row index {} = {} is out of range or out of order", i, row);
+    previous = row;
+  }
+  return {};
+}
+
 }  // namespace
 
 uint32_t checksum(const std::byte* data, size_t bytes) {
@@ -118,7 +131,7 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
     return fmt::format("unknown opcode {}", h.opcode);
   if (h.layer < 0 || h.layer >= check.num_layers)
     return fmt::format("layer {} out of range", h.layer);
-  if (h.n_rows == 0 || h.n_rows > uint32_t(check.max_rows))
+  if (h.n_rows > uint32_t(check.max_rows))
     return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
   if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
     return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
@@ -139,7 +152,7 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
     if (check.owned && !check.owned(h.layer, pair.expert))
       return fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer);
   }
-  return {};
+  return check_row_indices(pairs + size_t(h.n_pairs) * sizeof(Pair), h.n_rows, check.max_rows);
 }
 
 std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check) {
@@ -161,6 +174,29 @@ std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck
   if (checksum(message + sizeof(Header), expected) != h.checksum)
     return "payload checksum mismatch";
   return {};
+}
+
+std::string check_host_partial(const std::byte* message, size_t bytes,
+                               const HostPartialCheck& check, Header& h) {
+  if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
+  std::memcpy(&h, message, sizeof(Header));
+  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
+  if (h.version != kProtocolVersion)
+    return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
+  if (h.opcode != uint16_t(Opcode::kHostPartial))
+    return fmt::format("opcode {} where a host partial was expected", h.opcode);
+  if (h.sequence != check.expected_sequence || h.layer != check.layer)
+    return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
+                       check.expected_sequence, check.layer);
+  if (h.n_rows > uint32_t(check.max_rows) || h.n_pairs != 0)
+    return fmt::format("{} rows (at most {}), {} pairs", h.n_rows, check.max_rows, h.n_pairs);
+  const size_t expected = host_partial_payload_bytes(h.n_rows, check.hidden, check.elem_bytes);
+  if (h.payload_bytes != expected || bytes != sizeof(Header) + expected)
+    return fmt::format("{} bytes (expected {})", bytes, sizeof(Header) + expected);
+  const std::byte* payload = message + sizeof(Header);
+  if (checksum(payload, expected) != h.checksum) return "payload checksum mismatch";
+  return check_row_indices(payload + size_t(h.n_rows) * size_t(check.hidden) * check.elem_bytes,
+                           h.n_rows, check.max_rows);
 }
 
 }  // namespace colibri::wire

@@ -10,7 +10,9 @@
 namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
-constexpr uint16_t kProtocolVersion = 5;  // 4: HELLO says why a rank sees no GPU; 5: heartbeat answers
+// 4: HELLO says why a rank sees no GPU; 5: heartbeat answers; 6: requests carry the coordinator's
+// row indices, empty requests to host-mates, host partials (--combine host)
+constexpr uint16_t kProtocolVersion = 6;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -18,13 +20,17 @@ enum class Opcode : uint16_t {
   kShutdown = 3,       // coordinator -> owner: no more requests; send your report
   kHeartbeat = 4,      // on kTagControl, coordinator -> owner: alive, though no request comes;
                        // owner -> coordinator: the answer (alive, waiting for a request)
+  kHostPartial = 5,    // on kTagHostPartial, expert rank -> its host leader (--combine host): its
+                       // pre-summed partial rows and their coordinator row indices
 };
 
 // MPI tags: requests and replies never share a tag, so preposted receives match by kind.
 constexpr int kTagRequest = 101;
 constexpr int kTagReply = 102;
-constexpr int kTagControl = 103;     // heartbeats and their answers: a header alone
-constexpr int kTagCollective = 104;  // start-up and report collectives (transport/deadline.h)
+constexpr int kTagControl = 103;      // heartbeats and their answers: a header alone
+constexpr int kTagCollective = 104;   // start-up and report collectives (transport/deadline.h)
+constexpr int kTagHostPartial = 105;  // host-mate -> host leader partials (--combine host)
+constexpr int kTagHostName = 106;     // each rank's host, before the first start-up step
 
 struct Header {
   uint32_t magic;
@@ -54,10 +60,19 @@ uint32_t checksum(const std::byte* data, size_t bytes);
 uint32_t checksum_portable(const std::byte* data, size_t bytes);
 
 // Request payload: rows [n_rows, hidden] in the wire element type (`elem_bytes` each, agreed at
-// start-up), then n_pairs Pairs (unaligned when the rows are bf16 and hidden is odd).
+// start-up), then n_pairs Pairs (unaligned when the rows are bf16 and hidden is odd), then n_rows
+// uint32 coordinator row indices, strictly ascending. A request with no rows (and no pairs) goes
+// to an expert rank with nothing to compute whose host leader waits for its (empty) partial.
 constexpr size_t request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hidden,
                                        size_t elem_bytes) {
-  return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_pairs) * sizeof(Pair);
+  return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_pairs) * sizeof(Pair) +
+         size_t(n_rows) * sizeof(uint32_t);
+}
+// Host partial payload: rows [n_rows, hidden] (fp32 whatever the wire type, so that a host's sum
+// is rounded to the wire type once, by its leader; `elem_bytes` 4), then n_rows uint32
+// coordinator row indices, strictly ascending.
+constexpr size_t host_partial_payload_bytes(uint32_t n_rows, int hidden, size_t elem_bytes) {
+  return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_rows) * sizeof(uint32_t);
 }
 constexpr size_t reply_payload_bytes(uint32_t n_rows, int hidden, size_t elem_bytes) {
   return size_t(n_rows) * size_t(hidden) * elem_bytes;
@@ -87,5 +102,19 @@ struct ReplyCheck {
 
 // Validates one reply message (header + partial rows). Returns "" when valid, else what is wrong.
 std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check);
+
+// What a valid host partial must agree with on the host leader.
+struct HostPartialCheck {
+  uint32_t expected_sequence = 0;  // the leader's own request's: host-mates get every request
+  int layer = 0;
+  int max_rows = 0;
+  int hidden = 0;
+  size_t elem_bytes = 4;
+};
+
+// Validates one host partial (header + rows + row indices) and copies its header out. Returns ""
+// when valid, else what is wrong.
+std::string check_host_partial(const std::byte* message, size_t bytes,
+                               const HostPartialCheck& check, Header& header);
 
 }  // namespace colibri::wire

@@ -144,6 +144,8 @@ def layout_seeds():
     write("layout", "one_rank", b"\x00" + b"0 coordinator\n")
     write("layout", "budgets", b"\x03" + b"0 coordinator - 0 - -\n1 gpu-expert 0 0 16 28.5\n"
           b"2 gpu-expert 1 1 0.5 -\n3 cpu-expert - 1 100 -  # comment\n")
+    write("layout", "hosts", b"\x03" + b"0 coordinator - - - - node-a\n1 cpu-expert - 0 32 - node-a\n"
+          b"2 cpu-expert - - - - -\n3 gpu-expert 0 0 16 28 node-b\n")
 
 
 def npy(shape, values, descr="<f4", fortran="False", version=1):

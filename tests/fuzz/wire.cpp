@@ -1,9 +1,12 @@
 // Fuzz target: one message of the MPI exchange as an expert rank (request or shutdown) or the
 // coordinator (reply) receives it, through wire::check_request / wire::check_reply. The first
 // byte chooses: bit 0 recomputes the payload checksum (so mutations reach the checks after it),
-// bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire. Limits: hidden 4, at most 8
-// rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted request's
-// rows and pairs lie inside the message, and its pairs are valid.
+// bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire, bit 3 (with bit 1 clear)
+// checks a host partial as a host leader receives it (wire::check_host_partial; fp32 rows
+// whatever the wire). Limits: hidden
+// 4, at most 8 rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted
+// request's rows, pairs and row indices lie inside the message, its pairs are valid and its row
+// indices ascend below 8; so do an accepted host partial's.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +41,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fuzz_require(message.size() == sizeof(wire::Header) + 2 * 4 * elem_bytes, "exact size");
       return;
     }
+    if (flags & 8) {
+      wire::HostPartialCheck check;
+      check.expected_sequence = 1;
+      check.layer = 1;
+      check.max_rows = 8;
+      check.hidden = 4;
+      check.elem_bytes = 4;
+      wire::Header h;
+      const std::string problem =
+          wire::check_host_partial(message.data(), message.size(), check, h);
+      if (!problem.empty()) throw Error(problem);
+      fuzz_require(h.n_rows <= 8, "rows within the limit");
+      fuzz_require(message.size() == sizeof(wire::Header) + h.n_rows * (4 * 4 + 4),
+                   "rows and row indices fill the message");
+      uint32_t previous = 0;
+      for (uint32_t i = 0; i < h.n_rows; ++i) {
+        uint32_t row;
+        std::memcpy(&row, message.data() + sizeof(wire::Header) + h.n_rows * 4 * 4 + i * 4,
+                    sizeof(row));
+        fuzz_require(row < 8 && (i == 0 || row > previous), "ascending row indices");
+        previous = row;
+      }
+      return;
+    }
     wire::RequestCheck check;
     check.expected_sequence = 1;
     check.num_layers = 3;
@@ -52,10 +79,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!problem.empty()) throw Error(problem);
     if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return;
     const size_t rows_bytes = size_t(h.n_rows) * 4 * elem_bytes;
-    fuzz_require(h.n_rows >= 1 && h.n_rows <= 8, "rows within the limit");
-    fuzz_require(sizeof(wire::Header) + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair) ==
+    fuzz_require(h.n_rows <= 8, "rows within the limit");
+    fuzz_require(sizeof(wire::Header) + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair) +
+                         size_t(h.n_rows) * 4 ==
                      message.size(),
-                 "rows and pairs fill the message");
+                 "rows, pairs and row indices fill the message");
     for (uint32_t i = 0; i < h.n_pairs; ++i) {
       wire::Pair pair;
       std::memcpy(&pair,

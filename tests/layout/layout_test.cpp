@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <map>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 
 #include "common/error.h"
 #include "common/layout.h"
+#include "rank/placement.h"
 
 namespace colibri {
 namespace {
@@ -174,8 +176,8 @@ TEST(Layout, BadNumbers) {
 }
 
 TEST(Layout, TooManyOrTooFewColumns) {
-  EXPECT_TRUE(fails_with("0 coordinator - - - - extra\n", 1,
-                         {"t.layout:1:", "7 columns, expected at most 6"}));
+  EXPECT_TRUE(fails_with("0 coordinator - - - - node-a extra\n", 1,
+                         {"t.layout:1:", "8 columns, expected at most 7"}));
   EXPECT_TRUE(fails_with("0 coordinator\n1\n", 2, {"t.layout:2:", "role is missing"}));
 }
 
@@ -213,7 +215,8 @@ TEST(Layout, LoadsFilesAndNamesMissingOnes) {
 
 TEST(Layout, CerealBinaryRoundTrip) {
   const Layout layout = parse_layout(
-      "0 coordinator - 1\n1 gpu-expert 5 0 16.25 27.5\n2 cpu-expert - 1 99.75\n", "rt.layout", 3);
+      "0 coordinator - 1\n1 gpu-expert 5 0 16.25 27.5 node-b\n2 cpu-expert - 1 99.75 -\n",
+      "rt.layout", 3);
   std::stringstream stream;
   {
     cereal::BinaryOutputArchive out(stream);
@@ -234,9 +237,81 @@ TEST(Layout, CerealBinaryRoundTrip) {
     EXPECT_EQ(back.ranks[r].numa, layout.ranks[r].numa);
     EXPECT_EQ(back.ranks[r].ram_gb, layout.ranks[r].ram_gb);
     EXPECT_EQ(back.ranks[r].vram_gb, layout.ranks[r].vram_gb);
+    EXPECT_EQ(back.ranks[r].host, layout.ranks[r].host);
   }
+  EXPECT_EQ(back.ranks[1].host, "node-b");
+  EXPECT_EQ(back.ranks[2].host, "");
   EXPECT_EQ(back.ranks[1].gpu, 5);  // not all defaults
   EXPECT_EQ(back.ranks[2].ram_gb, 99.75);
+}
+
+// ---- placement by host -----------------------------------------------------------------------
+
+// A DeepSeek-V3-shaped MoE (256 experts in 8 groups, top-4 groups) over 4 hosts of 1, 2, 2 and 1
+// expert ranks; the coordinator shares host a.
+TEST(PlacementHosts, WholeGroupsPerHostInProportionToBudgets) {
+  ModelConfig config;
+  config.num_layers = 3;
+  config.layer_is_moe = {false, true, true};
+  config.n_routed_experts = 256;
+  config.n_group = 8;
+  config.topk_group = 4;
+  const Layout layout = parse_layout(
+      "0 coordinator - - - - a\n1 cpu-expert - - - - a\n2 cpu-expert - - - - b\n"
+      "3 cpu-expert - - - - b\n4 cpu-expert - - - - c\n5 cpu-expert - - - - c\n"
+      "6 cpu-expert - - - - d\n",
+      "hosts.layout", 7);
+  const PlacementTable table = make_placement(config, layout, PlacementPolicy::kHosts, 1000);
+  EXPECT_EQ(table.policy, "hosts");
+  const auto host_of = [&](int rank) { return layout.ranks[size_t(rank)].host; };
+  for (int l = 1; l < 3; ++l) {
+    std::map<std::string, int> experts_on;
+    for (int g = 0; g < 8; ++g) {
+      std::set<std::string> hosts;
+      for (int e = g * 32; e < (g + 1) * 32; ++e) {
+        hosts.insert(host_of(table.owner_of(l, e)));
+        ++experts_on[host_of(table.owner_of(l, e))];
+      }
+      EXPECT_EQ(hosts.size(), 1u) << "layer " << l << " group " << g << " spans hosts";
+    }
+    // Budgets 1:2:2:1 (equal per rank): groups 1, 3, 3 and 1.
+    EXPECT_EQ(experts_on["a"], 32);
+    EXPECT_EQ(experts_on["b"], 96);
+    EXPECT_EQ(experts_on["c"], 96);
+    EXPECT_EQ(experts_on["d"], 32);
+  }
+  // Within a host, balanced over its ranks.
+  EXPECT_EQ(table.count_owned(2), 96);
+  EXPECT_EQ(table.count_owned(3), 96);
+  EXPECT_EQ(table.count_owned(0), 0);
+  const std::string printed = format_placement(table, layout, 1 << 20);
+  EXPECT_NE(printed.find("host b                  2 ranks    192 experts      192.0 MiB"),
+            std::string::npos)
+      << printed;
+}
+
+// Budgets move the boundaries; fewer groups than hosts: blocks of single experts.
+TEST(PlacementHosts, BudgetsAndUngroupedExperts) {
+  ModelConfig config;
+  config.num_layers = 1;
+  config.layer_is_moe = {true};
+  config.n_routed_experts = 12;
+  config.n_group = 1;
+  const Layout layout = parse_layout(
+      "0 coordinator - - - - a\n1 cpu-expert - - 30 - b\n2 cpu-expert - - 10 - c\n"
+      "3 cpu-expert - - 20 - c\n",
+      "budgets.layout", 4);
+  const PlacementTable table = make_placement(config, layout, PlacementPolicy::kHosts, 1);
+  // Host b holds 30 of 60 GB: experts 0-5; host c the rest.
+  for (int e = 0; e < 12; ++e) {
+    SCOPED_TRACE(e);
+    if (e < 6)
+      EXPECT_EQ(table.owner_of(0, e), 1);
+    else
+      EXPECT_NE(table.owner_of(0, e), 1);
+  }
+  EXPECT_EQ(table.count_owned(2) + table.count_owned(3), 6);
+  EXPECT_GT(table.count_owned(3), table.count_owned(2));
 }
 
 // ---- default_layout ------------------------------------------------------------------------

@@ -151,10 +151,13 @@ std::vector<std::string> error_lines(const JobResult& r) {
 
 // ---- equal to the single process ---------------------------------------------------------------
 
-class MultihostEquality : public Multihost, public ::testing::WithParamInterface<std::string> {};
+// Fixture, --combine: star (every owner replies to the coordinator) or host (the expert ranks of
+// a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here), and --placement.
+using EqualityCase = std::tuple<std::string, std::string, std::string>;
+class MultihostEquality : public Multihost, public ::testing::WithParamInterface<EqualityCase> {};
 
 TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
-  const std::string fixture = GetParam();
+  const auto& [fixture, combine, placement] = GetParam();
   const ScratchDir dir;
   const int ngen = 4;
   std::vector<std::string> one_args = generate_args(fixture, ngen);
@@ -168,8 +171,9 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   ASSERT_EQ(one.exit_code, 0) << describe(one);
 
   std::vector<std::string> job_args = generate_args(fixture, ngen);
-  job_args.insert(job_args.end(), {"--logits-out", (dir.path() / "seven.npy").string(),
-                                   "--print-placement", "--rank-timeout", "30"});
+  job_args.insert(job_args.end(),
+                  {"--logits-out", (dir.path() / "seven.npy").string(), "--print-placement",
+                   "--rank-timeout", "30", "--combine", combine, "--placement", placement});
   const JobResult job = run_across_hosts(job_args);
   expect_clean_end(job);
   ASSERT_EQ(job.exit_code, 0) << describe(job);
@@ -200,10 +204,38 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   EXPECT_GT(max_abs, 0.1f) << "logits near zero: the comparison would pass vacuously";
   EXPECT_LE(max_diff, 1e-5f) << fixture << ": " << a.shape[0] << " positions";
   RecordProperty("max_abs_diff", std::to_string(max_diff));
+  // The coordinator's count of the bytes that crossed hosts (profile table).
+  std::smatch crossed;
+  ASSERT_TRUE(std::regex_search(job.err, crossed,
+                                std::regex("rank 0: [^\n]*\\(([0-9]+) bytes\\) crossed hosts")))
+      << describe(job);
+  RecordProperty("bytes_cross_host", crossed[1].str());
+  std::printf("[%s --combine %s --placement %s] max |logit diff| %.3g, %s bytes crossed hosts\n",
+              fixture.c_str(), combine.c_str(), placement.c_str(), max_diff,
+              crossed[1].str().c_str());
+  // --print-placement: a line per host (the head's two ranks, two on hosts 1 and 2, one on 3).
+  for (int h = 0; h <= kHosts; ++h) {
+    const int ranks = h == 3 ? 1 : 2;
+    EXPECT_TRUE(
+        std::regex_search(job.err, std::regex("\\n  host " + regex_escape(host(h)) + " +" +
+                                              std::to_string(ranks) + " ranks +[0-9]+ experts")))
+        << host(h) << "\n"
+        << describe(job);
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality, ::testing::Values("glm5", "dsv3"),
-                         [](const auto& param_info) { return param_info.param; });
+INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality,
+                         ::testing::Values(EqualityCase{"glm5", "star", "balanced"},
+                                           EqualityCase{"glm5", "host", "balanced"},
+                                           EqualityCase{"dsv3", "star", "balanced"},
+                                           EqualityCase{"dsv3", "host", "balanced"},
+                                           EqualityCase{"dsv3", "star", "hosts"},
+                                           EqualityCase{"dsv3", "host", "hosts"}),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) + "_" +
+                                  std::get<1>(param_info.param) + "_" +
+                                  std::get<2>(param_info.param);
+                         });
 
 // ---- faults on another host --------------------------------------------------------------------
 
@@ -233,7 +265,8 @@ void expect_ended_after_fault(const JobResult& r, double seconds_after_fault,
 // from the test (exit(1) cannot be sent, so those cells are absent). Every cell: every process of
 // the job gone within 10 s of the fault, exit non-zero, nothing left in any namespace, and the rank
 // named: by mpirun for a death ("process rank 4 ... on node NAME-h2 exited on signal 9"; for
-// exit(1) Open MPI names the rank without its host), by one error line for a stop.
+// exit(1) Open MPI names the rank without its host, and the rank's own line its host), by one
+// error line for a stop.
 enum class Kind { kKill, kStop, kAbort, kExit };
 enum class Phase { kStartup, kLoad, kPrefill, kDecode, kIdle };
 
@@ -357,8 +390,9 @@ TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
     ASSERT_EQ(lines.size(), 1u) << describe(r);
     std::string expected;
     if (c.phase == Phase::kStartup) {
-      // Before the hosts are exchanged, a rank knows only its own.
-      expected = "rank " + rank + "@\\S+ is silent: did not reach start-up";
+      // The first step exchanges the hosts; the host comes from the early host messages.
+      expected =
+          "rank " + rank + "@" + regex_escape(fault_host) + " is silent: did not reach start-up";
     } else if (c.phase == Phase::kLoad) {
       expected =
           "rank " + rank + "@" + regex_escape(fault_host) + " is silent: did not reach start-up";
@@ -377,13 +411,22 @@ TEST_P(MultihostFault, EndsTheJobAndNamesTheRank) {
     EXPECT_TRUE(std::regex_search(
         lines[0], std::regex("^\\[" + regex_escape(reporter) + "\\] error: " + expected)))
         << lines[0];
+  } else if (c.kind == Kind::kExit) {
+    // exit(1) before MPI_Finalize: the rank says so itself, with its host (Open MPI names the
+    // rank only).
+    ASSERT_EQ(lines.size(), 1u) << describe(r);
+    EXPECT_TRUE(
+        std::regex_search(lines[0], std::regex("^\\[rank " + rank + "@" + regex_escape(fault_host) +
+                                               "\\] error: exit\\(\\) before MPI_Finalize")))
+        << lines[0];
+    EXPECT_TRUE(std::regex_search(
+        r.combined, std::regex("Process name: \\[\\[[0-9]+,1\\]," + rank + "\\]\\s+Exit code: +1")))
+        << describe(r);
   } else {
     EXPECT_TRUE(lines.empty()) << "a death is reported by mpirun\n" << describe(r);
     const std::regex names =
-        c.kind == Kind::kExit
-            ? std::regex("Process name: \\[\\[[0-9]+,1\\]," + rank + "\\]\\s+Exit code: +1")
-            : std::regex("rank " + rank + " [^\\n]*node " + regex_escape(fault_host) +
-                         "[^\\n]*signal " + std::to_string(signal_of(c.kind)));
+        std::regex("rank " + rank + " [^\\n]*node " + regex_escape(fault_host) + "[^\\n]*signal " +
+                   std::to_string(signal_of(c.kind)));
     EXPECT_TRUE(std::regex_search(r.combined, names)) << describe(r);
   }
 }
@@ -397,6 +440,29 @@ INSTANTIATE_TEST_SUITE_P(Matrix, MultihostFault, ::testing::ValuesIn(fault_cells
                                                  : "expert_other_host") +
                                   "_" + phase_name(c.phase);
                          });
+
+// --combine host: rank 5 stops in decode; its host leader (rank 4, the lowest expert rank of
+// host 2) names it, before the coordinator's longer wait for the leader runs out.
+TEST_F(Multihost, AStoppedHostMateIsNamedByItsHostLeader) {
+  std::vector<std::string> args = generate_args("glm5", 8);
+  args.insert(args.end(), {"--combine", "host", "--rank-timeout", "1", "--startup-timeout", "2"});
+  const JobResult r =
+      run_across_hosts(args, {{"COLIBRI_TEST_FAULT", "stop:5:" + std::to_string(kFaultLayer) + ":" +
+                                                         std::to_string(kFaultRequest)}});
+  std::smatch match;
+  ASSERT_TRUE(std::regex_search(
+      r.combined, match,
+      std::regex("test fault: rank 5 raises signal " + std::to_string(SIGSTOP) + " at ([0-9.]+)")))
+      << describe(r);
+  expect_ended_after_fault(r, r.reaped_unix_s - std::stod(match[1]), namespace_processes());
+  const std::vector<std::string> lines = error_lines(r);
+  ASSERT_EQ(lines.size(), 1u) << describe(r);
+  const std::regex silent("\\[rank 4@" + regex_escape(host_of_rank(4)) + "\\] error: rank 5@" +
+                          regex_escape(host_of_rank(5)) +
+                          " is silent: no host partial for its host leader within 1\\.0 s in the "
+                          "layer 2 exchange \\(--rank-timeout\\)");
+  EXPECT_TRUE(std::regex_match(lines[0], silent)) << lines[0];
+}
 
 TEST_F(Multihost, ALinkCutDuringDecodeEndsTheJob) {
   // A long decode; host 2's link goes down just after the first token.

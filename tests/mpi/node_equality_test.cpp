@@ -80,16 +80,16 @@ std::vector<float> run_sequence(Engine& engine, const Golden& g) {
   return logits;
 }
 
-using Case = std::tuple<std::string, std::string>;  // fixture, placement
-class NodeEquality : public ::testing::TestWithParam<Case> {};
-
-TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
-  const auto& [fixture, placement] = GetParam();
+// Runs the parity fixture distributed and checks it against the reference, the single-process
+// engine and the transformers goldens.
+void expect_equal_to_reference(const std::string& fixture, const std::string& placement,
+                               bool host_combine) {
   NodeOptions options;
   options.model_dir = kParityDir / fixture / "model";
   options.placement = parse_placement_policy(placement);
   options.max_rows = 64;
   options.rank_timeout_s = 60;
+  options.host_combine = host_combine;
   Node node(MPI_COMM_WORLD, options);
   if (!node.is_coordinator()) {
     node.serve();
@@ -140,10 +140,29 @@ TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
     EXPECT_EQ(argmax(a), argmax(b)) << "position " << row;
   }
   EXPECT_EQ(greedy.tokens, g.greedy);
-  std::printf("[np %d %s %s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
-              world_size(), fixture.c_str(), placement.c_str(), max_vs_reference,
-              max_vs_transformers);
+  std::printf("[np %d %s %s%s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
+              world_size(), fixture.c_str(), placement.c_str(), host_combine ? " host combine" : "",
+              max_vs_reference, max_vs_transformers);
 }
+
+using Case = std::tuple<std::string, std::string>;  // fixture, placement
+class NodeEquality : public ::testing::TestWithParam<Case> {};
+
+TEST_P(NodeEquality, LogitsAndGreedyTokensEqualTheReference) {
+  const auto& [fixture, placement] = GetParam();
+  expect_equal_to_reference(fixture, placement, false);
+}
+
+// --combine host: on one host, every expert rank's partial goes to the lowest expert rank (rank
+// 1), which sums them and replies once; at np 2 it is the only one and replies alone.
+class NodeHostCombine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NodeHostCombine, LogitsAndGreedyTokensEqualTheReference) {
+  expect_equal_to_reference(GetParam(), "round-robin", true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),
+                         [](const auto& param_info) { return param_info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeEquality,
                          ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),

@@ -1,9 +1,12 @@
 // The wire checksum (transport/protocol.h): the crc32-instruction path and the table path give
-// the same value for every length and alignment, and it sees what a transport could get wrong.
+// the same value for every length and alignment, and it sees what a transport could get wrong;
+// the checks of requests (row indices, empty requests) and host partials.
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "transport/protocol.h"
@@ -48,6 +51,83 @@ TEST(WireChecksum, SeesFlipsSwapsAndLength) {
   padded.resize(v.size() + 8);
   EXPECT_NE(checksum(padded.data(), padded.size()), base);
   EXPECT_EQ(checksum(v.data(), v.size()), base);
+}
+
+// A message of `opcode` with `payload`, its header filled in as a sender does.
+std::vector<std::byte> message(Opcode opcode, uint32_t n_rows, uint32_t n_pairs,
+                               const std::vector<std::byte>& payload) {
+  const Header header{kMagic,
+                      kProtocolVersion,
+                      uint16_t(opcode),
+                      1,
+                      1,
+                      n_rows,
+                      n_pairs,
+                      uint32_t(payload.size()),
+                      checksum(payload.data(), payload.size())};
+  std::vector<std::byte> out(sizeof(Header) + payload.size());
+  std::memcpy(out.data(), &header, sizeof(Header));
+  if (!payload.empty()) std::memcpy(out.data() + sizeof(Header), payload.data(), payload.size());
+  return out;
+}
+
+void append(std::vector<std::byte>& bytes, const void* data, size_t n) {
+  const auto* p = static_cast<const std::byte*>(data);
+  bytes.insert(bytes.end(), p, p + n);
+}
+
+// Protocol 6: requests carry the coordinator's row indices; a host-mate with nothing to compute
+// gets an empty request; host partials carry fp32 rows and their row indices.
+TEST(WireMessages, RowIndicesEmptyRequestsAndHostPartials) {
+  RequestCheck request_check;
+  request_check.expected_sequence = 1;
+  request_check.num_layers = 3;
+  request_check.max_rows = 8;
+  request_check.top_k = 2;
+  request_check.hidden = 2;
+  request_check.num_experts = 4;
+  Header h;
+  EXPECT_EQ(check_request(message(Opcode::kExpertRequest, 0, 0, {}).data(), sizeof(Header),
+                          request_check, h),
+            "");
+  const auto request = [&](uint32_t first_row, uint32_t second_row) {
+    std::vector<std::byte> payload;
+    const float rows[4] = {1, 2, 3, 4};
+    append(payload, rows, sizeof(rows));
+    const Pair pairs[2] = {{0, 1, 0.5f}, {1, 2, 0.5f}};
+    append(payload, pairs, sizeof(pairs));
+    const uint32_t indices[2] = {first_row, second_row};
+    append(payload, indices, sizeof(indices));
+    const std::vector<std::byte> m = message(Opcode::kExpertRequest, 2, 2, payload);
+    return check_request(m.data(), m.size(), request_check, h);
+  };
+  EXPECT_EQ(request(3, 7), "");
+  EXPECT_NE(request(7, 3).find("out of order"), std::string::npos);
+  EXPECT_NE(request(3, 3).find("out of order"), std::string::npos);
+  EXPECT_NE(request(3, 8).find("out of range"), std::string::npos);
+
+  HostPartialCheck partial_check;
+  partial_check.expected_sequence = 1;
+  partial_check.layer = 1;
+  partial_check.max_rows = 8;
+  partial_check.hidden = 2;
+  const auto partial = [&](uint32_t n_rows, std::vector<uint32_t> indices) {
+    std::vector<std::byte> payload;
+    const std::vector<float> rows(size_t(n_rows) * 2, 1.0f);
+    append(payload, rows.data(), rows.size() * sizeof(float));
+    append(payload, indices.data(), indices.size() * sizeof(uint32_t));
+    const std::vector<std::byte> m = message(Opcode::kHostPartial, n_rows, 0, payload);
+    return check_host_partial(m.data(), m.size(), partial_check, h);
+  };
+  EXPECT_EQ(partial(0, {}), "");
+  EXPECT_EQ(partial(2, {0, 5}), "");
+  EXPECT_NE(partial(2, {5, 0}).find("out of order"), std::string::npos);
+  EXPECT_NE(partial(2, {0}).find("bytes"), std::string::npos);
+  // A reply where a host partial is expected.
+  std::vector<std::byte> reply_payload(2 * 2 * sizeof(float));
+  const std::vector<std::byte> reply = message(Opcode::kExpertReply, 2, 0, reply_payload);
+  EXPECT_NE(check_host_partial(reply.data(), reply.size(), partial_check, h).find("opcode"),
+            std::string::npos);
 }
 
 }  // namespace
