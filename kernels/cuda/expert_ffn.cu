@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gate_up_kernel(ExpertGroup g
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (r >= g.inter) return;  // whole warps only
   const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;  // skipped: computed elsewhere or in another phase
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
   for (int s0 = begin; s0 < end; s0 += T) {
     const float* xs[T];
@@ -71,6 +72,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) down_kernel(ExpertGroup g) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (r >= g.hidden) return;
   const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
   for (int s0 = begin; s0 < end; s0 += T) {
     const float* hs[T];
@@ -134,6 +136,8 @@ const char* weight_format_name(WeightFormat format) {
       return "int8-row";
     case WeightFormat::kF32:
       return "f32";
+    case WeightFormat::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -147,6 +151,8 @@ int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols
       return rows * cols;
     case WeightFormat::kF32:
       return rows * cols * 4;
+    case WeightFormat::kBF16:
+      return rows * cols * 2;
   }
   return 0;
 }
@@ -159,6 +165,7 @@ int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t col
     case WeightFormat::kInt8Row:
       return rows;
     case WeightFormat::kF32:
+    case WeightFormat::kBF16:
       return 0;
   }
   return 0;
@@ -175,7 +182,9 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
     fail("group size " + std::to_string(group_size) + " is not one of the container's");
   if (format != WeightFormat::kInt4Grouped && group_size != 0) fail("per-row formats take group 0");
   if (!data) fail("null data");
-  if (format != WeightFormat::kF32 && !scales) fail("null scales");
+  const bool dense = format == WeightFormat::kF32 || format == WeightFormat::kBF16;
+  if (!dense && !scales) fail("null scales");
+  if (format < WeightFormat::kInt4Row || format > WeightFormat::kBF16) fail("unknown format");
   DeviceMatrix m;
   m.format = format;
   m.group_size = group_size;
@@ -196,6 +205,9 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
       break;
     case WeightFormat::kF32:
       wide = wide && cols % 4 == 0;
+      break;
+    case WeightFormat::kBF16:
+      wide = wide && cols % 8 == 0;
       break;
   }
   m.wide = wide ? 1 : 0;
@@ -223,6 +235,12 @@ void expert_ffn_grouped(const ExpertGroup& g, cudaStream_t stream) {
   check_group(g);
   if (g.n_rows == 0) return;
   expert_ffn_grouped_no_combine(g, stream);
+  expert_ffn_combine(g, stream);
+}
+
+void expert_ffn_combine(const ExpertGroup& g, cudaStream_t stream) {
+  check_group(g);
+  if (g.n_rows == 0) return;
   const int64_t n = int64_t(g.n_rows) * g.hidden;
   constexpr int kCombineThreads = 256;
   combine_kernel<<<unsigned((n + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0,
