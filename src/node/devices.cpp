@@ -63,10 +63,11 @@ std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config
 }
 
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
-                                                       const ModelWeights& weights, int device) {
+                                                       const ModelWeights& weights, int device,
+                                                       uint64_t vram_bytes) {
 #ifdef COLIBRI_HAVE_CUDA
   cuda::set_fatal_handler(abort_job);
-  return std::make_unique<CudaExpertBackend>(config, weights, device, 0);
+  return std::make_unique<CudaExpertBackend>(config, weights, device, vram_bytes);
 #else
   fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
 #endif

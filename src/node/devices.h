@@ -30,6 +30,7 @@ std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config
 
 // The same over every routed expert in `weights` (a single process, --experts gpu).
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
-                                                       const ModelWeights& weights, int device);
+                                                       const ModelWeights& weights, int device,
+                                                       uint64_t vram_bytes);
 
 }  // namespace colibri

@@ -100,7 +100,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         "role in --layout");
   if (size_ == 1 && options_.gpu_experts) {
     try {
-      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"));
+      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"),
+                                                gib_to_bytes(options_.vram_gb, "--vram-gb"));
     } catch (const Error& e) {
       refuse(fmt::format("--experts gpu: {}", e.what()));
     }
@@ -268,6 +269,11 @@ std::vector<RankReport> Node::gather_reports() {
     mine.vram_bytes = gpu.vram_bytes;
     mine.gpu_requests = gpu.requests;
     mine.gpu_us = gpu.device_us;
+    mine.vram_hits = gpu.vram_hits;
+    mine.vram_uploads = gpu.vram_uploads;
+    mine.vram_cpu_experts = gpu.vram_cpu_experts;
+    mine.vram_upload_bytes = gpu.upload_bytes;
+    mine.vram_upload_us = gpu.upload_us;
   }
   const std::vector<std::string> all =
       gather_within(comm_, layout_.coordinator(), to_bytes(mine),
