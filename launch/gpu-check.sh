@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA expert backend in one run, on one GPU machine, in under 6 minutes:
-# device facts, the GPU tests (each CUDA kernel against its kernels/cpu oracle; the CUDA expert
-# backend against the CPU backend on every parity model, per MoE layer and end to end: logits
-# and greedy tokens), and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's
-# shape, batch 1/8/16, against device-to-device copy bandwidth measured in the same run).
+# device facts, the GPU tests (each CUDA kernel against its kernels/cpu oracle, int4/int8/BF16/
+# fp32, whole and phased as a request with VRAM misses runs; the CUDA expert backend against the
+# CPU backend on every parity model, per MoE layer, with the VRAM tier holding a third of the
+# experts (misses uploaded or computed on the CPU), and end to end: logits and greedy tokens),
+# and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's shape, batch 1/8/16,
+# against device-to-device copy bandwidth measured in the same run; one expert's upload from
+# pinned memory alone and under the batch-1 kernels, which measures the miss rule's PCIe rate).
 # Writes one results file (plus a summary, the benchmark's JSON lines and the tests' XML) to
 # $OUT when set, else bench/gpu-results/. Idempotent: builds, if it must, in a fresh /tmp folder.
 #
@@ -216,7 +219,14 @@ if [[ -n $bin ]]; then
   if [[ -s $bench_json ]]; then
     python3 - "$bench_json" >>"$summary.tmp" <<'EOF'
 import json, sys
-rows = {r["batch"]: r for r in map(json.loads, open(sys.argv[1]))}
+lines = list(map(json.loads, open(sys.argv[1])))
+rows = {r["batch"]: r for r in lines if r.get("bench") == "gpu_expert_ffn"}
+for u in (r for r in lines if r.get("bench") == "gpu_expert_upload"):
+    print(("PASS" if u["overlap"] >= 0.5 else "FAIL") +
+          f" bench VRAM-tier upload: {u['expert_bytes'] / 1e6:.1f} MB expert up in "
+          f"{u['upload_us']:.0f} us ({u['h2d_gbs']:.1f} GB/s: the miss rule's pcie_bytes_per_us = "
+          f"{u['pcie_bytes_per_us']:.0f}); with the batch-1 kernels ({u['kernels_us']:.0f} us) "
+          f"{u['both_us']:.0f} us, {u['overlap']:.2f} of the shorter hidden (goal >= 0.5)")
 b1, b16 = rows.get(1), rows.get(16)
 if b1:
     f = b1["fraction_of_copy"]
