@@ -39,7 +39,7 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 carry=$root/gpu-carry
-gpu_tests=(expert_ffn_lanes_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test)
+gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test)
 binaries=("${gpu_tests[@]}" gpu_expert_bench)
 
 # ---- staging, on the development machine -------------------------------------------------------

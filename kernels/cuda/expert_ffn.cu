@@ -7,6 +7,7 @@
 #include "cpu/quant.h"
 #include "cuda/check.h"
 #include "cuda/expert_ffn_lanes.cuh"
+#include "cuda/expert_ffn_mma.cuh"
 
 namespace colibri::cuda {
 namespace {
@@ -15,6 +16,7 @@ using namespace lanes;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreadsPerBlock = kWarpSize * kWarpsPerBlock;
 constexpr int kMaxSlotsPerPass = 8;  // slots whose dot products share one pass over a weight row
+constexpr int kMmaMinSlots = 8;      // the tensor-core path from this many slots of one expert
 
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
@@ -83,6 +85,86 @@ __global__ void __launch_bounds__(kThreadsPerBlock) down_kernel(ExpertGroup g) {
     for (int t = 0; t < T; ++t) {
       const float y = warp_sum(acc[t]);
       if (lane == 0 && s0 + t < end) g.y_slots[int64_t(s0 + t) * g.hidden + r] = y;
+    }
+  }
+}
+
+// Tensor-core variants (cuda/expert_ffn_mma.cuh), for experts with 8+ slots: warp w of block b
+// computes output rows 16 (8b + w) .. + 15 for 8 slots at a time. Matrices the tile path does not
+// take (not int4, or widths / groups not multiples of 64) run the per-row path on the same rows.
+constexpr int kTileRowsPerBlock = mma::kTileRows * kWarpsPerBlock;
+
+__global__ void __launch_bounds__(kThreadsPerBlock) gate_up_mma_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r0 =
+      int64_t(blockIdx.x) * kTileRowsPerBlock + int64_t(threadIdx.x / kWarpSize) * mma::kTileRows;
+  if (r0 >= g.inter) return;  // whole warps only
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const bool tiles = mma::tile_ok(e.gate) && mma::tile_ok(e.up);
+  for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
+    const float* xs[mma::kTileSlots];
+    slot_inputs<mma::kTileSlots>(g.x, g.slot_row, g.hidden, s0, end, xs);
+    if (tiles) {
+      float gate[4], up[4];
+      mma::int4_tile(e.gate, r0, xs, lane, gate);
+      mma::int4_tile(e.up, r0, xs, lane, up);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row, slot;
+        mma::acc_position(lane, i, row, slot);
+        if (r0 + row < g.inter && s0 + slot < end)
+          g.h[int64_t(s0 + slot) * g.inter + r0 + row] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+      }
+      continue;
+    }
+    for (int64_t r = r0; r < r0 + mma::kTileRows && r < g.inter; ++r) {
+      float acc_gate[mma::kTileSlots], acc_up[mma::kTileSlots];
+      row_dot<mma::kTileSlots>(e.gate, r, xs, lane, acc_gate);
+      row_dot<mma::kTileSlots>(e.up, r, xs, lane, acc_up);
+#pragma unroll
+      for (int t = 0; t < mma::kTileSlots; ++t) {
+        const float gate = warp_sum(acc_gate[t]), up = warp_sum(acc_up[t]);
+        if (lane == 0 && s0 + t < end)
+          g.h[int64_t(s0 + t) * g.inter + r] = gate / (1.0f + expf(-gate)) * up;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) down_mma_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r0 =
+      int64_t(blockIdx.x) * kTileRowsPerBlock + int64_t(threadIdx.x / kWarpSize) * mma::kTileRows;
+  if (r0 >= g.hidden) return;
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const bool tiles = mma::tile_ok(e.down);
+  for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
+    const float* hs[mma::kTileSlots];
+    slot_inputs<mma::kTileSlots>(g.h, nullptr, g.inter, s0, end, hs);
+    if (tiles) {
+      float y[4];
+      mma::int4_tile(e.down, r0, hs, lane, y);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row, slot;
+        mma::acc_position(lane, i, row, slot);
+        if (r0 + row < g.hidden && s0 + slot < end)
+          g.y_slots[int64_t(s0 + slot) * g.hidden + r0 + row] = y[i];
+      }
+      continue;
+    }
+    for (int64_t r = r0; r < r0 + mma::kTileRows && r < g.hidden; ++r) {
+      float acc[mma::kTileSlots];
+      row_dot<mma::kTileSlots>(e.down, r, hs, lane, acc);
+#pragma unroll
+      for (int t = 0; t < mma::kTileSlots; ++t) {
+        const float y = warp_sum(acc[t]);
+        if (lane == 0 && s0 + t < end) g.y_slots[int64_t(s0 + t) * g.hidden + r] = y;
+      }
     }
   }
 }
@@ -221,7 +303,16 @@ void expert_ffn_grouped_no_combine(const ExpertGroup& g, cudaStream_t stream) {
   if (!aligned16(g.x) || !aligned16(g.h))
     throw std::invalid_argument("expert_ffn_grouped: x and h must be 16-byte aligned");
   const int m = g.max_slots_per_expert;
-  if (m <= 1)
+  if (m >= kMmaMinSlots && g.tensor_cores) {
+    const dim3 gate_grid(unsigned((g.inter + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
+                         unsigned(g.n_experts));
+    gate_up_mma_kernel<<<gate_grid, kThreadsPerBlock, 0, stream>>>(g);
+    CHECK_CUDA_LAUNCH();
+    const dim3 down_grid(unsigned((g.hidden + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
+                         unsigned(g.n_experts));
+    down_mma_kernel<<<down_grid, kThreadsPerBlock, 0, stream>>>(g);
+    CHECK_CUDA_LAUNCH();
+  } else if (m <= 1)
     launch_projections<1>(g, stream);
   else if (m <= 2)
     launch_projections<2>(g, stream);

@@ -11,8 +11,10 @@
 // checkpoint's bits, widened in registers as kernels::linear_bf16 does) or dense fp32.
 // Each warp computes one output row for up to 8 slots at a time, dequantising 16-byte loads of
 // the packed row in registers; the CPU oracle is kernels::quant_expert_ffn / mlp_forward
-// (tests/gpu/expert_ffn_cuda_test.cpp). Every batch runs on the CUDA cores in fp32: there is no
-// tensor-core (mma) path yet, so on an H200 16 rows cost several times one row (fp32 FMA bound).
+// (tests/gpu/expert_ffn_cuda_test.cpp). When an expert of the request has 8 or more slots and
+// `tensor_cores` is set, the projections run on tensor cores instead (cuda/expert_ffn_mma.cuh:
+// int4 tiles dequantised to BF16 in registers, activations split into BF16 hi + lo, mma.sync
+// with fp32 accumulation; other formats run the per-row path in the same launch).
 // Includable from plain C++.
 #pragma once
 
@@ -66,6 +68,7 @@ struct DeviceExpert {
 struct ExpertGroup {
   int n_experts = 0, n_slots = 0, n_rows = 0;
   int max_slots_per_expert = 0;  // the largest expert_begin[i + 1] - expert_begin[i]
+  int tensor_cores = 1;          // 0: CUDA cores only, whatever the batch
   int64_t hidden = 0, inter = 0;
   const DeviceExpert* experts = nullptr;  // [n_experts]
   const int32_t* expert_begin = nullptr;  // [n_experts + 1]: expert i's slots

@@ -66,6 +66,9 @@ class ExpertGroupBuffers {
   float* host_y() { return host_y_; }
   void finish(std::span<const int32_t> host_experts, float* out_host, cudaStream_t stream);
 
+  // Tensor cores for experts with 8+ slots (the default), or the CUDA-core path for every batch.
+  void set_tensor_cores(bool on) { group_.tensor_cores = on ? 1 : 0; }
+
   // The last run's group (device pointers), e.g. to launch it again in a benchmark.
   const ExpertGroup& group() const { return group_; }
 

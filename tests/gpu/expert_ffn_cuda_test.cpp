@@ -200,7 +200,14 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
                                                       &y[(i + 1) * size_t(c.hidden)]);
   }
   const double u = std::ldexp(1.0, -24);
-  const auto terms = [](int64_t k) { return double(k / 8 + 16) + double(k / 32 + 32 + 5); };
+  // The tensor-core path (int4 experts with 8+ slots) carries activations to 2^-18 relative (BF16
+  // hi + lo) and sums each k-step of 16 and each chunk's 8 mma in fp32: 128 more units of u.
+  const bool tensor_cores =
+      (c.format == WeightFormat::kInt4Grouped || c.format == WeightFormat::kInt4Row) &&
+      colibri::cuda::index_pairs(c.n_rows, pairs).max_slots_per_expert >= 8;
+  const auto terms = [&](int64_t k) {
+    return double(k / 8 + 16) + double(k / 32 + 32 + 5) + (tensor_cores ? 128.0 : 0.0);
+  };
   for (int r = 0; r < c.n_rows; ++r) {
     for (int e = 0; e < c.n_experts; ++e) {
       const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) {
@@ -270,6 +277,14 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
     buffers.run(index, dev, x.data(), c.hidden, c.inter, got.data(), stream);
     CHECK_CUDA(cudaStreamSynchronize(stream));
   }
+  // The CUDA-core path for every batch (the tensor cores off) within the same bound.
+  std::vector<float> cuda_cores(x.size(), std::nanf(""));
+  {
+    colibri::cuda::ExpertGroupBuffers buffers;
+    buffers.set_tensor_cores(false);
+    buffers.run(index, dev, x.data(), c.hidden, c.inter, cuda_cores.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
   // The same request as the CUDA backend runs a VRAM-tier miss: expert positions 0, 3, .. in
   // phase 0, 1, 4, .. in phase 1, and 2, 5, .. computed on the host (the oracle's y rows).
   std::vector<float> phased(x.size(), std::nanf(""));
@@ -307,6 +322,9 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
       const size_t i = size_t(r * c.hidden + j);
       ASSERT_TRUE(std::isfinite(got[i])) << "out[" << r << ", " << j << "] not written";
       ASSERT_TRUE(std::isfinite(phased[i])) << "phased out[" << r << ", " << j << "] not written";
+      ASSERT_LE(std::fabs(double(cuda_cores[i]) - expected[i]), bound[i])
+          << "CUDA cores out[" << r << ", " << j << "]: gpu " << cuda_cores[i] << " cpu "
+          << expected[i];
       ASSERT_LE(std::fabs(double(phased[i]) - expected[i]), bound[i])
           << "phased out[" << r << ", " << j << "]: gpu " << phased[i] << " cpu " << expected[i];
       const double err = std::fabs(double(got[i]) - expected[i]);
@@ -328,7 +346,10 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
 // nibble), GLM-5.2's hidden width with a narrow inter. Rows: decode (1), remainders of the
 // 1/2/4/8-slot passes (3, 5, 9), 16, and 33 (several 8-slot passes per expert). BF16: wide
 // (widths % 8 == 0) and per-element. Every case also runs phased (two device phases and experts
-// whose y rows come from the host), as the CUDA backend runs a request with VRAM misses.
+// whose y rows come from the host), as the CUDA backend runs a request with VRAM misses, and
+// with the tensor cores off. Tensor cores (int4, 8+ slots per expert): GLM-like g64 at 16 rows
+// on 8 experts, g128, row scales, and a width (200) whose down matrix takes the per-row path
+// inside the tensor-core launch and whose gate/up tiles end past the last row.
 INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                          testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
                                          Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
@@ -347,6 +368,10 @@ INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                                          Case{WeightFormat::kInt8Row, 0, 300, 100, 16, 4, 2},
                                          Case{WeightFormat::kF32, 0, 128, 96, 1, 4, 2},
                                          Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 1024, 512, 16, 8, 8},
+                                         Case{WeightFormat::kInt4Grouped, 128, 256, 192, 12, 3, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 320, 200, 24, 3, 3},
+                                         Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4},
                                          Case{WeightFormat::kBF16, 0, 256, 128, 1, 8, 8},
                                          Case{WeightFormat::kBF16, 0, 512, 192, 16, 6, 2},
                                          Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2}),
