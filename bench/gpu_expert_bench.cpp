@@ -3,7 +3,8 @@
 // expert of the set (8 experts: 8 slots per row), so batch n gives each expert n slots. Weights
 // are random container bytes with positive scales; several weight sets are rotated so that no
 // timed launch finds its weights in L2. Times are CUDA events around one launch group (gate/up,
-// down, combine), median of --reps after warm-up. Prints a table and one JSON line per batch.
+// down, combine), median of --reps after warm-up; batches of 8+ run on tensor cores, and are
+// timed again with them off (the CUDA-core path). Prints a table and one JSON line per batch.
 // Then the VRAM tier's copy (rank/vram_tier.h): host-to-device bandwidth from pinned memory
 // (the miss rule's pcie_bytes_per_us), and one expert's upload on a second stream while the
 // batch-1 launch group runs, against each alone (how much of the upload the kernels hide).
@@ -224,6 +225,22 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
       if (i >= 5) us.push_back(ms * 1000.0f);
     }
+    // The same launches with the tensor cores off (the CUDA-core path), for batches that use them.
+    std::vector<float> cuda_core_us;
+    if (n >= 8) {
+      for (int i = 0; i < o.reps + 5; ++i) {
+        colibri::cuda::ExpertGroup g = buffers[size_t(i % n_sets)].group();
+        g.tensor_cores = 0;
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        colibri::cuda::expert_ffn_grouped(g, stream);
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        if (i >= 5) cuda_core_us.push_back(ms * 1000.0f);
+      }
+    }
+    const double cuda_core_med = cuda_core_us.empty() ? 0.0 : median(cuda_core_us);
     CHECK_CUDA(cudaEventDestroy(start));
     CHECK_CUDA(cudaEventDestroy(stop));
     const double med = median(us);
@@ -232,15 +249,19 @@ int main(int argc, char** argv) {
     const double gbs = double(one_set) / (med * 1e-6) / 1e9;
     if (n == 1) batch1_us = med;
     const double vs1 = batch1_us > 0 ? med / batch1_us : 0;
-    std::printf("%6d %10.1f %10.1f %10.1f %10.0f %12.3f %10.2f%s\n", n, med, lo, hi, gbs,
+    std::printf("%6d %10.1f %10.1f %10.1f %10.0f %12.3f %10.2f%s", n, med, lo, hi, gbs,
                 gbs / copy_gbs, vs1, finite ? "" : "  NON-FINITE OUTPUT");
+    if (cuda_core_med > 0) std::printf("   (CUDA cores only: %.1f us)", cuda_core_med);
+    std::printf("\n");
     std::printf(
         "{\"bench\":\"gpu_expert_ffn\",\"device\":\"%s\",\"format\":\"int4-g%d\",\"experts\":%d,"
         "\"hidden\":%lld,\"inter\":%lld,\"batch\":%d,\"median_us\":%.2f,\"min_us\":%.2f,"
         "\"max_us\":%.2f,\"weight_bytes\":%lld,\"weight_gbs\":%.1f,\"copy_gbs\":%.1f,"
-        "\"fraction_of_copy\":%.4f,\"vs_batch1\":%.3f,\"finite\":%s}\n",
+        "\"fraction_of_copy\":%.4f,\"vs_batch1\":%.3f,\"tensor_cores\":%s,"
+        "\"cuda_cores_only_us\":%.2f,\"finite\":%s}\n",
         prop.name, o.group, o.experts, (long long)o.hidden, (long long)o.inter, n, med, lo, hi,
-        (long long)one_set, gbs, copy_gbs, gbs / copy_gbs, vs1, finite ? "true" : "false");
+        (long long)one_set, gbs, copy_gbs, gbs / copy_gbs, vs1, n >= 8 ? "true" : "false",
+        cuda_core_med, finite ? "true" : "false");
   }
   // ---- the VRAM tier's upload: pinned host -> device, alone and under the batch-1 kernels ----
   {

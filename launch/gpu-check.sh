@@ -235,6 +235,10 @@ if b1:
 if b1 and b16:
     r = b16["median_us"] / b1["median_us"]
     print(("PASS" if r <= 2 else "FAIL") + f" bench batch 16 / batch 1 time: {r:.2f} (goal <= 2)")
+if b16 and b16.get("cuda_cores_only_us", 0) > 0:
+    t, c = b16["median_us"], b16["cuda_cores_only_us"]
+    print(("PASS" if t <= c else "FAIL") + f" bench batch 16 on tensor cores {t:.1f} us vs "
+          f"CUDA cores only {c:.1f} us (goal: no slower)")
 for r in rows.values():
     if not r.get("finite", False):
         print(f"FAIL bench batch {r['batch']}: non-finite output")
