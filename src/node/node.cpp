@@ -19,6 +19,13 @@
 
 namespace colibri {
 
+VramCostModel Node::vram_cost() const {
+  VramCostModel cost;
+  cost.pcie_bytes_per_us = options_.pcie_gbps * 1e3;  // GB/s = 1e3 bytes per us
+  cost.cpu_bytes_per_us = options_.cpu_expert_gbps * 1e3;
+  return cost;
+}
+
 Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(options) {
   CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -100,8 +107,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         "role in --layout");
   if (size_ == 1 && options_.gpu_experts) {
     try {
-      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"),
-                                                gib_to_bytes(options_.vram_gb, "--vram-gb"));
+      expert_backend_ =
+          make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"),
+                                  gib_to_bytes(options_.vram_gb, "--vram-gb"), vram_cost());
     } catch (const Error& e) {
       refuse(fmt::format("--experts gpu: {}", e.what()));
     }
@@ -120,7 +128,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         const int device = choose_gpu(spec.gpu, me.name_of(rank_));
         expert_backend_ = make_gpu_expert_backend(
             config_, *expert_store_, owned_, device,
-            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"));
+            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"),
+            vram_cost());
       } catch (const Error& e) {
         refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
       }
