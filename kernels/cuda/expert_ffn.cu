@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gate_up_mma_kernel(ExpertGro
   const DeviceExpert& e = g.experts[blockIdx.y];
   if (e.gate.data == nullptr) return;
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
-  const bool tiles = mma::tile_ok(e.gate) && mma::tile_ok(e.up);
+  const bool tiles = mma::kDeviceHasMma && mma::tile_ok(e.gate) && mma::tile_ok(e.up);
   for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
     const float* xs[mma::kTileSlots];
     slot_inputs<mma::kTileSlots>(g.x, g.slot_row, g.hidden, s0, end, xs);
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) down_mma_kernel(ExpertGroup 
   const DeviceExpert& e = g.experts[blockIdx.y];
   if (e.gate.data == nullptr) return;
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
-  const bool tiles = mma::tile_ok(e.down);
+  const bool tiles = mma::kDeviceHasMma && mma::tile_ok(e.down);
   for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
     const float* hs[mma::kTileSlots];
     slot_inputs<mma::kTileSlots>(g.h, nullptr, g.inter, s0, end, hs);

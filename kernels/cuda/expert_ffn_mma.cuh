@@ -133,14 +133,25 @@ COLIBRI_LANE float4 load_x(const float* x, const LaneTile& p, int64_t c, int j) 
   return lanes::lane_load(reinterpret_cast<const float4*>(x + c * kChunkCols + 16 * p.t + 4 * j));
 }
 
+// BF16 mma needs sm_80; device code built for older targets takes the per-row path instead.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr bool kDeviceHasMma = false;
+#else
+constexpr bool kDeviceHasMma = true;
+#endif
+
 #ifdef __CUDACC__
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4],
                                          const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // not reached: kDeviceHasMma is false there
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
 }
 
 // The warp's tile: acc = this lane's c0..c3 of D[16 rows from r0, slots xs[0..7]].
