@@ -646,7 +646,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--experts", args.experts,
                  "where a single process computes its routed experts: cpu, or gpu (CUDA device "
-                 "0, experts uploaded once; under mpirun use gpu-expert ranks in --layout)")
+                 "0, experts in VRAM up to --vram-gb; under mpirun use gpu-expert ranks in "
+                 "--layout)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--ram-gb", args.node.ram_gb,
