@@ -3,7 +3,11 @@
 // expert of the set (8 experts: 8 slots per row), so batch n gives each expert n slots. Weights
 // are random container bytes with positive scales; several weight sets are rotated so that no
 // timed launch finds its weights in L2. Times are CUDA events around one launch group (gate/up,
-// down, combine), median of --reps after warm-up. Prints a table and one JSON line per batch.
+// down, combine), median of --reps after warm-up; batches of 8+ run on tensor cores, and are
+// timed again with them off (the CUDA-core path). Prints a table and one JSON line per batch.
+// Then the VRAM tier's copy (rank/vram_tier.h): host-to-device bandwidth from pinned memory
+// (the miss rule's pcie_bytes_per_us), and one expert's upload on a second stream while the
+// batch-1 launch group runs, against each alone (how much of the upload the kernels hide).
 // No MPI and no library beyond the CUDA runtime, so it runs (or builds) on a bare GPU machine.
 //
 //   gpu_expert_bench [--hidden 6144] [--inter 2048] [--experts 8] [--group 64]
@@ -221,6 +225,22 @@ int main(int argc, char** argv) {
       CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
       if (i >= 5) us.push_back(ms * 1000.0f);
     }
+    // The same launches with the tensor cores off (the CUDA-core path), for batches that use them.
+    std::vector<float> cuda_core_us;
+    if (n >= 8) {
+      for (int i = 0; i < o.reps + 5; ++i) {
+        colibri::cuda::ExpertGroup g = buffers[size_t(i % n_sets)].group();
+        g.tensor_cores = 0;
+        CHECK_CUDA(cudaEventRecord(start, stream));
+        colibri::cuda::expert_ffn_grouped(g, stream);
+        CHECK_CUDA(cudaEventRecord(stop, stream));
+        CHECK_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        if (i >= 5) cuda_core_us.push_back(ms * 1000.0f);
+      }
+    }
+    const double cuda_core_med = cuda_core_us.empty() ? 0.0 : median(cuda_core_us);
     CHECK_CUDA(cudaEventDestroy(start));
     CHECK_CUDA(cudaEventDestroy(stop));
     const double med = median(us);
@@ -229,15 +249,79 @@ int main(int argc, char** argv) {
     const double gbs = double(one_set) / (med * 1e-6) / 1e9;
     if (n == 1) batch1_us = med;
     const double vs1 = batch1_us > 0 ? med / batch1_us : 0;
-    std::printf("%6d %10.1f %10.1f %10.1f %10.0f %12.3f %10.2f%s\n", n, med, lo, hi, gbs,
+    std::printf("%6d %10.1f %10.1f %10.1f %10.0f %12.3f %10.2f%s", n, med, lo, hi, gbs,
                 gbs / copy_gbs, vs1, finite ? "" : "  NON-FINITE OUTPUT");
+    if (cuda_core_med > 0) std::printf("   (CUDA cores only: %.1f us)", cuda_core_med);
+    std::printf("\n");
     std::printf(
         "{\"bench\":\"gpu_expert_ffn\",\"device\":\"%s\",\"format\":\"int4-g%d\",\"experts\":%d,"
         "\"hidden\":%lld,\"inter\":%lld,\"batch\":%d,\"median_us\":%.2f,\"min_us\":%.2f,"
         "\"max_us\":%.2f,\"weight_bytes\":%lld,\"weight_gbs\":%.1f,\"copy_gbs\":%.1f,"
-        "\"fraction_of_copy\":%.4f,\"vs_batch1\":%.3f,\"finite\":%s}\n",
+        "\"fraction_of_copy\":%.4f,\"vs_batch1\":%.3f,\"tensor_cores\":%s,"
+        "\"cuda_cores_only_us\":%.2f,\"finite\":%s}\n",
         prop.name, o.group, o.experts, (long long)o.hidden, (long long)o.inter, n, med, lo, hi,
-        (long long)one_set, gbs, copy_gbs, gbs / copy_gbs, vs1, finite ? "true" : "false");
+        (long long)one_set, gbs, copy_gbs, gbs / copy_gbs, vs1, n >= 8 ? "true" : "false",
+        cuda_core_med, finite ? "true" : "false");
+  }
+  // ---- the VRAM tier's upload: pinned host -> device, alone and under the batch-1 kernels ----
+  {
+    const size_t expert_bytes = size_t(one_set / o.experts);
+    void *pinned = nullptr, *slot = nullptr;
+    CHECK_CUDA(cudaMallocHost(&pinned, expert_bytes));
+    std::memset(pinned, 0x11, expert_bytes);
+    CHECK_CUDA(cudaMalloc(&slot, expert_bytes));
+    cudaStream_t copy;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking));
+    cudaEvent_t start, stop, copy_start, copy_stop;
+    for (cudaEvent_t* e : {&start, &stop, &copy_start, &copy_stop}) CHECK_CUDA(cudaEventCreate(e));
+    std::vector<colibri::cuda::ExpertPair> pairs;
+    for (int e = 0; e < o.experts; ++e) pairs.push_back({0, e, 1.0f / float(o.experts)});
+    const auto index = colibri::cuda::index_pairs(1, pairs);
+    std::vector<float> x(size_t(o.hidden)), out(x.size());
+    for (float& v : x) v = uniform(rng);
+    colibri::cuda::ExpertGroupBuffers buffers;
+    buffers.run(index, sets[0].experts, x.data(), o.hidden, o.inter, out.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    // mode 0: upload alone; 1: kernels alone; 2: both, started together on two streams.
+    std::vector<float> times[3];
+    for (int i = 0; i < 3 * (o.reps + 3); ++i) {
+      const int mode = i % 3;
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CUDA(cudaEventRecord(start, stream));
+      CHECK_CUDA(cudaStreamWaitEvent(copy, start, 0));
+      if (mode != 1) {
+        CHECK_CUDA(cudaEventRecord(copy_start, copy));
+        CHECK_CUDA(cudaMemcpyAsync(slot, pinned, expert_bytes, cudaMemcpyHostToDevice, copy));
+        CHECK_CUDA(cudaEventRecord(copy_stop, copy));
+      }
+      if (mode != 0) colibri::cuda::expert_ffn_grouped(buffers.group(), stream);
+      if (mode != 1) CHECK_CUDA(cudaStreamWaitEvent(stream, copy_stop, 0));
+      CHECK_CUDA(cudaEventRecord(stop, stream));
+      CHECK_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (i >= 9) times[mode].push_back(ms * 1000.0f);
+    }
+    const double upload_us = median(times[0]), kernels_us = median(times[1]),
+                 both_us = median(times[2]);
+    const double h2d_gbs = double(expert_bytes) / (upload_us * 1e-6) / 1e9;
+    // 1: the shorter of the two is hidden entirely; 0: they ran one after the other.
+    const double hidden =
+        std::clamp((upload_us + kernels_us - both_us) / std::min(upload_us, kernels_us), 0.0, 1.0);
+    std::printf(
+        "VRAM tier: one expert (%.1f MB) up from pinned memory in %.1f us (%.1f GB/s); batch-1 "
+        "kernels %.1f us; both at once %.1f us: %.2f of the shorter hidden\n",
+        double(expert_bytes) / 1e6, upload_us, h2d_gbs, kernels_us, both_us, hidden);
+    std::printf(
+        "{\"bench\":\"gpu_expert_upload\",\"device\":\"%s\",\"expert_bytes\":%lld,"
+        "\"upload_us\":%.2f,\"h2d_gbs\":%.2f,\"kernels_us\":%.2f,\"both_us\":%.2f,"
+        "\"overlap\":%.3f,\"pcie_bytes_per_us\":%.1f}\n",
+        prop.name, (long long)expert_bytes, upload_us, h2d_gbs, kernels_us, both_us, hidden,
+        double(expert_bytes) / upload_us);
+    for (cudaEvent_t e : {start, stop, copy_start, copy_stop}) CHECK_CUDA(cudaEventDestroy(e));
+    CHECK_CUDA(cudaStreamDestroy(copy));
+    CHECK_CUDA(cudaFree(slot));
+    CHECK_CUDA(cudaFreeHost(pinned));
   }
   CHECK_CUDA(cudaStreamDestroy(stream));
   return 0;

@@ -144,6 +144,10 @@ void validate_args(Args& args) {
        {std::pair{"--ram-gb", node.ram_gb}, {"--pin-gb", node.pin_gb}, {"--vram-gb", node.vram_gb}})
     if (!std::isfinite(gib) || gib < 0 || gib > colibri::kMaxBudgetGib)
       fail("{} {} must be a number of GiB in [0, {}]", flag, gib, colibri::kMaxBudgetGib);
+  for (const auto& [flag, gbps] :
+       {std::pair{"--pcie-gbps", node.pcie_gbps}, {"--cpu-expert-gbps", node.cpu_expert_gbps}})
+    if (!std::isfinite(gbps) || gbps <= 0 || gbps > 1e4)
+      fail("{} {} must be a rate in GB/s in (0, 10000]", flag, gbps);
   if (node.pin_gb > 0 && node.ram_gb > 0 && node.pin_gb > node.ram_gb)
     fail("--pin-gb {} is larger than --ram-gb {}: pinned experts are part of the RAM budget",
          node.pin_gb, node.ram_gb);
@@ -645,12 +649,22 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 16));
   app.add_option("--vram-gb", args.node.vram_gb,
-                 "GiB of VRAM per gpu-expert rank for its routed experts, all uploaded at start; "
-                 "0 = the device's free memory (the layout's vram_gb column overrides it per rank)")
+                 "GiB of VRAM per gpu-expert rank for its routed experts, a cache over RAM/disk "
+                 "when they do not all fit; 0 = the device's free memory (the layout's vram_gb "
+                 "column overrides it per rank)")
+      ->capture_default_str();
+  app.add_option("--pcie-gbps", args.node.pcie_gbps,
+                 "host-to-device GB/s the VRAM tier's miss rule assumes (upload a missed expert "
+                 "when that is no slower than the CPU; bench/gpu_expert_bench measures it)")
+      ->capture_default_str();
+  app.add_option("--cpu-expert-gbps", args.node.cpu_expert_gbps,
+                 "GB/s of expert weights a GPU rank's CPU threads compute through, for the VRAM "
+                 "tier's miss rule")
       ->capture_default_str();
   app.add_option("--experts", args.experts,
                  "where a single process computes its routed experts: cpu, or gpu (CUDA device "
-                 "0, experts uploaded once; under mpirun use gpu-expert ranks in --layout)")
+                 "0, experts in VRAM up to --vram-gb; under mpirun use gpu-expert ranks in "
+                 "--layout)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_option("--ram-gb", args.node.ram_gb,

@@ -7,6 +7,7 @@
 #include "cpu/quant.h"
 #include "cuda/check.h"
 #include "cuda/expert_ffn_lanes.cuh"
+#include "cuda/expert_ffn_mma.cuh"
 
 namespace colibri::cuda {
 namespace {
@@ -15,6 +16,7 @@ using namespace lanes;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreadsPerBlock = kWarpSize * kWarpsPerBlock;
 constexpr int kMaxSlotsPerPass = 8;  // slots whose dot products share one pass over a weight row
+constexpr int kMmaMinSlots = 8;      // the tensor-core path from this many slots of one expert
 
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll
@@ -44,6 +46,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gate_up_kernel(ExpertGroup g
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (r >= g.inter) return;  // whole warps only
   const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;  // skipped: computed elsewhere or in another phase
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
   for (int s0 = begin; s0 < end; s0 += T) {
     const float* xs[T];
@@ -71,6 +74,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) down_kernel(ExpertGroup g) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
   if (r >= g.hidden) return;
   const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
   const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
   for (int s0 = begin; s0 < end; s0 += T) {
     const float* hs[T];
@@ -81,6 +85,86 @@ __global__ void __launch_bounds__(kThreadsPerBlock) down_kernel(ExpertGroup g) {
     for (int t = 0; t < T; ++t) {
       const float y = warp_sum(acc[t]);
       if (lane == 0 && s0 + t < end) g.y_slots[int64_t(s0 + t) * g.hidden + r] = y;
+    }
+  }
+}
+
+// Tensor-core variants (cuda/expert_ffn_mma.cuh), for experts with 8+ slots: warp w of block b
+// computes output rows 16 (8b + w) .. + 15 for 8 slots at a time. Matrices the tile path does not
+// take (not int4, or widths / groups not multiples of 64) run the per-row path on the same rows.
+constexpr int kTileRowsPerBlock = mma::kTileRows * kWarpsPerBlock;
+
+__global__ void __launch_bounds__(kThreadsPerBlock) gate_up_mma_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r0 =
+      int64_t(blockIdx.x) * kTileRowsPerBlock + int64_t(threadIdx.x / kWarpSize) * mma::kTileRows;
+  if (r0 >= g.inter) return;  // whole warps only
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const bool tiles = mma::kDeviceHasMma && mma::tile_ok(e.gate) && mma::tile_ok(e.up);
+  for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
+    const float* xs[mma::kTileSlots];
+    slot_inputs<mma::kTileSlots>(g.x, g.slot_row, g.hidden, s0, end, xs);
+    if (tiles) {
+      float gate[4], up[4];
+      mma::int4_tile(e.gate, r0, xs, lane, gate);
+      mma::int4_tile(e.up, r0, xs, lane, up);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row, slot;
+        mma::acc_position(lane, i, row, slot);
+        if (r0 + row < g.inter && s0 + slot < end)
+          g.h[int64_t(s0 + slot) * g.inter + r0 + row] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+      }
+      continue;
+    }
+    for (int64_t r = r0; r < r0 + mma::kTileRows && r < g.inter; ++r) {
+      float acc_gate[mma::kTileSlots], acc_up[mma::kTileSlots];
+      row_dot<mma::kTileSlots>(e.gate, r, xs, lane, acc_gate);
+      row_dot<mma::kTileSlots>(e.up, r, xs, lane, acc_up);
+#pragma unroll
+      for (int t = 0; t < mma::kTileSlots; ++t) {
+        const float gate = warp_sum(acc_gate[t]), up = warp_sum(acc_up[t]);
+        if (lane == 0 && s0 + t < end)
+          g.h[int64_t(s0 + t) * g.inter + r] = gate / (1.0f + expf(-gate)) * up;
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock) down_mma_kernel(ExpertGroup g) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r0 =
+      int64_t(blockIdx.x) * kTileRowsPerBlock + int64_t(threadIdx.x / kWarpSize) * mma::kTileRows;
+  if (r0 >= g.hidden) return;
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const bool tiles = mma::kDeviceHasMma && mma::tile_ok(e.down);
+  for (int s0 = begin; s0 < end; s0 += mma::kTileSlots) {
+    const float* hs[mma::kTileSlots];
+    slot_inputs<mma::kTileSlots>(g.h, nullptr, g.inter, s0, end, hs);
+    if (tiles) {
+      float y[4];
+      mma::int4_tile(e.down, r0, hs, lane, y);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int row, slot;
+        mma::acc_position(lane, i, row, slot);
+        if (r0 + row < g.hidden && s0 + slot < end)
+          g.y_slots[int64_t(s0 + slot) * g.hidden + r0 + row] = y[i];
+      }
+      continue;
+    }
+    for (int64_t r = r0; r < r0 + mma::kTileRows && r < g.hidden; ++r) {
+      float acc[mma::kTileSlots];
+      row_dot<mma::kTileSlots>(e.down, r, hs, lane, acc);
+#pragma unroll
+      for (int t = 0; t < mma::kTileSlots; ++t) {
+        const float y = warp_sum(acc[t]);
+        if (lane == 0 && s0 + t < end) g.y_slots[int64_t(s0 + t) * g.hidden + r] = y;
+      }
     }
   }
 }
@@ -134,6 +218,8 @@ const char* weight_format_name(WeightFormat format) {
       return "int8-row";
     case WeightFormat::kF32:
       return "f32";
+    case WeightFormat::kBF16:
+      return "bf16";
   }
   return "unknown";
 }
@@ -147,6 +233,8 @@ int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols
       return rows * cols;
     case WeightFormat::kF32:
       return rows * cols * 4;
+    case WeightFormat::kBF16:
+      return rows * cols * 2;
   }
   return 0;
 }
@@ -159,6 +247,7 @@ int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t col
     case WeightFormat::kInt8Row:
       return rows;
     case WeightFormat::kF32:
+    case WeightFormat::kBF16:
       return 0;
   }
   return 0;
@@ -175,7 +264,9 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
     fail("group size " + std::to_string(group_size) + " is not one of the container's");
   if (format != WeightFormat::kInt4Grouped && group_size != 0) fail("per-row formats take group 0");
   if (!data) fail("null data");
-  if (format != WeightFormat::kF32 && !scales) fail("null scales");
+  const bool dense = format == WeightFormat::kF32 || format == WeightFormat::kBF16;
+  if (!dense && !scales) fail("null scales");
+  if (format < WeightFormat::kInt4Row || format > WeightFormat::kBF16) fail("unknown format");
   DeviceMatrix m;
   m.format = format;
   m.group_size = group_size;
@@ -197,6 +288,9 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
     case WeightFormat::kF32:
       wide = wide && cols % 4 == 0;
       break;
+    case WeightFormat::kBF16:
+      wide = wide && cols % 8 == 0;
+      break;
   }
   m.wide = wide ? 1 : 0;
   return m;
@@ -209,7 +303,16 @@ void expert_ffn_grouped_no_combine(const ExpertGroup& g, cudaStream_t stream) {
   if (!aligned16(g.x) || !aligned16(g.h))
     throw std::invalid_argument("expert_ffn_grouped: x and h must be 16-byte aligned");
   const int m = g.max_slots_per_expert;
-  if (m <= 1)
+  if (m >= kMmaMinSlots && g.tensor_cores) {
+    const dim3 gate_grid(unsigned((g.inter + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
+                         unsigned(g.n_experts));
+    gate_up_mma_kernel<<<gate_grid, kThreadsPerBlock, 0, stream>>>(g);
+    CHECK_CUDA_LAUNCH();
+    const dim3 down_grid(unsigned((g.hidden + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
+                         unsigned(g.n_experts));
+    down_mma_kernel<<<down_grid, kThreadsPerBlock, 0, stream>>>(g);
+    CHECK_CUDA_LAUNCH();
+  } else if (m <= 1)
     launch_projections<1>(g, stream);
   else if (m <= 2)
     launch_projections<2>(g, stream);
@@ -223,6 +326,12 @@ void expert_ffn_grouped(const ExpertGroup& g, cudaStream_t stream) {
   check_group(g);
   if (g.n_rows == 0) return;
   expert_ffn_grouped_no_combine(g, stream);
+  expert_ffn_combine(g, stream);
+}
+
+void expert_ffn_combine(const ExpertGroup& g, cudaStream_t stream) {
+  check_group(g);
+  if (g.n_rows == 0) return;
   const int64_t n = int64_t(g.n_rows) * g.hidden;
   constexpr int kCombineThreads = 256;
   combine_kernel<<<unsigned((n + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0,

@@ -7,11 +7,14 @@
 //      starting from 0, each step rounded as `out += weight * y` (no fused multiply-add), which
 //      is the order and rounding of the CPU's run_expert_pairs.
 // fp32 activations and fp32 accumulation. Weights stay in colibri's container layout
-// (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), or dense fp32.
+// (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), dense BF16 (the
+// checkpoint's bits, widened in registers as kernels::linear_bf16 does) or dense fp32.
 // Each warp computes one output row for up to 8 slots at a time, dequantising 16-byte loads of
 // the packed row in registers; the CPU oracle is kernels::quant_expert_ffn / mlp_forward
-// (tests/gpu/expert_ffn_cuda_test.cpp). Every batch runs on the CUDA cores in fp32: there is no
-// tensor-core (mma) path yet, so on an H200 16 rows cost several times one row (fp32 FMA bound).
+// (tests/gpu/expert_ffn_cuda_test.cpp). When an expert of the request has 8 or more slots and
+// `tensor_cores` is set, the projections run on tensor cores instead (cuda/expert_ffn_mma.cuh:
+// int4 tiles dequantised to BF16 in registers, activations split into BF16 hi + lo, mma.sync
+// with fp32 accumulation; other formats run the per-row path in the same launch).
 // Includable from plain C++.
 #pragma once
 
@@ -21,7 +24,13 @@
 
 namespace colibri::cuda {
 
-enum class WeightFormat : int32_t { kInt4Row = 0, kInt4Grouped = 1, kInt8Row = 2, kF32 = 3 };
+enum class WeightFormat : int32_t {
+  kInt4Row = 0,
+  kInt4Grouped = 1,
+  kInt8Row = 2,
+  kF32 = 3,
+  kBF16 = 4
+};
 
 const char* weight_format_name(WeightFormat format);
 
@@ -30,14 +39,16 @@ struct DeviceMatrix {
   WeightFormat format = WeightFormat::kF32;
   int32_t group_size = 0;  // kInt4Grouped: one of kernels::is_valid_group_size; else 0
   int64_t rows = 0, cols = 0;
-  const void* data = nullptr;     // int formats: [rows, row_bytes] packed; kF32: float [rows, cols]
+  const void* data = nullptr;  // int formats: [rows, row_bytes] packed; kF32: float, kBF16: uint16
+                               // [rows, cols]
   const float* scales = nullptr;  // int formats: [rows] or [rows, ceil(cols / group_size)]
   int32_t wide = 0;               // set by device_matrix(): rows can be read in 16-byte loads
 };
 
 // Checks the description (format, group size, non-null pointers, shape) and decides whether the
 // 16-byte path applies (int4: cols % 32 == 0 and group_size % 32 == 0; int8: cols % 16 == 0;
-// f32: cols % 4 == 0; data 16-byte aligned). Throws std::invalid_argument naming `what`.
+// bf16: cols % 8 == 0; f32: cols % 4 == 0; data 16-byte aligned). Throws std::invalid_argument
+// naming `what`.
 DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
                            const void* data, const float* scales, const char* what);
 
@@ -45,6 +56,8 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
 int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols);
 int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size);
 
+// An expert whose gate.data is null is skipped by the projections (its slots' y rows are filled
+// by the caller, e.g. computed on the CPU); the combine still reads them.
 struct DeviceExpert {
   DeviceMatrix gate, up;  // [inter, hidden]
   DeviceMatrix down;      // [hidden, inter]
@@ -55,6 +68,7 @@ struct DeviceExpert {
 struct ExpertGroup {
   int n_experts = 0, n_slots = 0, n_rows = 0;
   int max_slots_per_expert = 0;  // the largest expert_begin[i + 1] - expert_begin[i]
+  int tensor_cores = 1;          // 0: CUDA cores only, whatever the batch
   int64_t hidden = 0, inter = 0;
   const DeviceExpert* experts = nullptr;  // [n_experts]
   const int32_t* expert_begin = nullptr;  // [n_experts + 1]: expert i's slots
@@ -71,7 +85,11 @@ struct ExpertGroup {
 // Enqueues the three launches on `stream`; asynchronous. Launch errors abort via CHECK_CUDA.
 void expert_ffn_grouped(const ExpertGroup& group, cudaStream_t stream);
 
-// The first two launches alone, for benchmarks: fills h and y_slots, not out.
+// The first two launches alone (benchmarks, or one phase of a request whose experts arrive in
+// two groups): fills h and y_slots of the experts not skipped, not out.
 void expert_ffn_grouped_no_combine(const ExpertGroup& group, cudaStream_t stream);
+
+// The third launch alone: out from y_slots and the row index.
+void expert_ffn_combine(const ExpertGroup& group, cudaStream_t stream);
 
 }  // namespace colibri::cuda

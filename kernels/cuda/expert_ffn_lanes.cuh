@@ -127,6 +127,16 @@ COLIBRI_LANE void int8_chunk(uint4 q, int64_t c, const float4* const (&x4)[T], f
   }
 }
 
+// 8 BF16 values (one 16-byte load, element 2j in the low half of word j) widened to fp32.
+COLIBRI_LANE void bf16x8_to_float(uint4 q, float (&w)[8]) {
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  COLIBRI_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    w[2 * j] = lane_bits_to_float(words[j] << 16);
+    w[2 * j + 1] = lane_bits_to_float(words[j] & 0xFFFF0000u);
+  }
+}
+
 COLIBRI_LANE bool is_wide_int4(const DeviceMatrix& w) {
   return w.wide && (w.format == WeightFormat::kInt4Row || w.format == WeightFormat::kInt4Grouped);
 }
@@ -204,6 +214,17 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
         }
         return;
       }
+      case WeightFormat::kBF16: {
+        // 8 weights per 16-byte load: a BF16 value is the high half of its fp32 bits.
+        const uint4* row =
+            reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(w.data) + r * cols);
+        for (int64_t c = lane; c < cols / 8; c += kWarpSize) {
+          float wv[8];
+          bf16x8_to_float(lane_load(row + c), wv);
+          dot8<T>(wv, x4, 2 * c, acc);
+        }
+        return;
+      }
     }
     return;
   }
@@ -227,6 +248,9 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
       }
       case WeightFormat::kInt8Row:
         wv = float(int8_t(bytes[r * cols + i])) * w.scales[r];
+        break;
+      case WeightFormat::kBF16:
+        wv = lane_bits_to_float(uint32_t(static_cast<const uint16_t*>(w.data)[r * cols + i]) << 16);
         break;
       default:
         wv = static_cast<const float*>(w.data)[r * cols + i];

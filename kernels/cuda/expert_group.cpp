@@ -58,6 +58,7 @@ ExpertGroupIndex index_pairs(int n_rows, std::span<const ExpertPair> pairs) {
 }
 
 ExpertGroupBuffers::~ExpertGroupBuffers() {
+  cudaFreeHost(host_y_);
   cudaFreeHost(staging_host_);
   cudaFree(staging_device_);
   cudaFree(workspace_);
@@ -91,11 +92,20 @@ size_t align16(size_t n) {
 void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const DeviceExpert> experts,
                              const float* x_host, int64_t hidden, int64_t inter, float* out_host,
                              cudaStream_t stream) {
-  if (experts.size() != index.experts.size())
-    throw std::invalid_argument("ExpertGroupBuffers::run: " + std::to_string(experts.size()) +
-                                " expert descriptions for " + std::to_string(index.experts.size()) +
-                                " experts");
+  stage(index, experts, 1, x_host, hidden, inter, stream);
+  project(0, stream);
+  finish({}, out_host, stream);
+}
+
+void ExpertGroupBuffers::stage(const ExpertGroupIndex& index,
+                               std::span<const DeviceExpert> descriptions, int phases,
+                               const float* x_host, int64_t hidden, int64_t inter,
+                               cudaStream_t stream) {
   const size_t n_experts = index.experts.size(), n_slots = index.slot_row.size();
+  if (phases < 1 || descriptions.size() != size_t(phases) * n_experts)
+    throw std::invalid_argument("ExpertGroupBuffers: " + std::to_string(descriptions.size()) +
+                                " expert descriptions for " + std::to_string(phases) +
+                                " phases of " + std::to_string(n_experts) + " experts");
   const size_t n_rows = size_t(index.n_rows);
   // Staging layout: x, experts, then the int and float index arrays, each 16-byte aligned.
   const size_t x_bytes = n_rows * size_t(hidden) * sizeof(float);
@@ -106,7 +116,7 @@ void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const Devi
     return at;
   };
   const size_t at_x = take(x_bytes);
-  const size_t at_experts = take(n_experts * sizeof(DeviceExpert));
+  const size_t at_experts = take(descriptions.size() * sizeof(DeviceExpert));
   const size_t at_expert_begin = take(index.expert_begin.size() * sizeof(int32_t));
   const size_t at_slot_row = take(n_slots * sizeof(int32_t));
   const size_t at_row_begin = take(index.row_begin.size() * sizeof(int32_t));
@@ -116,6 +126,11 @@ void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const Devi
   const size_t y_floats = align16(n_slots * size_t(hidden) * 4) / 4;
   const size_t out_floats = n_rows * size_t(hidden);
   reserve(offset, h_floats + y_floats + out_floats);
+  if (n_slots * size_t(hidden) > host_y_floats_) {
+    CHECK_CUDA(cudaFreeHost(host_y_));
+    host_y_floats_ = std::max(n_slots * size_t(hidden), host_y_floats_ * 2);
+    CHECK_CUDA(cudaMallocHost(reinterpret_cast<void**>(&host_y_), host_y_floats_ * sizeof(float)));
+  }
 
   auto* host = static_cast<std::byte*>(staging_host_);
   auto* device = static_cast<std::byte*>(staging_device_);
@@ -123,7 +138,7 @@ void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const Devi
     if (bytes) std::memcpy(host + at, src, bytes);
   };
   put(at_x, x_host, x_bytes);
-  put(at_experts, experts.data(), n_experts * sizeof(DeviceExpert));
+  put(at_experts, descriptions.data(), descriptions.size() * sizeof(DeviceExpert));
   put(at_expert_begin, index.expert_begin.data(), index.expert_begin.size() * sizeof(int32_t));
   put(at_slot_row, index.slot_row.data(), n_slots * sizeof(int32_t));
   put(at_row_begin, index.row_begin.data(), index.row_begin.size() * sizeof(int32_t));
@@ -148,7 +163,35 @@ void ExpertGroupBuffers::run(const ExpertGroupIndex& index, std::span<const Devi
   g.h = workspace_;
   g.y_slots = workspace_ + h_floats;
   g.out = workspace_ + h_floats + y_floats;
-  expert_ffn_grouped(g, stream);
+  index_ = &index;
+  phase_experts_ = g.experts;
+  phases_ = phases;
+}
+
+void ExpertGroupBuffers::project(int phase, cudaStream_t stream) {
+  if (phase < 0 || phase >= phases_)
+    throw std::invalid_argument("ExpertGroupBuffers::project: phase " + std::to_string(phase) +
+                                " of " + std::to_string(phases_));
+  ExpertGroup g = group_;
+  g.experts = phase_experts_ + size_t(phase) * size_t(g.n_experts);
+  expert_ffn_grouped_no_combine(g, stream);
+}
+
+void ExpertGroupBuffers::finish(std::span<const int32_t> host_experts, float* out_host,
+                                cudaStream_t stream) {
+  const ExpertGroup& g = group_;
+  for (int32_t e : host_experts) {
+    if (e < 0 || e >= g.n_experts)
+      throw std::invalid_argument("ExpertGroupBuffers::finish: expert position " +
+                                  std::to_string(e) + " of " + std::to_string(g.n_experts));
+    const size_t begin = size_t(index_->expert_begin[size_t(e)]);
+    const size_t count = size_t(index_->expert_begin[size_t(e) + 1]) - begin;
+    CHECK_CUDA(
+        cudaMemcpyAsync(g.y_slots + begin * size_t(g.hidden), host_y_ + begin * size_t(g.hidden),
+                        count * size_t(g.hidden) * sizeof(float), cudaMemcpyHostToDevice, stream));
+  }
+  expert_ffn_combine(g, stream);
+  const size_t out_floats = size_t(g.n_rows) * size_t(g.hidden);
   if (out_floats)
     CHECK_CUDA(cudaMemcpyAsync(out_host, g.out, out_floats * sizeof(float), cudaMemcpyDeviceToHost,
                                stream));

@@ -50,12 +50,36 @@ class ExpertGroupBuffers {
            const float* x_host, int64_t hidden, int64_t inter, float* out_host,
            cudaStream_t stream);
 
+  // The same in steps, for a request whose experts are not all on the device at once:
+  //   stage():   one copy up of x, the index and `phases` description arrays (phase p's is
+  //              descriptions[p * n_experts, (p + 1) * n_experts); an expert with null gate data
+  //              is skipped by that phase);
+  //   project(p): phase p's gate/up and down launches (the caller orders them after whatever
+  //              they need, e.g. an expert upload on another stream, with events);
+  //   host_y():  pinned [n_slots, hidden] where the caller writes the y rows of the slots of
+  //              experts that no phase computes (valid after stage(), until the next stage());
+  //   finish():  copies those experts' rows (positions in index.experts) up, combines, and
+  //              copies out down into out_host.
+  void stage(const ExpertGroupIndex& index, std::span<const DeviceExpert> descriptions, int phases,
+             const float* x_host, int64_t hidden, int64_t inter, cudaStream_t stream);
+  void project(int phase, cudaStream_t stream);
+  float* host_y() { return host_y_; }
+  void finish(std::span<const int32_t> host_experts, float* out_host, cudaStream_t stream);
+
+  // Tensor cores for experts with 8+ slots (the default), or the CUDA-core path for every batch.
+  void set_tensor_cores(bool on) { group_.tensor_cores = on ? 1 : 0; }
+
   // The last run's group (device pointers), e.g. to launch it again in a benchmark.
   const ExpertGroup& group() const { return group_; }
 
  private:
   void reserve(size_t staging_bytes, size_t workspace_floats);
 
+  const ExpertGroupIndex* index_ = nullptr;      // of the staged request
+  const DeviceExpert* phase_experts_ = nullptr;  // device: the phases' description arrays
+  int phases_ = 0;
+  float* host_y_ = nullptr;  // pinned [n_slots, hidden]
+  size_t host_y_floats_ = 0;
   void* staging_host_ = nullptr;  // pinned
   void* staging_device_ = nullptr;
   size_t staging_bytes_ = 0;

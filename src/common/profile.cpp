@@ -160,13 +160,19 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const
   // GPU expert ranks.
   if (std::any_of(reports.begin(), reports.end(),
                   [](const RankReport& r) { return r.vram_bytes > 0; })) {
-    fmt::print(out, "{:>4}  {:>12}  {:>12}  {:>12}  {:>12}\n", "rank", "vram experts", "gpu reqs",
-               "gpu ms", "gpu us/req");
+    fmt::print(out,
+               "{:>4}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}  {:>10}  {:>10}  {:>12}  {:>10}\n",
+               "rank", "vram experts", "gpu reqs", "gpu ms", "gpu us/req", "vram hit", "uploaded",
+               "cpu miss", "upload", "upload ms");
     for (const RankReport& r : reports) {
       if (r.vram_bytes == 0) continue;
-      fmt::print(out, "{:>4}  {:>12}  {:>12}  {:>12.1f}  {:>12.1f}\n", r.rank,
-                 human_bytes(r.vram_bytes), r.gpu_requests, double(r.gpu_us) / 1e3,
-                 r.gpu_requests ? double(r.gpu_us) / double(r.gpu_requests) : 0.0);
+      fmt::print(out,
+                 "{:>4}  {:>12}  {:>12}  {:>12.1f}  {:>12.1f}  {:>10}  {:>10}  {:>10}  {:>12}  "
+                 "{:>10.1f}\n",
+                 r.rank, human_bytes(r.vram_bytes), r.gpu_requests, double(r.gpu_us) / 1e3,
+                 r.gpu_requests ? double(r.gpu_us) / double(r.gpu_requests) : 0.0, r.vram_hits,
+                 r.vram_uploads, r.vram_cpu_experts, human_bytes(r.vram_upload_bytes),
+                 double(r.vram_upload_us) / 1e3);
     }
   }
   // The coordinator's requests and replies that crossed to and from other hosts.
@@ -250,6 +256,11 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"gpu_requests", r.gpu_requests},
                      {"gpu_us", r.gpu_us},
                      {"bytes_cross_host", r.bytes_cross_host},
+                     {"vram_hits", r.vram_hits},
+                     {"vram_uploads", r.vram_uploads},
+                     {"vram_cpu_experts", r.vram_cpu_experts},
+                     {"vram_upload_bytes", r.vram_upload_bytes},
+                     {"vram_upload_us", r.vram_upload_us},
                      {"trace_events", r.events.size()},
                      {"dropped_events", r.dropped_events},
                      {"phases_us", std::move(phases)},

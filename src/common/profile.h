@@ -78,6 +78,10 @@ struct RankReport {
   // GPU expert ranks: experts held in VRAM (bytes uploaded at start), requests computed on the
   // GPU and their device time (rows up, kernels, partial down; CUDA events).
   uint64_t vram_bytes = 0, gpu_requests = 0, gpu_us = 0;
+  // Their VRAM tier: request experts hit in VRAM, uploaded on a miss, computed on the CPU on a
+  // miss; bytes uploaded for misses and the copy stream's time for them (CUDA events).
+  uint64_t vram_hits = 0, vram_uploads = 0, vram_cpu_experts = 0, vram_upload_bytes = 0,
+           vram_upload_us = 0;
   // Coordinator: bytes of requests and replies to and from expert ranks on other hosts (with
   // --combine host, every message that crosses hosts has the coordinator at one end).
   uint64_t bytes_cross_host = 0;
@@ -87,7 +91,8 @@ struct RankReport {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
        bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
        pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us, vram_bytes,
-       gpu_requests, gpu_us, bytes_cross_host);
+       gpu_requests, gpu_us, vram_hits, vram_uploads, vram_cpu_experts, vram_upload_bytes,
+       vram_upload_us, bytes_cross_host);
   }
 };
 

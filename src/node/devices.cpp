@@ -53,20 +53,23 @@ namespace {
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
                                                        ExpertStore& store,
                                                        std::span<const std::pair<int, int>> owned,
-                                                       int device, uint64_t vram_bytes) {
+                                                       int device, uint64_t vram_bytes,
+                                                       const VramCostModel& cost) {
 #ifdef COLIBRI_HAVE_CUDA
   cuda::set_fatal_handler(abort_job);
-  return std::make_unique<CudaExpertBackend>(config, store, owned, device, vram_bytes);
+  return std::make_unique<CudaExpertBackend>(config, store, owned, device, vram_bytes, cost);
 #else
   fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
 #endif
 }
 
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
-                                                       const ModelWeights& weights, int device) {
+                                                       const ModelWeights& weights, int device,
+                                                       uint64_t vram_bytes,
+                                                       const VramCostModel& cost) {
 #ifdef COLIBRI_HAVE_CUDA
   cuda::set_fatal_handler(abort_job);
-  return std::make_unique<CudaExpertBackend>(config, weights, device, 0);
+  return std::make_unique<CudaExpertBackend>(config, weights, device, vram_bytes, cost);
 #else
   fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
 #endif

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "rank/expert_backend.h"
+#include "rank/vram_tier.h"
 
 namespace colibri {
 
@@ -26,10 +27,13 @@ int choose_gpu(int layout_gpu, const std::string& who);
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
                                                        ExpertStore& store,
                                                        std::span<const std::pair<int, int>> owned,
-                                                       int device, uint64_t vram_bytes);
+                                                       int device, uint64_t vram_bytes,
+                                                       const VramCostModel& cost);
 
 // The same over every routed expert in `weights` (a single process, --experts gpu).
 std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config,
-                                                       const ModelWeights& weights, int device);
+                                                       const ModelWeights& weights, int device,
+                                                       uint64_t vram_bytes,
+                                                       const VramCostModel& cost);
 
 }  // namespace colibri

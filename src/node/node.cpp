@@ -22,6 +22,13 @@
 
 namespace colibri {
 
+VramCostModel Node::vram_cost() const {
+  VramCostModel cost;
+  cost.pcie_bytes_per_us = options_.pcie_gbps * 1e3;  // GB/s = 1e3 bytes per us
+  cost.cpu_bytes_per_us = options_.cpu_expert_gbps * 1e3;
+  return cost;
+}
+
 Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(options) {
   CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   CHECK_MPI(MPI_Comm_size(comm_, &size_));
@@ -113,7 +120,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         "role in --layout");
   if (size_ == 1 && options_.gpu_experts) {
     try {
-      expert_backend_ = make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"));
+      expert_backend_ =
+          make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"),
+                                  gib_to_bytes(options_.vram_gb, "--vram-gb"), vram_cost());
     } catch (const Error& e) {
       refuse(fmt::format("--experts gpu: {}", e.what()));
     }
@@ -132,7 +141,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         const int device = choose_gpu(spec.gpu, me.name_of(rank_));
         expert_backend_ = make_gpu_expert_backend(
             config_, *expert_store_, owned_, device,
-            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"));
+            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"),
+            vram_cost());
       } catch (const Error& e) {
         refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
       }
@@ -298,6 +308,11 @@ std::vector<RankReport> Node::gather_reports() {
     mine.vram_bytes = gpu.vram_bytes;
     mine.gpu_requests = gpu.requests;
     mine.gpu_us = gpu.device_us;
+    mine.vram_hits = gpu.vram_hits;
+    mine.vram_uploads = gpu.vram_uploads;
+    mine.vram_cpu_experts = gpu.vram_cpu_experts;
+    mine.vram_upload_bytes = gpu.upload_bytes;
+    mine.vram_upload_us = gpu.upload_us;
   }
   const std::vector<std::string> all =
       gather_within(comm_, layout_.coordinator(), to_bytes(mine),

@@ -23,6 +23,7 @@
 #include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/placement.h"
+#include "rank/vram_tier.h"
 #include "transport/transport.h"
 
 namespace colibri {
@@ -41,6 +42,9 @@ struct NodeOptions {
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double vram_gb = 0;  // gpu-expert ranks: VRAM for routed experts; 0 = the device's free memory.
                        // The layout's vram_gb column overrides it per rank.
+  // The VRAM tier's miss rule (rank/vram_tier.h): host-to-device GB/s from pinned memory, and the
+  // GB/s of expert weights the rank's CPU threads compute through.
+  double pcie_gbps = 25, cpu_expert_gbps = 10;
   double rank_timeout_s = 300;     // longest silence of a peer once started (see the transport)
   double startup_timeout_s = 300;  // longest wait for the other ranks at each start-up step
   std::vector<AgreedSetting> settings;  // compared across ranks at the handshake
@@ -87,6 +91,8 @@ class Node {
   void open_expert_store();
   Deadline startup_deadline(std::string stage) const;
   std::string memory_line(const std::string& host) const;
+  // The VRAM tier's miss rule from --pcie-gbps and --cpu-expert-gbps.
+  VramCostModel vram_cost() const;
 
   MPI_Comm comm_;
   NodeOptions options_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <functional>
@@ -9,13 +10,10 @@
 
 #include "common/error.h"
 #include "cuda/check.h"
+#include "rank/experts.h"
 
 namespace colibri {
 namespace {
-
-uint64_t key(int layer, int expert) {
-  return (uint64_t(uint32_t(layer)) << 32) | uint32_t(expert);
-}
 
 uint64_t padded(uint64_t bytes) {
   return (bytes + 255) / 256 * 256;
@@ -33,7 +31,7 @@ cuda::WeightFormat weight_format(kernels::QuantFormat f) {
   fail("unknown quantized format");
 }
 
-// The host bytes of one matrix of an expert: data and scales (none for fp32).
+// The host bytes of one matrix of an expert: data and scales (none for BF16 and fp32).
 struct HostMatrix {
   cuda::WeightFormat format;
   int group_size;
@@ -44,7 +42,7 @@ struct HostMatrix {
   uint64_t scale_bytes;
 };
 
-HostMatrix host_matrix(const Matrix& fp32, const QuantMatrix& quant) {
+HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
   if (!quant.empty())
     return {weight_format(quant.format),
             quant.group_size,
@@ -54,8 +52,14 @@ HostMatrix host_matrix(const Matrix& fp32, const QuantMatrix& quant) {
             quant.data.size(),
             quant.scales.data(),
             4 * quant.scales.size()};
-  return {cuda::WeightFormat::kF32, 0,       fp32.rows, fp32.cols, fp32.data.data(),
-          4 * fp32.data.size(),     nullptr, 0};
+  if (dense.stored_bf16())
+    return {cuda::WeightFormat::kBF16, 0,       dense.rows, dense.cols, dense.bf16.data(),
+            2 * dense.bf16.size(),     nullptr, 0};
+  if (dense.stored_fp8())
+    fail("FP8 routed experts have no CUDA kernel yet: convert the checkpoint to a container "
+         "(colibri-convert) or run the experts on the CPU");
+  return {cuda::WeightFormat::kF32, 0,       dense.rows, dense.cols, dense.data.data(),
+          4 * dense.data.size(),    nullptr, 0};
 }
 
 std::array<HostMatrix, 3> host_matrices(const MlpWeights& w) {
@@ -63,130 +67,199 @@ std::array<HostMatrix, 3> host_matrices(const MlpWeights& w) {
           host_matrix(w.down, w.quant.down)};
 }
 
+constexpr const char* kMatrixNames[3] = {"gate_proj", "up_proj", "down_proj"};
+
 }  // namespace
 
 CudaExpertBackend::CudaExpertBackend(const ModelConfig& config, ExpertStore& store,
                                      std::span<const std::pair<int, int>> owned, int device,
-                                     uint64_t vram_bytes)
-    : config_(config), device_(device) {
-  upload(
-      {owned.begin(), owned.end()},
-      [&](int layer, int expert) -> const MlpWeights& { return store.acquire(layer, expert); },
-      [&] { store.release(); }, vram_bytes);
+                                     uint64_t vram_bytes, VramCostModel cost)
+    : config_(config), device_(device), store_(&store) {
+  weights_of_ = [&store](int layer, int expert) -> const MlpWeights& {
+    return store.acquire(layer, expert);
+  };
+  done_with_ = [&store] { store.release(); };
+  init({owned.begin(), owned.end()}, vram_bytes, cost);
 }
 
 CudaExpertBackend::CudaExpertBackend(const ModelConfig& config, const ModelWeights& weights,
-                                     int device, uint64_t vram_bytes)
+                                     int device, uint64_t vram_bytes, VramCostModel cost)
     : config_(config), device_(device) {
   std::vector<std::pair<int, int>> owned;
   for (size_t l = 0; l < weights.layers.size(); ++l)
     for (size_t e = 0; e < weights.layers[l].experts.size(); ++e)
       if (!weights.layers[l].experts[e].empty()) owned.emplace_back(int(l), int(e));
-  upload(
-      owned,
-      [&](int layer, int expert) -> const MlpWeights& {
-        return weights.layers[size_t(layer)].experts[size_t(expert)];
-      },
-      [] {}, vram_bytes);
+  weights_of_ = [&weights](int layer, int expert) -> const MlpWeights& {
+    return weights.layers[size_t(layer)].experts[size_t(expert)];
+  };
+  done_with_ = [] {};
+  init(owned, vram_bytes, cost);
 }
 
 CudaExpertBackend::~CudaExpertBackend() {
+  if (copy_stream_) cudaStreamSynchronize(copy_stream_);
   if (stream_) cudaStreamSynchronize(stream_);
-  if (start_) cudaEventDestroy(start_);
-  if (stop_) cudaEventDestroy(stop_);
+  for (cudaEvent_t e : {start_, stop_, upload_start_, uploaded_})
+    if (e) cudaEventDestroy(e);
+  for (int i = 0; i < kStaging; ++i) {
+    if (staging_free_[size_t(i)]) cudaEventDestroy(staging_free_[size_t(i)]);
+    cudaFreeHost(staging_[size_t(i)]);
+  }
+  if (copy_stream_) cudaStreamDestroy(copy_stream_);
   if (stream_) cudaStreamDestroy(stream_);
   cudaFree(memory_);
 }
 
-void CudaExpertBackend::upload(const std::vector<std::pair<int, int>>& owned,
-                               const std::function<const MlpWeights&(int, int)>& weights_of,
-                               const std::function<void()>& done_with, uint64_t vram_bytes) {
+ExpertDeviceStats CudaExpertBackend::device_stats() const {
+  ExpertDeviceStats out;
+  out.vram_bytes = device_bytes_;
+  out.requests = stats_.requests;
+  out.device_us = stats_.device_us;
+  if (tier_) {
+    const VramTierStats& t = tier_->stats();
+    out.vram_hits = t.hits;
+    out.vram_uploads = t.uploads;
+    out.vram_cpu_experts = t.cpu_experts;
+    out.vram_evictions = t.evictions;
+    out.upload_bytes = t.upload_bytes;
+  }
+  out.upload_us = stats_.upload_us;
+  return out;
+}
+
+void CudaExpertBackend::init(const std::vector<std::pair<int, int>>& owned, uint64_t vram_bytes,
+                             const VramCostModel& cost) {
   CHECK_CUDA(cudaSetDevice(device_));
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  CHECK_CUDA(cudaEventCreate(&start_));
-  CHECK_CUDA(cudaEventCreate(&stop_));
-  // Every owned expert has the same shapes and formats within a model: size from the first, and
-  // check each one against it while uploading.
-  if (owned.empty()) return;
-  uint64_t per_expert = 0;
-  {
-    for (const HostMatrix& m : host_matrices(weights_of(owned[0].first, owned[0].second)))
-      per_expert += padded(m.data_bytes) + padded(m.scale_bytes);
-    done_with();
+  CHECK_CUDA(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  for (cudaEvent_t* e : {&start_, &stop_, &upload_start_, &uploaded_})
+    CHECK_CUDA(cudaEventCreate(e));
+  const int64_t hidden = config_.hidden_size, inter = config_.moe_intermediate_size;
+  // gate/up and down: 2 * hidden * inter multiply-adds each; per row of the CPU's batch.
+  const double flops_per_row = 6.0 * double(hidden) * double(inter);
+  if (owned.empty()) {
+    tier_ = std::make_unique<VramTier>(0, 0, flops_per_row, cost);
+    return;
   }
-  const uint64_t total = per_expert * owned.size();
+  // Every owned expert has the same shapes and formats within a model: lay out a slot from the
+  // first, and check each one against it as it is uploaded.
+  {
+    const auto host = host_matrices(weights_of_(owned[0].first, owned[0].second));
+    uint64_t at = 0;
+    for (size_t m = 0; m < 3; ++m) {
+      const HostMatrix& h = host[m];
+      SlotMatrix& s = layout_[m];
+      s = {h.format, h.group_size, h.rows, h.cols, at, h.data_bytes, 0, h.scale_bytes};
+      at += padded(h.data_bytes);
+      s.scales_at = at;
+      at += padded(h.scale_bytes);
+    }
+    slot_bytes_ = at;
+    done_with_();
+  }
   size_t free_bytes = 0, total_bytes = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (vram_bytes > 0 && total > vram_bytes)
+  // Room left for the request buffers (rows, workspace, partials) when the budget is the device.
+  const uint64_t margin = std::max<uint64_t>(uint64_t(256) << 20, free_bytes / 32);
+  if (vram_bytes > free_bytes)
     fail(
-        "GPU {}: the {} owned routed experts take {:.2f} GiB, over the VRAM budget of {:.2f} GiB "
-        "(--vram-gb or the layout's vram_gb); this build keeps every owned expert in VRAM",
-        device_, owned.size(), double(total) / double(1 << 30),
-        double(vram_bytes) / double(1 << 30));
-  if (total > free_bytes)
-    fail("GPU {}: the {} owned routed experts take {:.2f} GiB, but the device has {:.2f} GiB free",
-         device_, owned.size(), double(total) / double(1 << 30),
-         double(free_bytes) / double(1 << 30));
-  CHECK_CUDA(cudaMalloc(&memory_, total));
-  device_bytes_ = total;
-
-  // Through one pinned staging buffer, one expert at a time.
-  void* staging = nullptr;
-  CHECK_CUDA(cudaMallocHost(&staging, per_expert));
+        "GPU {}: the VRAM budget of {:.2f} GiB (--vram-gb or the layout's vram_gb) is more than "
+        "the {:.2f} GiB the device has free",
+        device_, double(vram_bytes) / double(1 << 30), double(free_bytes) / double(1 << 30));
+  const uint64_t budget =
+      vram_bytes > 0 ? vram_bytes : (free_bytes > margin ? free_bytes - margin : 0);
+  const uint64_t slots = std::min<uint64_t>(owned.size(), budget / slot_bytes_);
+  all_resident_ = slots == owned.size();
+  tier_ = std::make_unique<VramTier>(int(slots), slot_bytes_, flops_per_row, cost);
+  if (slots > 0) CHECK_CUDA(cudaMalloc(&memory_, slots * slot_bytes_));
+  device_bytes_ = slots * slot_bytes_;
+  for (int i = 0; i < kStaging; ++i) {
+    CHECK_CUDA(cudaMallocHost(&staging_[size_t(i)], slot_bytes_));
+    CHECK_CUDA(cudaEventCreateWithFlags(&staging_free_[size_t(i)], cudaEventDisableTiming));
+  }
+  // Every slot's description: the same offsets within each slot.
   auto* base = static_cast<std::byte*>(memory_);
-  uint64_t at = 0;
-  for (const auto& [layer, expert] : owned) {
-    const MlpWeights& w = weights_of(layer, expert);
-    const auto host = host_matrices(w);
-    const char* names[3] = {"gate_proj", "up_proj", "down_proj"};
-    const int64_t rows[3] = {config_.moe_intermediate_size, config_.moe_intermediate_size,
-                             config_.hidden_size};
-    const int64_t cols[3] = {config_.hidden_size, config_.hidden_size,
-                             config_.moe_intermediate_size};
+  slot_experts_.resize(size_t(slots));
+  for (uint64_t s = 0; s < slots; ++s) {
     cuda::DeviceMatrix dev[3];
-    uint64_t offset = 0;
-    for (int m = 0; m < 3; ++m) {
-      const HostMatrix& h = host[size_t(m)];
+    for (size_t m = 0; m < 3; ++m) {
+      const SlotMatrix& l = layout_[m];
       const std::string what =
-          fmt::format("layer {} expert {} {} on GPU {}", layer, expert, names[m], device_);
-      if (h.rows != rows[m] || h.cols != cols[m])
-        fail("{}: shape {}x{}, expected {}x{}", what, h.rows, h.cols, rows[m], cols[m]);
-      if (offset + padded(h.data_bytes) + padded(h.scale_bytes) > per_expert)
-        fail("{}: larger than the first owned expert (formats differ between experts)", what);
-      std::memcpy(static_cast<std::byte*>(staging) + offset, h.data, h.data_bytes);
-      const uint64_t data_at = offset;
-      offset += padded(h.data_bytes);
-      if (h.scale_bytes)
-        std::memcpy(static_cast<std::byte*>(staging) + offset, h.scales, h.scale_bytes);
-      const uint64_t scales_at = offset;
-      offset += padded(h.scale_bytes);
+          fmt::format("{} of VRAM slot {} on GPU {}", kMatrixNames[m], s, device_);
       try {
         dev[m] = cuda::device_matrix(
-            h.format, h.group_size, h.rows, h.cols, base + at + data_at,
-            h.scale_bytes ? reinterpret_cast<const float*>(base + at + scales_at) : nullptr,
+            l.format, l.group_size, l.rows, l.cols, base + s * slot_bytes_ + l.data_at,
+            l.scale_bytes ? reinterpret_cast<const float*>(base + s * slot_bytes_ + l.scales_at)
+                          : nullptr,
             what.c_str());
       } catch (const std::invalid_argument& e) {
         fail("{}", e.what());
       }
     }
-    done_with();
-    CHECK_CUDA(cudaMemcpyAsync(base + at, staging, offset, cudaMemcpyHostToDevice, stream_));
-    CHECK_CUDA(cudaStreamSynchronize(stream_));  // the staging buffer is reused
-    experts_[key(layer, expert)] = {dev[0], dev[1], dev[2]};
-    at += per_expert;
-    stats_.upload_bytes += offset;
+    slot_experts_[size_t(s)] = {dev[0], dev[1], dev[2]};
   }
-  CHECK_CUDA(cudaFreeHost(staging));
+  // The hot set at start: all owned experts, or as many as fit, round robin over layers.
+  for (const auto& [layer, expert] : all_resident_ ? owned : vram_fill_order(owned)) {
+    const int slot = tier_->preload(layer, expert);
+    if (slot < 0) break;
+    upload(layer, expert, slot);
+    done_with_();  // the staging copy is done: upload() waits for the buffer before reusing it
+    stats_.upload_bytes += slot_bytes_;
+  }
+  CHECK_CUDA(cudaStreamSynchronize(copy_stream_));
+}
+
+void CudaExpertBackend::upload(int layer, int expert, int slot) {
+  const MlpWeights& w = weights_of_(layer, expert);
+  const auto host = host_matrices(w);
+  const int64_t rows[3] = {config_.moe_intermediate_size, config_.moe_intermediate_size,
+                           config_.hidden_size};
+  const int64_t cols[3] = {config_.hidden_size, config_.hidden_size, config_.moe_intermediate_size};
+  const size_t k = size_t(next_staging_);
+  next_staging_ = (next_staging_ + 1) % kStaging;
+  CHECK_CUDA(cudaEventSynchronize(staging_free_[k]));  // its previous copy is done
+  auto* staging = static_cast<std::byte*>(staging_[k]);
+  for (size_t m = 0; m < 3; ++m) {
+    const HostMatrix& h = host[m];
+    const SlotMatrix& l = layout_[m];
+    if (h.rows != rows[m] || h.cols != cols[m])
+      fail("layer {} expert {} {} on GPU {}: shape {}x{}, expected {}x{}", layer, expert,
+           kMatrixNames[m], device_, h.rows, h.cols, rows[m], cols[m]);
+    if (h.format != l.format || h.group_size != l.group_size || h.data_bytes != l.data_bytes ||
+        h.scale_bytes != l.scale_bytes)
+      fail(
+          "layer {} expert {} {} on GPU {}: stored as {} (group {}), unlike the first owned "
+          "expert ({}, group {}); a rank's experts share one format",
+          layer, expert, kMatrixNames[m], device_, cuda::weight_format_name(h.format), h.group_size,
+          cuda::weight_format_name(l.format), l.group_size);
+    std::memcpy(staging + l.data_at, h.data, h.data_bytes);
+    if (h.scale_bytes) std::memcpy(staging + l.scales_at, h.scales, h.scale_bytes);
+  }
+  CHECK_CUDA(cudaMemcpyAsync(static_cast<std::byte*>(memory_) + uint64_t(slot) * slot_bytes_,
+                             staging, slot_bytes_, cudaMemcpyHostToDevice, copy_stream_));
+  CHECK_CUDA(cudaEventRecord(staging_free_[k], copy_stream_));
+}
+
+void CudaExpertBackend::prefetch(int layer, std::span<const int> experts) {
+  if (!store_ || all_resident_) return;
+  not_resident_.clear();
+  for (int e : experts)
+    if (!tier_->cache().contains(layer, e)) not_resident_.push_back(e);
+  if (!not_resident_.empty()) store_->prefetch(layer, not_resident_);
 }
 
 void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
   const int hidden = config_.hidden_size;
+  const int64_t inter = config_.moe_intermediate_size;
   const float* rows = host_f32_rows(request, hidden, rows_f32_);
   pairs_.clear();
   for (const RoutedPair& p : request.pairs) {
     if (p.row >= uint32_t(request.n_rows))
       fail("layer {}: pair row {} outside the request's {} rows", request.layer, p.row,
            request.n_rows);
+    if (p.expert >= uint32_t(config_.n_routed_experts))
+      fail("layer {}: routed expert {} out of range [0, {})", request.layer, p.expert,
+           config_.n_routed_experts);
     pairs_.push_back({int32_t(p.row), int32_t(p.expert), p.weight});
   }
   cuda::ExpertGroupIndex index;
@@ -195,23 +268,68 @@ void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
   } catch (const std::invalid_argument& e) {
     fail("layer {}: {}", request.layer, e.what());
   }
-  request_experts_.clear();
-  for (int32_t e : index.experts) {
-    const auto it = experts_.find(key(request.layer, e));
-    if (it == experts_.end())
-      fail("layer {}: expert {} is routed here but not owned by this rank (GPU {})", request.layer,
-           e, device_);
-    request_experts_.push_back(it->second);
+  const size_t n = index.experts.size();
+  request_rows_.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    request_rows_[i] = index.expert_begin[i + 1] - index.expert_begin[i];
+  const std::vector<VramPlanEntry> plan = tier_->plan(request.layer, index.experts, request_rows_);
+  // Phase 0: the resident experts; phase 1: the ones uploaded now. CPU experts: neither.
+  const bool uploads = std::any_of(plan.begin(), plan.end(), [](const VramPlanEntry& e) {
+    return e.kind == VramPlanEntry::kUpload;
+  });
+  const int phases = uploads ? 2 : 1;
+  descriptions_.assign(size_t(phases) * n, cuda::DeviceExpert{});
+  cpu_positions_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    if (plan[i].kind == VramPlanEntry::kCpu) {
+      cpu_positions_.push_back(int32_t(i));
+      continue;
+    }
+    const size_t phase = plan[i].kind == VramPlanEntry::kHit ? 0 : 1;
+    descriptions_[phase * n + i] = slot_experts_[size_t(plan[i].slot)];
   }
   CHECK_CUDA(cudaSetDevice(device_));
   CHECK_CUDA(cudaEventRecord(start_, stream_));
-  buffers_.run(index, request_experts_, rows, hidden, config_.moe_intermediate_size, partial,
-               stream_);
+  try {
+    buffers_.stage(index, descriptions_, phases, rows, hidden, inter, stream_);
+    buffers_.project(0, stream_);
+    if (uploads) {
+      // Each missed expert goes up on the copy stream while phase 0 runs; phase 1 waits for them.
+      // The request's experts are not evicted (the tier holds them until release), and the
+      // previous request's kernels are done (it was synchronised), so a slot is free to reuse.
+      CHECK_CUDA(cudaEventRecord(upload_start_, copy_stream_));
+      for (size_t i = 0; i < n; ++i)
+        if (plan[i].kind == VramPlanEntry::kUpload)
+          upload(request.layer, plan[i].expert, plan[i].slot);
+      CHECK_CUDA(cudaEventRecord(uploaded_, copy_stream_));
+      CHECK_CUDA(cudaStreamWaitEvent(stream_, uploaded_, 0));
+      buffers_.project(1, stream_);
+    }
+    // The CPU experts while the device works: y rows of their slots, in slot order.
+    for (int32_t i : cpu_positions_) {
+      const MlpWeights& w = weights_of_(request.layer, index.experts[size_t(i)]);
+      const int32_t begin = index.expert_begin[size_t(i)], count = request_rows_[size_t(i)];
+      cpu_rows_.resize(size_t(count) * size_t(hidden));
+      for (int32_t k = 0; k < count; ++k)
+        std::copy_n(rows + size_t(index.slot_row[size_t(begin + k)]) * size_t(hidden), hidden,
+                    &cpu_rows_[size_t(k) * size_t(hidden)]);
+      mlp_forward(w, cpu_rows_.data(), count, buffers_.host_y() + size_t(begin) * size_t(hidden));
+    }
+    buffers_.finish(cpu_positions_, partial, stream_);
+  } catch (const std::invalid_argument& e) {
+    fail("layer {} on GPU {}: {}", request.layer, device_, e.what());
+  }
   CHECK_CUDA(cudaEventRecord(stop_, stream_));
   CHECK_CUDA(cudaStreamSynchronize(stream_));
+  done_with_();
+  tier_->release();
   float ms = 0;
   CHECK_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
   stats_.device_us += uint64_t(ms * 1000.0f);
+  if (uploads) {
+    CHECK_CUDA(cudaEventElapsedTime(&ms, upload_start_, uploaded_));
+    stats_.upload_us += uint64_t(ms * 1000.0f);
+  }
   ++stats_.requests;
 }
 

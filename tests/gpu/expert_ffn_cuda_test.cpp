@@ -1,12 +1,13 @@
 // colibri::cuda::expert_ffn_grouped (through ExpertGroupBuffers) against its CPU oracle:
 // kernels::quant_expert_ffn (container formats) or linear_f32 + silu_mul (fp32 experts) per
 // expert, then each row's weighted sum over its experts in ascending order, as run_expert_pairs
-// does. Table: format x shape x rows x experts x top-k.
+// does. Table: format x shape x rows x experts x top-k. BF16 experts against kernels::linear_bf16.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -58,8 +59,9 @@ kernels::QuantFormat quant_format(WeightFormat f) {
 // plus their exact dequantisation) and on the device.
 struct Matrix {
   int64_t rows = 0, cols = 0;
-  std::vector<float> values;  // [rows, cols]: what the matrix stands for (dequantised)
-  std::vector<uint8_t> data;  // container bytes (int formats)
+  std::vector<float> values;   // [rows, cols]: what the matrix stands for (dequantised)
+  std::vector<uint8_t> data;   // container bytes (int formats)
+  std::vector<uint16_t> bf16;  // kBF16: the bits (values are exactly these)
   std::vector<float> scales;
   void* d_data = nullptr;
   float* d_scales = nullptr;
@@ -71,7 +73,18 @@ struct Matrix {
     values.resize(size_t(rows * cols));
     for (float& v : values) v = uniform(rng) / std::sqrt(float(cols));
     int group = 0;
-    if (c.format != WeightFormat::kF32) {
+    if (c.format == WeightFormat::kBF16) {
+      bf16.resize(values.size());
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &values[i], 4);
+        bf16[i] = uint16_t(bits >> 16);
+        bits &= 0xFFFF0000u;
+        std::memcpy(&values[i], &bits, 4);
+      }
+      CHECK_CUDA(cudaMalloc(&d_data, bf16.size() * 2));
+      CHECK_CUDA(cudaMemcpy(d_data, bf16.data(), bf16.size() * 2, cudaMemcpyHostToDevice));
+    } else if (c.format != WeightFormat::kF32) {
       const kernels::QuantFormat qf = quant_format(c.format);
       group = c.format == WeightFormat::kInt4Grouped ? c.group_size : 0;
       data.resize(size_t(kernels::packed_bytes(qf, rows, cols)));
@@ -115,6 +128,14 @@ struct Expert {
 
 // y [n, hidden] on the CPU oracle.
 void cpu_expert(const Case& c, const Expert& e, const float* x, int n, float* y) {
+  if (c.format == WeightFormat::kBF16) {
+    std::vector<float> g(size_t(n * c.inter)), u(g.size());
+    kernels::linear_bf16(x, n, e.gate.bf16.data(), c.inter, c.hidden, g.data());
+    kernels::linear_bf16(x, n, e.up.bf16.data(), c.inter, c.hidden, u.data());
+    kernels::silu_mul(g.data(), u.data(), int64_t(g.size()));
+    kernels::linear_bf16(g.data(), n, e.down.bf16.data(), c.hidden, c.inter, y);
+    return;
+  }
   if (c.format != WeightFormat::kF32) {
     kernels::quant_expert_ffn(e.gate.view(c), e.up.view(c), e.down.view(c), x, n, y);
     return;
@@ -179,7 +200,14 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
                                                       &y[(i + 1) * size_t(c.hidden)]);
   }
   const double u = std::ldexp(1.0, -24);
-  const auto terms = [](int64_t k) { return double(k / 8 + 16) + double(k / 32 + 32 + 5); };
+  // The tensor-core path (int4 experts with 8+ slots) carries activations to 2^-18 relative (BF16
+  // hi + lo) and sums each k-step of 16 and each chunk's 8 mma in fp32: 128 more units of u.
+  const bool tensor_cores =
+      (c.format == WeightFormat::kInt4Grouped || c.format == WeightFormat::kInt4Row) &&
+      colibri::cuda::index_pairs(c.n_rows, pairs).max_slots_per_expert >= 8;
+  const auto terms = [&](int64_t k) {
+    return double(k / 8 + 16) + double(k / 32 + 32 + 5) + (tensor_cores ? 128.0 : 0.0);
+  };
   for (int r = 0; r < c.n_rows; ++r) {
     for (int e = 0; e < c.n_experts; ++e) {
       const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) {
@@ -249,6 +277,43 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
     buffers.run(index, dev, x.data(), c.hidden, c.inter, got.data(), stream);
     CHECK_CUDA(cudaStreamSynchronize(stream));
   }
+  // The CUDA-core path for every batch (the tensor cores off) within the same bound.
+  std::vector<float> cuda_cores(x.size(), std::nanf(""));
+  {
+    colibri::cuda::ExpertGroupBuffers buffers;
+    buffers.set_tensor_cores(false);
+    buffers.run(index, dev, x.data(), c.hidden, c.inter, cuda_cores.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  // The same request as the CUDA backend runs a VRAM-tier miss: expert positions 0, 3, .. in
+  // phase 0, 1, 4, .. in phase 1, and 2, 5, .. computed on the host (the oracle's y rows).
+  std::vector<float> phased(x.size(), std::nanf(""));
+  {
+    const size_t n = index.experts.size();
+    std::vector<DeviceExpert> phases(2 * n);
+    std::vector<int32_t> host;
+    for (size_t i = 0; i < n; ++i) {
+      if (i % 3 == 2)
+        host.push_back(int32_t(i));
+      else
+        phases[(i % 3) * n + i] = dev[i];
+    }
+    colibri::cuda::ExpertGroupBuffers buffers;
+    buffers.stage(index, phases, 2, x.data(), c.hidden, c.inter, stream);
+    const colibri::cuda::ExpertGroup& g = buffers.group();
+    CHECK_CUDA(cudaMemsetAsync(g.y_slots, 0xff, size_t(g.n_slots * g.hidden) * 4, stream));
+    buffers.project(0, stream);
+    buffers.project(1, stream);
+    for (int32_t i : host) {
+      const int e = (index.experts[size_t(i)] - 1) / 3;
+      for (int32_t s = index.expert_begin[size_t(i)]; s < index.expert_begin[size_t(i) + 1]; ++s)
+        std::copy_n(y_cpu[size_t(index.slot_row[size_t(s)] * c.n_experts + e)].data(), c.hidden,
+                    buffers.host_y() + size_t(s) * size_t(c.hidden));
+    }
+    buffers.finish(host, phased.data(), stream);
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+    EXPECT_THROW(buffers.project(2, stream), std::invalid_argument);
+  }
   CHECK_CUDA(cudaStreamDestroy(stream));
 
   double max_ratio = 0, sum_abs = 0;
@@ -256,6 +321,12 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
     for (int64_t j = 0; j < c.hidden; ++j) {
       const size_t i = size_t(r * c.hidden + j);
       ASSERT_TRUE(std::isfinite(got[i])) << "out[" << r << ", " << j << "] not written";
+      ASSERT_TRUE(std::isfinite(phased[i])) << "phased out[" << r << ", " << j << "] not written";
+      ASSERT_LE(std::fabs(double(cuda_cores[i]) - expected[i]), bound[i])
+          << "CUDA cores out[" << r << ", " << j << "]: gpu " << cuda_cores[i] << " cpu "
+          << expected[i];
+      ASSERT_LE(std::fabs(double(phased[i]) - expected[i]), bound[i])
+          << "phased out[" << r << ", " << j << "]: gpu " << phased[i] << " cpu " << expected[i];
       const double err = std::fabs(double(got[i]) - expected[i]);
       ASSERT_LE(err, bound[i]) << "out[" << r << ", " << j << "]: gpu " << got[i] << " cpu "
                                << expected[i];
@@ -273,7 +344,12 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
 // not (16, 48: the per-element path), int4 and int8 per row, fp32. Shapes: multiples of 32
 // (wide; 288 and 96 end in a short group), odd or small widths (per-element path, int4 padding
 // nibble), GLM-5.2's hidden width with a narrow inter. Rows: decode (1), remainders of the
-// 1/2/4/8-slot passes (3, 5, 9), 16, and 33 (several 8-slot passes per expert).
+// 1/2/4/8-slot passes (3, 5, 9), 16, and 33 (several 8-slot passes per expert). BF16: wide
+// (widths % 8 == 0) and per-element. Every case also runs phased (two device phases and experts
+// whose y rows come from the host), as the CUDA backend runs a request with VRAM misses, and
+// with the tensor cores off. Tensor cores (int4, 8+ slots per expert): GLM-like g64 at 16 rows
+// on 8 experts, g128, row scales, and a width (200) whose down matrix takes the per-row path
+// inside the tensor-core launch and whose gate/up tiles end past the last row.
 INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                          testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
                                          Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
@@ -291,7 +367,14 @@ INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                                          Case{WeightFormat::kInt8Row, 0, 256, 112, 1, 4, 2},
                                          Case{WeightFormat::kInt8Row, 0, 300, 100, 16, 4, 2},
                                          Case{WeightFormat::kF32, 0, 128, 96, 1, 4, 2},
-                                         Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2}),
+                                         Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 1024, 512, 16, 8, 8},
+                                         Case{WeightFormat::kInt4Grouped, 128, 256, 192, 12, 3, 2},
+                                         Case{WeightFormat::kInt4Grouped, 64, 320, 200, 24, 3, 3},
+                                         Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4},
+                                         Case{WeightFormat::kBF16, 0, 256, 128, 1, 8, 8},
+                                         Case{WeightFormat::kBF16, 0, 512, 192, 16, 6, 2},
+                                         Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2}),
                          [](const testing::TestParamInfo<Case>& param_info) {
                            std::ostringstream name;
                            name << param_info.param;

@@ -67,6 +67,17 @@ struct HostMatrix {
     if (c.format == WeightFormat::kF32) {
       data = std::make_unique<Aligned>(values.size() * 4);
       std::memcpy(data->p, values.data(), values.size() * 4);
+    } else if (c.format == WeightFormat::kBF16) {
+      // The high halves of the fp32 bits (truncated); values become exactly those.
+      data = std::make_unique<Aligned>(values.size() * 2);
+      auto* bits = static_cast<uint16_t*>(data->p);
+      for (size_t i = 0; i < values.size(); ++i) {
+        uint32_t u;
+        std::memcpy(&u, &values[i], 4);
+        bits[i] = uint16_t(u >> 16);
+        u &= 0xFFFF0000u;
+        std::memcpy(&values[i], &u, 4);
+      }
     } else {
       const auto qf = quant_format(c.format);
       data = std::make_unique<Aligned>(size_t(kernels::packed_bytes(qf, c.rows, c.cols)));
@@ -177,24 +188,25 @@ TEST(ExpertFfnLanes, BytePermuteBuildsTheMagicFloats) {
 
 INSTANTIATE_TEST_SUITE_P(
     Table, ExpertFfnLanes,
-    testing::Values(Case{WeightFormat::kInt4Grouped, 64, 5, 256, true},
-                    Case{WeightFormat::kInt4Grouped, 64, 3, 6144, true},
-                    Case{WeightFormat::kInt4Grouped, 64, 4, 288, true},  // short last group
-                    Case{WeightFormat::kInt4Grouped, 32, 3, 96, true},
-                    Case{WeightFormat::kInt4Grouped, 96, 3, 384, true},
-                    Case{WeightFormat::kInt4Grouped, 128, 2, 2048, true},
-                    Case{WeightFormat::kInt4Grouped, 192, 2, 416, true},  // 416 = 2 groups + 32
-                    Case{WeightFormat::kInt4Grouped, 256, 2, 512, true},
-                    Case{WeightFormat::kInt4Grouped, 16, 3, 160, false},
-                    Case{WeightFormat::kInt4Grouped, 48, 3, 200, false},
-                    Case{WeightFormat::kInt4Grouped, 64, 3, 100, false},
-                    Case{WeightFormat::kInt4Row, 0, 4, 2048, true},
-                    Case{WeightFormat::kInt4Row, 0, 3, 257, false},
-                    Case{WeightFormat::kInt8Row, 0, 4, 6144, true},
-                    Case{WeightFormat::kInt8Row, 0, 3, 16, true},
-                    Case{WeightFormat::kInt8Row, 0, 3, 300, false},
-                    Case{WeightFormat::kF32, 0, 3, 1024, true},
-                    Case{WeightFormat::kF32, 0, 3, 35, false}),
+    testing::Values(
+        Case{WeightFormat::kInt4Grouped, 64, 5, 256, true},
+        Case{WeightFormat::kInt4Grouped, 64, 3, 6144, true},
+        Case{WeightFormat::kInt4Grouped, 64, 4, 288, true},  // short last group
+        Case{WeightFormat::kInt4Grouped, 32, 3, 96, true},
+        Case{WeightFormat::kInt4Grouped, 96, 3, 384, true},
+        Case{WeightFormat::kInt4Grouped, 128, 2, 2048, true},
+        Case{WeightFormat::kInt4Grouped, 192, 2, 416, true},  // 416 = 2 groups + 32
+        Case{WeightFormat::kInt4Grouped, 256, 2, 512, true},
+        Case{WeightFormat::kInt4Grouped, 16, 3, 160, false},
+        Case{WeightFormat::kInt4Grouped, 48, 3, 200, false},
+        Case{WeightFormat::kInt4Grouped, 64, 3, 100, false},
+        Case{WeightFormat::kInt4Row, 0, 4, 2048, true},
+        Case{WeightFormat::kInt4Row, 0, 3, 257, false},
+        Case{WeightFormat::kInt8Row, 0, 4, 6144, true},
+        Case{WeightFormat::kInt8Row, 0, 3, 16, true},
+        Case{WeightFormat::kInt8Row, 0, 3, 300, false}, Case{WeightFormat::kF32, 0, 3, 1024, true},
+        Case{WeightFormat::kF32, 0, 3, 35, false}, Case{WeightFormat::kBF16, 0, 3, 2048, true},
+        Case{WeightFormat::kBF16, 0, 3, 264, true}, Case{WeightFormat::kBF16, 0, 3, 37, false}),
     [](const testing::TestParamInfo<Case>& param_info) {
       std::ostringstream name;
       name << param_info.param;

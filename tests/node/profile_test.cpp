@@ -340,6 +340,81 @@ TEST(PrintProfile, NoDecodeGivesZeroRateAndDropsAreReported) {
   EXPECT_NE(text.find("rank 1: trace full, 42 events dropped"), std::string::npos) << text;
 }
 
+// A GPU expert rank's VRAM tier: its own table (rows only for ranks with VRAM), the JSON keys and
+// the wire round trip.
+RankReport gpu_report() {
+  RankReport r = sample_reports()[1];
+  r.vram_bytes = 3ull << 30;
+  r.gpu_requests = 40;
+  r.gpu_us = 8000;
+  r.vram_hits = 111;
+  r.vram_uploads = 22;
+  r.vram_cpu_experts = 7;
+  r.vram_upload_bytes = 5ull << 20;
+  r.vram_upload_us = 2500;
+  return r;
+}
+
+TEST(PrintProfile, GpuRanksShowTheirVramTier) {
+  std::FILE* file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  std::vector<RankReport> reports = sample_reports();
+  reports[1] = gpu_report();
+  print_profile(file, reports, sample_run());
+  const std::string text = slurp(file);
+  std::fclose(file);
+  std::string header, row;
+  for (const std::string& line : lines_of(text)) {
+    if (line.find("vram experts") != std::string::npos) header = line;
+    if (!header.empty() && row.empty() && line.rfind("   1  ", 0) == 0 && line != header &&
+        line.find("3.00 GiB") != std::string::npos)
+      row = line;
+  }
+  ASSERT_FALSE(header.empty()) << text;
+  for (const char* column : {"vram hit", "uploaded", "cpu miss", "upload ms"})
+    EXPECT_NE(header.find(column), std::string::npos) << header;
+  ASSERT_FALSE(row.empty()) << text;
+  std::istringstream fields(row.substr(row.find("GiB") + 3));
+  uint64_t requests, hits, uploads, cpu;
+  double gpu_ms, per_request;
+  fields >> requests >> gpu_ms >> per_request >> hits >> uploads >> cpu;
+  EXPECT_EQ(requests, 40u) << row;
+  EXPECT_DOUBLE_EQ(gpu_ms, 8.0) << row;
+  EXPECT_DOUBLE_EQ(per_request, 200.0) << row;
+  EXPECT_EQ(hits, 111u) << row;
+  EXPECT_EQ(uploads, 22u) << row;
+  EXPECT_EQ(cpu, 7u) << row;
+  EXPECT_NE(row.find("2.5"), std::string::npos) << row;  // upload ms
+
+  // Without VRAM on any rank there is no GPU table.
+  std::FILE* plain = std::tmpfile();
+  print_profile(plain, sample_reports(), sample_run());
+  EXPECT_EQ(slurp(plain).find("vram experts"), std::string::npos);
+  std::fclose(plain);
+}
+
+TEST(RankReport, CerealRoundTripKeepsTheVramTier) {
+  const RankReport in = gpu_report();
+  std::stringstream buffer;
+  {
+    cereal::BinaryOutputArchive archive(buffer);
+    archive(in);
+  }
+  RankReport out;
+  {
+    cereal::BinaryInputArchive archive(buffer);
+    archive(out);
+  }
+  EXPECT_EQ(out.vram_bytes, in.vram_bytes);
+  EXPECT_EQ(out.gpu_requests, in.gpu_requests);
+  EXPECT_EQ(out.gpu_us, in.gpu_us);
+  EXPECT_EQ(out.vram_hits, in.vram_hits);
+  EXPECT_EQ(out.vram_uploads, in.vram_uploads);
+  EXPECT_EQ(out.vram_cpu_experts, in.vram_cpu_experts);
+  EXPECT_EQ(out.vram_upload_bytes, in.vram_upload_bytes);
+  EXPECT_EQ(out.vram_upload_us, in.vram_upload_us);
+}
+
 // ---- JSON ------------------------------------------------------------------------------------
 
 TEST_F(ProfileFiles, ProfileJsonParsesBackWithTheValues) {
@@ -386,6 +461,21 @@ TEST_F(ProfileFiles, ProfileJsonParsesBackWithTheValues) {
   EXPECT_EQ(e.at("bytes_to_rank").at("0"), 1536u);
   EXPECT_DOUBLE_EQ(e.at("layers")[1].at("compute").get<double>(), 1e6);
   EXPECT_FALSE(e.at("layers")[0].contains("compute"));
+}
+
+TEST_F(ProfileFiles, ProfileJsonHasTheVramTier) {
+  const auto path = dir_ / "profile-gpu.json";
+  std::vector<RankReport> reports = sample_reports();
+  reports[1] = gpu_report();
+  write_profile_json(path, reports, sample_run());
+  const nlohmann::json doc = read_json(path);
+  const nlohmann::json& r = doc.at("ranks")[1];
+  EXPECT_EQ(r.at("vram_bytes"), 3ull << 30);
+  EXPECT_EQ(r.at("vram_hits"), 111);
+  EXPECT_EQ(r.at("vram_uploads"), 22);
+  EXPECT_EQ(r.at("vram_cpu_experts"), 7);
+  EXPECT_EQ(r.at("vram_upload_bytes"), 5ull << 20);
+  EXPECT_EQ(r.at("vram_upload_us"), 2500);
 }
 
 TEST_F(ProfileFiles, ProfileJsonErrorNamesThePath) {

@@ -394,6 +394,8 @@ const ArgsCase kArgsCases[] = {
     {"PinGbInf", {"--ram-gb", "1", "--pin-gb", "inf"}, {"--pin-gb inf"}},
     {"PinLargerThanRam", {"--ram-gb", "1", "--pin-gb", "2"}, {"--pin-gb 2", "--ram-gb 1"}},
     {"PinWithoutRam", {"--pin-gb", "0.5"}, {"--pin-gb 0.5 needs --ram-gb"}},
+    {"PcieGbpsZero", {"--pcie-gbps", "0"}, {"--pcie-gbps 0", "GB/s in (0, 10000]"}},
+    {"CpuExpertGbpsNan", {"--cpu-expert-gbps", "nan"}, {"--cpu-expert-gbps nan"}},
     {"SeedNegative", {"--seed", "-1"}, {"--seed '-1'"}},
     {"SeedPastUint64", {"--seed", "18446744073709551616"}, {"--seed '18446744073709551616'"}},
     {"SeedNotAnInteger", {"--seed", "1.5"}, {"--seed '1.5'"}},
