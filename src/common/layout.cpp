@@ -199,6 +199,14 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
   return layout;
 }
 
+void check_one_rank_per_gpu(const Layout& layout) {
+  for (const RankSpec& a : layout.ranks)
+    for (const RankSpec& b : layout.ranks)
+      if (a.rank < b.rank && a.gpu >= 0 && a.gpu == b.gpu && a.host == b.host)
+        fail("{}: ranks {} and {} both use GPU {} on host {} (one rank per GPU)", layout.source,
+             a.rank, b.rank, a.gpu, a.host.empty() ? "(unnamed)" : a.host);
+}
+
 Layout load_layout(const std::filesystem::path& path, int world_size) {
   return parse_layout(read_regular_file(path, "the layout file"), path.string(), world_size);
 }

@@ -58,6 +58,11 @@ struct Layout {
 Layout parse_layout(const std::string& text, const std::string& source, int world_size);
 Layout load_layout(const std::filesystem::path& path, int world_size);
 
+// Refuses two ranks with the same GPU on the same host (NCCL refuses two ranks on one device, and
+// two would share its memory), naming both ranks. Hosts must be resolved first (the handshake
+// sets an unset host column to where the rank runs).
+void check_one_rank_per_gpu(const Layout& layout);
+
 // Rank 0 coordinates; every other rank is an expert rank: a GPU expert rank when its host has
 // GPUs (gpu = (local_rank - 1) % gpus_on_host on the coordinator's host, local_rank % gpus
 // elsewhere), a CPU expert rank otherwise.

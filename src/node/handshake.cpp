@@ -268,6 +268,7 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
         // A host the layout leaves unset is where the rank runs (its MPI processor name).
         for (RankSpec& spec : plan.layout.ranks)
           if (spec.host.empty()) spec.host = all[size_t(spec.rank)].host;
+        check_one_rank_per_gpu(plan.layout);
         plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes);
       } catch (const Error& e) {
         plan.error = e.what();

@@ -149,9 +149,10 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
                                 table.num_layers, table.num_experts);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
-    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  {}\n", spec.rank,
-                       role_name(spec.role), owned,
-                       double(owned) * double(bytes_per_expert) / (1 << 20), spec.host);
+    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}\n",
+                       spec.rank, role_name(spec.role), owned,
+                       double(owned) * double(bytes_per_expert) / (1 << 20),
+                       spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
   }
   // Per host (the layout's host column): its ranks, experts and bytes.
   std::vector<std::string> hosts;

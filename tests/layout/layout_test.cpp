@@ -95,6 +95,21 @@ TEST(Layout, ParsesCommentsDashesAndOmittedColumns) {
   EXPECT_EQ(layout.expert_ranks(), (std::vector<int>{1, 2, 3, 4}));
 }
 
+// One rank per GPU and host: the same device on two hosts is fine, twice on one host is not.
+TEST(Layout, OneRankPerGpuOnEachHost) {
+  const std::string text =
+      "0 coordinator - - - - a\n1 gpu-expert 0 - - - a\n2 gpu-expert 0 - - - b\n"
+      "3 gpu-expert 1 - - - b\n";
+  EXPECT_NO_THROW(check_one_rank_per_gpu(parse_layout(text, "t.layout", 4)));
+  Layout shared = parse_layout(text + "4 gpu-expert 1 - - - b\n", "t.layout", 5);
+  try {
+    check_one_rank_per_gpu(shared);
+    ADD_FAILURE() << "two ranks on GPU 1 of host b accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "t.layout: ranks 3 and 4 both use GPU 1 on host b (one rank per GPU)");
+  }
+}
+
 TEST(Layout, RanksMayComeInAnyOrderAndAnyRankMayCoordinate) {
   const Layout layout =
       parse_layout("2 cpu-expert\n0 gpu-expert 0\n1 coordinator\n", "t.layout", 3);
