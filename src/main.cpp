@@ -292,18 +292,26 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.keep_trace = !args.trace.empty();
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
   args.node.host_combine = args.combine == "host";
-  try {  // the flag, else COLIBRI_ACTIVATIONS, else int8
+  args.node.gpu_experts = args.experts == "gpu";
+  if (app.count("--max-seqs") == 0)
+    args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
+  // The flag, else COLIBRI_ACTIVATIONS, else by the run: one sequence decodes a row per step,
+  // where the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x decode on the peer
+  // model, 0.6x prefill); batches of sequences take int8, whose cost grows little with the rows.
+  try {
+    const char* env = std::getenv("COLIBRI_ACTIVATIONS");
     if (app.count("--activations") > 0)
       colibri::kernels::set_quant_activations(
           colibri::kernels::quant_activations_resolve(args.activations.c_str()));
+    else if (env == nullptr || *env == '\0')
+      colibri::kernels::set_quant_activations(!args.serve && args.node.max_seqs == 1
+                                                  ? colibri::kernels::QuantActivations::kF32
+                                                  : colibri::kernels::QuantActivations::kInt8);
     args.activations =
         colibri::kernels::quant_activations_name(colibri::kernels::quant_activations_selected());
   } catch (const std::invalid_argument& e) {
     fail("--activations: {}", e.what());
   }
-  args.node.gpu_experts = args.experts == "gpu";
-  if (app.count("--max-seqs") == 0)
-    args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   if (args.serve) {
 #ifndef COLIBRI_HAVE_SERVE
     fail(
@@ -700,8 +708,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"star", "host"}));
   app.add_option("--activations", args.activations,
                  "activations of the products with int4/int8 weights: int8 (quantized per 64 "
-                 "inputs, integer dot products) or f32")
-      ->capture_default_str();
+                 "inputs, integer dot products) or f32; default f32 for one sequence, int8 for "
+                 "batches of sequences and --serve");
   auto* serve = app.add_flag("--serve", args.serve,
                              "serve an OpenAI-compatible HTTP API (continuous batching) on the "
                              "coordinator until SIGINT/SIGTERM");

@@ -225,6 +225,9 @@ TEST(MpiFaults, RanksThatDisagreeOnASettingAreRefusedNamingBothAndTheField) {
       {1, {"--seed", "7"}, {}, "--seed", "7", "0", 0},
       {2, {"--kv-tokens", "64"}, {"--kv-tokens", "128"}, "--kv-tokens", "64", "128", 0},
       {1, {"--ignore-eos"}, {}, "--ignore-eos", "on", "off", 0},
+      // Activations default to f32 for one sequence and to int8 for batches of sequences.
+      {1, {"--activations", "int8"}, {}, "--activations", "int8", "f32", 0},
+      {2, {"--activations", "f32"}, {"--sequences", "2"}, "--activations", "f32", "int8", 0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("rank " + std::to_string(c.rank) + ": " + testing::PrintToString(c.odd_args));
