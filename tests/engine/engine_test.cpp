@@ -122,6 +122,22 @@ TEST(Engine, RefusesBadBatchesWithoutChangingState) {
   EXPECT_THROW(engine->open_sequence(), Error) << "a third sequence in two slots";
 }
 
+// Three sequences scheduled together on engines over `a` and `b`: bit for bit the same logits.
+void expect_equal_logits(LocalModel& a, LocalModel& b) {
+  EngineOptions options;
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  const std::vector<testing::ScriptedSequence> seqs =
+      testing::make_sequences(3, a.config.vocab_size, 6);
+  const testing::ScheduleRun ra = testing::run_schedule(*a.engine(options), seqs, 5);
+  const testing::ScheduleRun rb = testing::run_schedule(*b.engine(options), seqs, 5);
+  ASSERT_EQ(ra.logits.size(), seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_FALSE(ra.logits[i].empty());
+    EXPECT_EQ(ra.logits[i], rb.logits[i]) << "sequence " << i;
+  }
+}
+
 // A container's projections, dense MLPs and shared experts run quantized in the engine (int8 rows
 // and int4 groups through the quantized kernels); the oracle runs the same values dequantized to
 // fp32. The two differ only in summation order.
@@ -143,18 +159,7 @@ TEST(Engine, Bf16WeightsKeptAsStoredGiveTheFp32Logits) {
   ASSERT_TRUE(stored.weights.layers[4].attn.indexer.has_value());
   EXPECT_FALSE(stored.weights.layers[4].attn.indexer->wq_b.stored_bf16());
 
-  EngineOptions options;
-  options.max_rows = 64;
-  options.max_seqs = 4;
-  const std::vector<testing::ScriptedSequence> seqs =
-      testing::make_sequences(3, stored.config.vocab_size, 6);
-  const testing::ScheduleRun a = testing::run_schedule(*stored.engine(options), seqs, 5);
-  const testing::ScheduleRun b = testing::run_schedule(*widened.engine(options), seqs, 5);
-  ASSERT_EQ(a.logits.size(), seqs.size());
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    ASSERT_FALSE(a.logits[i].empty());
-    EXPECT_EQ(a.logits[i], b.logits[i]) << "sequence " << i;
-  }
+  expect_equal_logits(stored, widened);
 }
 
 // The glm52 parity model with every projection, MLP and lm_head weight as F8_E4M3 in blocks of
@@ -237,18 +242,7 @@ TEST(Engine, Fp8WeightsKeptAsStoredGiveTheDequantizedLogits) {
   const WeightBytes bytes = weight_bytes(stored.weights);
   EXPECT_GT(bytes.fp8, bytes.f32 / 4) << "most projection bytes are FP8";
 
-  EngineOptions options;
-  options.max_rows = 64;
-  options.max_seqs = 4;
-  const std::vector<testing::ScriptedSequence> seqs =
-      testing::make_sequences(3, stored.config.vocab_size, 6);
-  const testing::ScheduleRun a = testing::run_schedule(*stored.engine(options), seqs, 5);
-  const testing::ScheduleRun b = testing::run_schedule(*dequantized.engine(options), seqs, 5);
-  ASSERT_EQ(a.logits.size(), seqs.size());
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    ASSERT_FALSE(a.logits[i].empty());
-    EXPECT_EQ(a.logits[i], b.logits[i]) << "sequence " << i;
-  }
+  expect_equal_logits(stored, dequantized);
 }
 
 // A NaN byte in an FP8 weight kept as stored is refused by name, as the fp32 path refuses it.
