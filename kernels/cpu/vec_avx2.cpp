@@ -34,6 +34,9 @@ inline float value(const uint16_t* p) {
 inline Fp8Row operator+(Fp8Row p, int64_t i) {
   return {p.bits + i, p.scales, p.col + i, p.block_cols, p.block_shift};
 }
+inline float block_scale(const Fp8Row& p) {
+  return p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols];
+}
 // FP8 E4M3 values (none a NaN), exactly: the magnitude bits in an fp32's exponent and mantissa
 // fields times 2^120 (exact, subnormals included), then times the block's scale.
 inline __m256 load(Fp8Row p) {  // 8 columns of one scale block
@@ -42,16 +45,13 @@ inline __m256 load(Fp8Row p) {  // 8 columns of one scale block
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
   const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(magnitude, sign)),
                                  _mm256_set1_ps(0x1p120f));
-  return _mm256_mul_ps(
-      v,
-      _mm256_set1_ps(p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols]));
+  return _mm256_mul_ps(v, _mm256_set1_ps(block_scale(p)));
 }
 inline float value(Fp8Row p) {
   const uint32_t bits = (uint32_t(*p.bits & 0x7F) << 20) | (uint32_t(*p.bits & 0x80) << 24);
   float v;
   __builtin_memcpy(&v, &bits, 4);
-  return v * 0x1p120f *
-         p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols];
+  return v * 0x1p120f * block_scale(p);
 }
 
 template <typename B>  // B: a pointer to the operand type, or an Fp8Row

@@ -35,6 +35,10 @@ void linear(const Matrix& w, const float* x, int64_t n, float* y) {
   }
 }
 
+bool fp8_kept_as_stored(const ModelConfig& config) {
+  return config.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0;
+}
+
 namespace {
 
 void add(WeightBytes& b, const Matrix& m) {
@@ -116,8 +120,7 @@ class Loader {
       if (std::any_of(m.bf16.begin(), m.bf16.end(),
                       [](uint16_t b) { return (b & 0x7F80) == 0x7F80; }))
         check_finite(checkpoint_.load_f32(name, {rows, cols}), where(name));
-    } else if (keep_stored_ && checkpoint_.is_fp8(name) &&
-               c_.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0) {
+    } else if (keep_stored_ && checkpoint_.is_fp8(name) && fp8_kept_as_stored(c_)) {
       m.fp8 = checkpoint_.load_fp8(name, {rows, cols});
     } else {
       return matrix(name, rows, cols);

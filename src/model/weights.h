@@ -117,6 +117,10 @@ struct LoadOptions {
   std::function<bool(int layer, int expert)> owns_expert;
 };
 
+// Whether this model's FP8 weights stay FP8 in memory: the FP8 kernels need column blocks that
+// are a multiple of 16 (128 x 128 when the config does not say).
+bool fp8_kept_as_stored(const ModelConfig& config);
+
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options = {});
 

@@ -257,7 +257,7 @@ uint64_t Node::expert_bytes() const {
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
   if (!checkpoint_ || layer == config_.num_layers) return fp32;
-  const bool fp8_kept = config_.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0;
+  const bool fp8_kept = fp8_kept_as_stored(config_);
   uint64_t bytes = 0;
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const std::string name = fmt::format("model.layers.{}.mlp.experts.0.{}.weight", layer, proj);
