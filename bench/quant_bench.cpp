@@ -224,9 +224,10 @@ struct Result {
 };
 
 Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffer& read_buffer,
-                  QuantIsa isa, kernels::QuantActivations acts, int threads, int batch,
-                  size_t& cursor, uint64_t& sink) {
+                  QuantIsa isa, kernels::QuantActivations acts, bool bf16_pairs, int threads,
+                  int batch, size_t& cursor, uint64_t& sink) {
   omp_set_num_threads(threads);
+  kernels::set_bf16_pairs(bf16_pairs);
   const int64_t hidden = options.hidden;
   std::vector<float> x(size_t(batch * hidden)), y(x.size());  // [batch, hidden]
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
@@ -272,6 +273,7 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   res.activations = kernels::quant_activations_name(acts);
   if (acts == kernels::QuantActivations::kInt8 && kernels::int8_activations_vnni(isa))
     res.isa += "+vnni";
+  if (bf16_pairs) res.isa += "+bf16";
   res.threads = threads;
   res.batch = batch;
   res.calls_per_rep = calls_per_rep;
@@ -338,19 +340,26 @@ int run(BenchOptions options) {
   for (QuantIsa isa : isas)
     for (const std::string& act_name : options.activations)
       for (int threads : options.threads)
-        for (int batch : options.batches) {
-          const Result r = run_config(options, set, read_buffer, isa,
-                                      kernels::quant_activations_resolve(act_name.c_str()), threads,
-                                      batch, cursor, sink);
-          fmt::print(
-              "{:>11} {:>5} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} [{:>6.2f}, "
-              "{:>6.2f}]  {:>6.3f}\n",
-              r.isa, r.activations, r.threads, r.batch, r.calls_per_rep, r.kernel_gbps.median,
-              r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median, r.read_gbps.min,
-              r.read_gbps.max, r.ratio);
-          std::fflush(stdout);
-          results.push_back(r);
-        }
+        for (int batch : options.batches)
+          for (bool pairs : {false, true}) {
+            // BF16 pairs: fp32 activations, one row, AVX-512 with BF16 (kernels/cpu/quant.h).
+            const kernels::QuantActivations acts =
+                kernels::quant_activations_resolve(act_name.c_str());
+            if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
+                           batch == 1 && kernels::bf16_pairs_available()))
+              continue;
+            const Result r = run_config(options, set, read_buffer, isa, acts, pairs, threads, batch,
+                                        cursor, sink);
+            fmt::print(
+                "{:>11} {:>5} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} "
+                "[{:>6.2f}, "
+                "{:>6.2f}]  {:>6.3f}\n",
+                r.isa, r.activations, r.threads, r.batch, r.calls_per_rep, r.kernel_gbps.median,
+                r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median, r.read_gbps.min,
+                r.read_gbps.max, r.ratio);
+            std::fflush(stdout);
+            results.push_back(r);
+          }
   fmt::print("\n");
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   for (const Result& r : results) {

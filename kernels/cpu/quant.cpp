@@ -48,15 +48,35 @@ int64_t n_groups(int64_t cols, int64_t group_size) {
 // ---- activation layout (see quant_detail.h) --------------------------------------------------
 
 // The activation layout a kernel reads (quant_detail.h): `block` inputs per block (0: natural
-// order), `per_lane` consecutive inputs per 32-bit lane.
+// order), `per_lane` consecutive inputs per 32-bit lane; or BF16 pairs in blocks of 64.
 struct Layout {
   int block = 0, per_lane = 1;
+  bool bf16_pairs = false;
   bool operator==(const Layout&) const = default;
 };
+
+constexpr Layout kBf16Pairs = {64, 1, true};
+
+bool cpu_has_avx512bf16() {
+#if COLIBRI_QUANT_X86
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// COLIBRI_BF16_PAIRS=0 turns them off (benchmarks compare both).
+bool bf16_pairs_allowed = [] {
+  const char* value = std::getenv("COLIBRI_BF16_PAIRS");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}();
 
 Layout activation_layout(QuantIsa isa, const QuantMatrixView& w, int64_t n) {
   if (isa == QuantIsa::kScalar || !is_int4(w.format)) return {};
   if (isa == QuantIsa::kAvx2) return {16, 2};
+  if (n == 1 && bf16_pairs_enabled() &&
+      (w.format == QuantFormat::kInt4Row || w.group_size % 64 == 0))
+    return kBf16Pairs;
   const int gs = w.format == QuantFormat::kInt4Row ? 128 : w.group_size;
   if (gs % 128 == 0 || (n == 1 && 128 % gs == 0)) return {128, 8};
   if (gs % 64 == 0) return {64, 4};
@@ -64,15 +84,52 @@ Layout activation_layout(QuantIsa isa, const QuantMatrixView& w, int64_t n) {
   return {16, 2};
 }
 
-// Where input i of a row lives in the layout.
+// Where input i of a row lives in the layout (BF16 pairs: the natural order, converted after).
 int64_t permuted_index(int64_t i, int64_t cols, Layout layout) {
-  if (layout.block == 0 || i >= cols / layout.block * layout.block) return i;
+  if (layout.block == 0 || layout.bf16_pairs || i >= cols / layout.block * layout.block) return i;
   const int64_t j = i % layout.block;
   return i - j + (j % layout.per_lane) * (layout.block / layout.per_lane) + j / layout.per_lane;
 }
 
+// BF16 bits of x rounded to nearest even (NaN stays NaN).
+uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float bf16_value(uint16_t bits) {
+  const uint32_t u = uint32_t(bits) << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// One row x [cols] as BF16 pairs (quant_detail.h) into xp; xp may be x.
+void to_bf16_pairs(const float* x, int64_t cols, float* xp) {
+  const int64_t full = cols / 64 * 64;
+  for (int64_t k = 0; k < full; k += 64) {
+    float block[64];
+    std::memcpy(block, x + k, sizeof block);
+    uint16_t* out = reinterpret_cast<uint16_t*>(xp + k);
+    for (int w = 0; w < 32; ++w)
+      for (int odd = 0; odd < 2; ++odd) {
+        const float v = block[2 * w + odd];
+        const uint16_t hi = bf16_bits(v);
+        out[32 * odd + w] = hi;
+        out[64 + 32 * odd + w] = bf16_bits(v - bf16_value(hi));
+      }
+  }
+  if (xp != x) std::memcpy(xp + full, x + full, size_t(cols - full) * sizeof(float));
+}
+
 // xp [n, cols] = x [n, cols] in `layout`.
 void permute_activations(const float* x, int64_t n, int64_t cols, Layout layout, float* xp) {
+  if (layout.bf16_pairs) {
+    for (int64_t t = 0; t < n; ++t) to_bf16_pairs(x + t * cols, cols, xp + t * cols);
+    return;
+  }
   const int block = layout.block, p = layout.per_lane, lanes = block / p;
   const int64_t full = cols / block * block;
   for (int64_t t = 0; t < n; ++t) {
@@ -91,9 +148,14 @@ struct Scratch {
 };
 thread_local Scratch scratch;
 
+// count floats of v from a 64-byte boundary: the kernels' activation loads then never straddle
+// cache lines (BF16 pairs read 4 vectors of activations per 32 weight bytes: 22 GB/s unaligned
+// against 27 aligned on one core).
 float* grown(std::vector<float>& v, int64_t count) {
-  if (int64_t(v.size()) < count) v.resize(size_t(count));
-  return v.data();
+  constexpr int64_t kAlignFloats = 16;
+  if (int64_t(v.size()) < count + kAlignFloats) v.resize(size_t(count + kAlignFloats));
+  const uintptr_t at = reinterpret_cast<uintptr_t>(v.data());
+  return reinterpret_cast<float*>((at + 63) & ~uintptr_t(63));
 }
 
 // x in `layout`: permuted into `buffer`, or x itself for the natural order.
@@ -184,8 +246,9 @@ bool cpu_has(QuantIsa isa) {
 #endif
 }
 
-detail::RowsKernel rows_kernel(QuantIsa isa) {
+detail::RowsKernel rows_kernel(QuantIsa isa, Layout layout) {
 #if COLIBRI_QUANT_X86
+  if (layout.bf16_pairs) return detail::rows_avx512bf16;
   if (isa == QuantIsa::kAvx512) return detail::rows_avx512;
   if (isa == QuantIsa::kAvx2) return detail::rows_avx2;
 #endif
@@ -356,6 +419,18 @@ const char* quant_isa() {
   return quant_isa_name(quant_isa_selected());
 }
 
+bool bf16_pairs_available() {
+  return quant_isa_available(QuantIsa::kAvx512) && cpu_has_avx512bf16();
+}
+
+bool bf16_pairs_enabled() {
+  return bf16_pairs_allowed && bf16_pairs_available();
+}
+
+void set_bf16_pairs(bool allowed) {
+  bf16_pairs_allowed = allowed;
+}
+
 // ---- kernels ---------------------------------------------------------------------------------
 
 void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n, float* y) {
@@ -366,8 +441,9 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
     std::fill(y, y + n * w.rows, 0.0f);
     return;
   }
-  const float* xp = laid_out(x, n, w.cols, activation_layout(isa, w, n), scratch.x_gate);
-  const detail::RowsKernel kernel = rows_kernel(isa);
+  const Layout layout = activation_layout(isa, w, n);
+  const float* xp = laid_out(x, n, w.cols, layout, scratch.x_gate);
+  const detail::RowsKernel kernel = rows_kernel(isa, layout);
 #pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
   {
     int64_t begin, end;
@@ -410,15 +486,17 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
   float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
   float* up_out = grown(scratch.up, n * inter);      // [n, inter]
   float* h = grown(scratch.hidden, n * inter);       // [n, inter] in down's activation layout
-  const detail::RowsKernel kernel = rows_kernel(isa);
+  const detail::RowsKernel kernel_gate = rows_kernel(isa, layout_gate);
+  const detail::RowsKernel kernel_up = rows_kernel(isa, layout_up);
+  const detail::RowsKernel kernel_down = rows_kernel(isa, layout_down);
 
 #pragma omp parallel if (3 * inter * hidden * n >= detail::kParallelMinMacs)
   {
     const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
     int64_t begin, end;
     detail::static_range(inter, nth, tid, begin, end);
-    kernel(gate, x_gate, n, gate_out, inter, begin, end);
-    kernel(up, x_up, n, up_out, inter, begin, end);
+    kernel_gate(gate, x_gate, n, gate_out, inter, begin, end);
+    kernel_up(up, x_up, n, up_out, inter, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
@@ -426,8 +504,12 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
             g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
       }
 #pragma omp barrier
+    if (layout_down.bf16_pairs) {
+#pragma omp single
+      permute_activations(h, n, inter, layout_down, h);
+    }
     detail::static_range(hidden, nth, tid, begin, end);
-    kernel(down, h, n, y, hidden, begin, end);
+    kernel_down(down, h, n, y, hidden, begin, end);
   }
 }
 

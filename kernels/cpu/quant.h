@@ -88,6 +88,16 @@ QuantIsa quant_isa_selected();
 // Its name.
 const char* quant_isa();
 
+// BF16 pairs: on AVX-512 CPUs with AVX512_BF16, a product with one activation row and int4
+// weights (per row, or groups that are multiples of 64) carries each activation as two BF16
+// values hi + lo (within 2^-18 of it) and multiplies them with vdpbf16ps, summing in fp32: about
+// half the instructions of the fp32 kernel, which bound it at one row. Available: the CPU and
+// build have it; enabled: available and not turned off (set_bf16_pairs, or COLIBRI_BF16_PAIRS=0
+// in the environment; tests and benchmarks compare both).
+bool bf16_pairs_available();
+bool bf16_pairs_enabled();
+void set_bf16_pairs(bool allowed);
+
 // The same kernels on an explicit ISA (throws std::invalid_argument when it is not available):
 // for tests that compare every ISA with the reference, and for benchmarks.
 void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_t n, float* y);

@@ -24,6 +24,12 @@ namespace colibri::kernels::detail {
 //   AVX-512 int4: B 128, P 8 for the per-row format, a group size that is a multiple of 128,
 //     or (n = 1 only) a group size of 16, 32 or 64; otherwise B 64, P 4 for multiples of 64;
 //     B 32, P 2 for multiples of 32; else B 16, P 2. The kernels take n and choose the same.
+//   AVX-512 with BF16 pairs (bf16_pairs_enabled()), n = 1, int4 per row or with groups that are
+//     multiples of 64: BF16 pairs instead. Each full block of 64 inputs holds, in the space of its
+//     64 floats, 128 BF16 values in four runs of 32: hi(x[2w]), hi(x[2w+1]), lo(x[2w]),
+//     lo(x[2w+1]) for w = 0..31, where hi = BF16(x) rounded to nearest even and
+//     lo = BF16(x - hi); inputs after the last full block are floats in natural order.
+//     hi + lo carries x to within 2^-18 |x|; the products and sums are fp32.
 
 // Rows [row_begin, row_end) of y: y[t * y_stride + o] = sum_i W[o, i] * xp[t * cols + i] for
 // t < n, with xp in the layout above for that ISA and matrix.
@@ -34,6 +40,9 @@ void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, i
                int64_t row_begin, int64_t row_end);
 void rows_avx512(const QuantMatrixView& w, const float* xp, int64_t n, float* y, int64_t y_stride,
                  int64_t row_begin, int64_t row_end);
+// n = 1 with the BF16 pairs above (vdpbf16ps).
+void rows_avx512bf16(const QuantMatrixView& w, const float* xp, int64_t n, float* y,
+                     int64_t y_stride, int64_t row_begin, int64_t row_end);
 
 // The row ranges handed to a kernel start at multiples of this (the last one ends at rows), so
 // that kernels may group rows by absolute index and stay independent of the thread count.

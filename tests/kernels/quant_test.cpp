@@ -7,8 +7,10 @@
 // order in fp32; every term passes through at most cols + 16 roundings (product, lane chain, group
 // scale, running sums, lane reduction, tail, row scale), so whatever the order or FMA use,
 //   |y - y_exact| <= gamma(cols + 16) * (|W| |x|)[t, o],   gamma(k) = k u / (1 - k u), u = 2^-24,
-// and two kernels differ by at most twice that. With integer activations and power-of-two scales
-// every partial sum is exactly representable, so there the kernels must agree bit for bit.
+// and two kernels differ by at most twice that. BF16 pairs (one row on AVX-512 with BF16) carry
+// each input within 2^-18 |x| and add 2^-18 (|W| |x|) to both. With integer activations (exact in
+// BF16) and power-of-two scales every partial sum is exactly representable, so there the kernels
+// must agree bit for bit.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -58,6 +60,44 @@ std::vector<QuantIsa> available_isas() {
   for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
     if (quant_isa_available(isa)) isas.push_back(isa);
   return isas;
+}
+
+// An ISA's kernels, with or without BF16 pairs (quant.h) for one activation row.
+struct Kernels {
+  QuantIsa isa;
+  bool bf16_pairs;
+  std::string name() const {
+    return std::string(quant_isa_name(isa)) + (bf16_pairs ? "+bf16-pairs" : "");
+  }
+};
+
+// Every ISA without BF16 pairs, and AVX-512 with them where the CPU has AVX512_BF16.
+std::vector<Kernels> available_kernels() {
+  std::vector<Kernels> kernels;
+  for (QuantIsa isa : available_isas()) kernels.push_back({isa, false});
+  if (bf16_pairs_available()) kernels.push_back({QuantIsa::kAvx512, true});
+  return kernels;
+}
+
+// Selects k's BF16 pairs setting for its lifetime.
+class UseKernels {
+ public:
+  explicit UseKernels(const Kernels& k) : saved_(bf16_pairs_enabled()) {
+    set_bf16_pairs(k.bf16_pairs);
+  }
+  ~UseKernels() { set_bf16_pairs(saved_); }
+
+ private:
+  bool saved_;
+};
+
+// Whether a product of n rows with w runs on BF16 pairs: hi + lo is within 2^-18 |x| of each
+// input, which adds 2^-18 (|W| |x|) to the bound below.
+double pairs_error(const Kernels& k, QuantFormat format, int group_size, int64_t n) {
+  const bool taken = k.bf16_pairs && n == 1 &&
+                     (format == QuantFormat::kInt4Row ||
+                      (format == QuantFormat::kInt4Grouped && group_size % 64 == 0));
+  return taken ? std::ldexp(1.0, -18) : 0.0;
 }
 
 // An owned quantized matrix.
@@ -152,6 +192,12 @@ std::vector<float> run_linear(QuantIsa isa, const QuantMatrix& m, const std::vec
   std::vector<float> y(size_t(n * m.rows), std::nanf(""));
   quant_linear(isa, m.view(), x.data(), n, y.data());
   return y;
+}
+
+std::vector<float> run_linear(const Kernels& k, const QuantMatrix& m, const std::vector<float>& x,
+                              int64_t n) {
+  const UseKernels use(k);
+  return run_linear(k.isa, m, x, n);
 }
 
 // Not vacuous: at least half of the reference outputs are non-zero.
@@ -307,50 +353,52 @@ TEST(QuantLinear, ScalarMatchesLinearF32OnDequantized) {
 }
 
 TEST(QuantLinear, EveryIsaMatchesTheScalarReference) {
-  for (QuantIsa isa : available_isas())
+  for (const Kernels& k : available_kernels())
     for (const FormatCase& fc : kFormats)
       for (Shape s : kShapes)
         for (int64_t n : kBatches) {
-          SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name + " " +
-                       std::to_string(s.rows) + "x" + std::to_string(s.cols) +
-                       " n=" + std::to_string(n));
+          SCOPED_TRACE(k.name() + " " + fc.name + " " + std::to_string(s.rows) + "x" +
+                       std::to_string(s.cols) + " n=" + std::to_string(n));
           // Exact data: bit for bit.
           {
             const QuantMatrix m = exact_random(fc, s, 21);
             const std::vector<float> x = small_integers(n * s.cols, 22);
-            const std::vector<float> y = run_linear(isa, m, x, n);
+            const std::vector<float> y = run_linear(k, m, x, n);
             const std::vector<float> y_ref = run_linear(QuantIsa::kScalar, m, x, n);
-            for (size_t k = 0; k < y.size(); ++k) ASSERT_EQ(y[k], y_ref[k]) << k;
+            for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], y_ref[i]) << i;
           }
-          // Random data: |y - y_ref| <= 2 gamma(cols + 16) (|W||x|).
+          // Random data: |y - y_ref| <= (2 gamma(cols + 16) + pairs) (|W||x|).
           const QuantMatrix m = quantized_normal(fc, s, 23);
           const std::vector<float> x = normal(n * s.cols, 24);
-          const std::vector<float> y = run_linear(isa, m, x, n);
+          const std::vector<float> y = run_linear(k, m, x, n);
           const std::vector<float> y_ref = run_linear(QuantIsa::kScalar, m, x, n);
           std::vector<double> exact, abs_sum;
           exact_linear(m, x, n, exact, abs_sum);
           expect_mostly_nonzero(exact);
-          for (size_t k = 0; k < y.size(); ++k) {
-            ASSERT_LE(std::fabs(y[k] - y_ref[k]), 2 * gamma_bound(s.cols + 16) * abs_sum[k]) << k;
-            ASSERT_LE(std::fabs(y[k] - exact[k]), gamma_bound(s.cols + 16) * abs_sum[k]) << k;
+          const double pairs = pairs_error(k, fc.format, fc.group_size, n);
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_LE(std::fabs(y[i] - y_ref[i]),
+                      (2 * gamma_bound(s.cols + 16) + pairs) * abs_sum[i])
+                << i;
+            ASSERT_LE(std::fabs(y[i] - exact[i]), (gamma_bound(s.cols + 16) + pairs) * abs_sum[i])
+                << i;
           }
         }
 }
 
 TEST(QuantLinear, EveryGroupSize) {
   const Shape s{9, 1000};  // 1000: a short last group and a tail for every group size
-  for (QuantIsa isa : available_isas())
+  for (const Kernels& k : available_kernels())
     for (int gs : {16, 32, 48, 64, 96, 128, 192, 256})
       for (int64_t n : {int64_t(1), int64_t(5)}) {
-        SCOPED_TRACE(std::string(quant_isa_name(isa)) + " g" + std::to_string(gs) +
-                     " n=" + std::to_string(n));
+        SCOPED_TRACE(k.name() + " g" + std::to_string(gs) + " n=" + std::to_string(n));
         const QuantMatrix m = exact_random({"g", QuantFormat::kInt4Grouped, gs}, s, 31);
         const std::vector<float> x = small_integers(n * s.cols, 32);
-        const std::vector<float> y = run_linear(isa, m, x, n);
+        const std::vector<float> y = run_linear(k, m, x, n);
         std::vector<double> ref, abs_sum;
         exact_linear(m, x, n, ref, abs_sum);
         expect_mostly_nonzero(ref);
-        for (size_t k = 0; k < y.size(); ++k) ASSERT_EQ(double(y[k]), ref[k]) << k;
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(double(y[i]), ref[i]) << i;
       }
 }
 
@@ -359,49 +407,48 @@ TEST(QuantLinear, EveryGroupSize) {
 // 2^-2..2^2.
 TEST(QuantLinear, ReadsBothNibblesAndEveryGroupScale) {
   const Shape s{16, 200};
-  const int64_t n = 2;
-  for (QuantIsa isa : available_isas())
-    for (const FormatCase& fc : kFormats) {
-      if (fc.format == QuantFormat::kInt8Row) continue;
-      for (int parity : {0, 1}) {
-        SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name +
-                     (parity ? " odd inputs only" : " even inputs only"));
-        QuantMatrix m = exact_random(fc, s, 41 + parity);
-        for (uint8_t& b : m.data) b = parity ? uint8_t((b & 0xF0) | 8) : uint8_t((b & 0x0F) | 0x80);
-        const std::vector<float> x = small_integers(n * s.cols, 43);
-        const std::vector<float> y = run_linear(isa, m, x, n);
-        std::vector<double> ref, abs_sum;
-        exact_linear(m, x, n, ref, abs_sum);
-        expect_mostly_nonzero(ref);
-        for (size_t k = 0; k < y.size(); ++k) ASSERT_EQ(double(y[k]), ref[k]) << k;
-        if (fc.format == QuantFormat::kInt4Grouped) {
-          // Guard: with every group's scale replaced by the first, the answer would change.
-          QuantMatrix first_scale = m;
-          for (int64_t o = 0; o < s.rows; ++o)
-            for (int64_t g = 0; g < m.groups_per_row(); ++g)
-              first_scale.scales[o * m.groups_per_row() + g] = m.scales[o * m.groups_per_row()];
-          std::vector<double> wrong, unused;
-          exact_linear(first_scale, x, n, wrong, unused);
-          EXPECT_NE(wrong, ref) << "the group scales do not matter for this data";
+  for (const Kernels& k : available_kernels())
+    for (const FormatCase& fc : kFormats)
+      for (int64_t n : {int64_t(1), int64_t(2)})
+        for (int parity : {0, 1}) {
+          if (fc.format == QuantFormat::kInt8Row) continue;
+          SCOPED_TRACE(k.name() + " " + fc.name + " n=" + std::to_string(n) +
+                       (parity ? " odd inputs only" : " even inputs only"));
+          QuantMatrix m = exact_random(fc, s, 41 + parity);
+          for (uint8_t& b : m.data)
+            b = parity ? uint8_t((b & 0xF0) | 8) : uint8_t((b & 0x0F) | 0x80);
+          const std::vector<float> x = small_integers(n * s.cols, 43);
+          const std::vector<float> y = run_linear(k, m, x, n);
+          std::vector<double> ref, abs_sum;
+          exact_linear(m, x, n, ref, abs_sum);
+          expect_mostly_nonzero(ref);
+          for (size_t k = 0; k < y.size(); ++k) ASSERT_EQ(double(y[k]), ref[k]) << k;
+          if (fc.format == QuantFormat::kInt4Grouped) {
+            // Guard: with every group's scale replaced by the first, the answer would change.
+            QuantMatrix first_scale = m;
+            for (int64_t o = 0; o < s.rows; ++o)
+              for (int64_t g = 0; g < m.groups_per_row(); ++g)
+                first_scale.scales[o * m.groups_per_row() + g] = m.scales[o * m.groups_per_row()];
+            std::vector<double> wrong, unused;
+            exact_linear(first_scale, x, n, wrong, unused);
+            EXPECT_NE(wrong, ref) << "the group scales do not matter for this data";
+          }
         }
-      }
-    }
 }
 
 // The padding nibble of an odd-width row (written as 8) is never read.
 TEST(QuantLinear, IgnoresThePaddingNibble) {
-  for (QuantIsa isa : available_isas())
+  for (const Kernels& k : available_kernels())
     for (const FormatCase& fc : kFormats) {
       if (fc.format == QuantFormat::kInt8Row) continue;
       for (Shape s : {Shape{7, 33}, Shape{5, 131}, Shape{3, 1}}) {
-        SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name + " cols " +
-                     std::to_string(s.cols));
+        SCOPED_TRACE(k.name() + " " + fc.name + " cols " + std::to_string(s.cols));
         QuantMatrix m = exact_random(fc, s, 51);
         const std::vector<float> x = small_integers(s.cols, 52);
-        const std::vector<float> before = run_linear(isa, m, x, 1);
+        const std::vector<float> before = run_linear(k, m, x, 1);
         const int64_t rb = (s.cols + 1) / 2;
         for (int64_t o = 0; o < s.rows; ++o) m.data[o * rb + rb - 1] |= 0xF0;
-        EXPECT_EQ(run_linear(isa, m, x, 1), before);
+        EXPECT_EQ(run_linear(k, m, x, 1), before);
       }
     }
 }
@@ -412,12 +459,13 @@ TEST(QuantLinear, IndependentOfTheThreadCount) {
   const QuantMatrix m = quantized_normal(fc, s, 61);
   const std::vector<float> x = normal(3 * s.cols, 62);
   const int threads = omp_get_max_threads();
-  for (QuantIsa isa : available_isas()) {
-    omp_set_num_threads(1);
-    const std::vector<float> one = run_linear(isa, m, x, 3);
-    omp_set_num_threads(std::max(2, threads));
-    EXPECT_EQ(run_linear(isa, m, x, 3), one) << quant_isa_name(isa);
-  }
+  for (const Kernels& k : available_kernels())
+    for (int64_t n : {int64_t(1), int64_t(3)}) {
+      omp_set_num_threads(1);
+      const std::vector<float> one = run_linear(k, m, x, n);
+      omp_set_num_threads(std::max(2, threads));
+      EXPECT_EQ(run_linear(k, m, x, n), one) << k.name() << " n=" << n;
+    }
   omp_set_num_threads(threads);
 }
 
@@ -439,21 +487,24 @@ TEST(QuantLinear, DispatchedEntryPointsAgree) {
 
 // Against fp32 on the dequantized weights: gate = x Wg^T, up = x Wu^T, h = silu(gate) * up
 // (silu_mul), y = h Wd^T (linear_f32). Bound, propagated in double from the linear bounds:
-//   e_g, e_u = 2 gamma(hidden + 16) (|W||x|)          (kernel vs fp32, gate and up)
+//   e_g, e_u = (2 gamma(hidden + 16) + p) (|W||x|)    (kernel vs fp32, gate and up)
 //   e_h      = 1.1 e_g (|u| + e_u) + |silu(g)| e_u + 8 u |h|   (silu' <= 1.1; exp and divide)
-//   e_y      = (1 + gamma(inter + 16)) |Wd| e_h + 2 gamma(inter + 16) (|Wd| |h|)
+//   e_y      = (1 + gamma(inter + 16)) |Wd| e_h + (2 gamma(inter + 16) + p) (|Wd| |h|)
+// with p = 2^-18 where BF16 pairs carry the activations (pairs_error), else 0.
 TEST(QuantExpertFfn, MatchesFp32OnDequantizedWeights) {
   const int64_t hidden = 200, inter = 136;  // tails: 200 % 32 = 8, 136 % 64 = 8
-  for (QuantIsa isa : available_isas())
+  for (const Kernels& k : available_kernels())
     for (const FormatCase& fc : kFormats)
       for (int64_t n : {int64_t(1), int64_t(3), int64_t(8)}) {
-        SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name + " n=" + std::to_string(n));
+        SCOPED_TRACE(k.name() + " " + fc.name + " n=" + std::to_string(n));
+        const UseKernels use(k);
+        const double pairs = pairs_error(k, fc.format, fc.group_size, n);
         const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 81);
         const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 82);
         const QuantMatrix down = quantized_normal(fc, {hidden, inter}, 83);
         const std::vector<float> x = normal(n * hidden, 84);
         std::vector<float> y(size_t(n * hidden), std::nanf(""));
-        quant_expert_ffn(isa, gate.view(), up.view(), down.view(), x.data(), n, y.data());
+        quant_expert_ffn(k.isa, gate.view(), up.view(), down.view(), x.data(), n, y.data());
 
         std::vector<float> wg(size_t(inter * hidden)), wu(wg.size()), wd(wg.size());
         dequantize(gate.view(), wg.data());
@@ -472,8 +523,8 @@ TEST(QuantExpertFfn, MatchesFp32OnDequantizedWeights) {
         const double uround = std::ldexp(1.0, -24);
         std::vector<double> e_h(h.size());
         for (size_t k = 0; k < h.size(); ++k) {
-          const double e_g = 2 * gamma_bound(hidden + 16) * abs_g[k];
-          const double e_u = 2 * gamma_bound(hidden + 16) * abs_u[k];
+          const double e_g = (2 * gamma_bound(hidden + 16) + pairs) * abs_g[k];
+          const double e_u = (2 * gamma_bound(hidden + 16) + pairs) * abs_u[k];
           const double silu_g = std::fabs(g[k] / (1.0 + std::exp(-double(g[k]))));
           e_h[k] =
               1.1 * e_g * (std::fabs(u[k]) + e_u) + silu_g * e_u + 8 * uround * std::fabs(h[k]);
@@ -487,8 +538,8 @@ TEST(QuantExpertFfn, MatchesFp32OnDequantizedWeights) {
               prop += wv * e_h[t * inter + i];
               abs_dh += wv * std::fabs(h[t * inter + i]);
             }
-            const double bound =
-                (1 + gamma_bound(inter + 16)) * prop + 2 * gamma_bound(inter + 16) * abs_dh;
+            const double bound = (1 + gamma_bound(inter + 16)) * prop +
+                                 (2 * gamma_bound(inter + 16) + pairs) * abs_dh;
             const size_t k = size_t(t * hidden + o);
             ASSERT_LE(std::fabs(double(y[k]) - y_ref[k]), bound) << "t " << t << " o " << o;
             nonzero += y_ref[k] != 0.0f;
