@@ -110,16 +110,15 @@ float bf16_value(uint16_t bits) {
 void to_bf16_pairs(const float* x, int64_t cols, float* xp) {
   const int64_t full = cols / 64 * 64;
   for (int64_t k = 0; k < full; k += 64) {
-    float block[64];
-    std::memcpy(block, x + k, sizeof block);
-    uint16_t* out = reinterpret_cast<uint16_t*>(xp + k);
+    uint16_t out[128];
     for (int w = 0; w < 32; ++w)
       for (int odd = 0; odd < 2; ++odd) {
-        const float v = block[2 * w + odd];
+        const float v = x[k + 2 * w + odd];
         const uint16_t hi = bf16_bits(v);
         out[32 * odd + w] = hi;
         out[64 + 32 * odd + w] = bf16_bits(v - bf16_value(hi));
       }
+    std::memcpy(xp + k, out, sizeof out);  // the block's 64 floats, read before
   }
   if (xp != x) std::memcpy(xp + full, x + full, size_t(cols - full) * sizeof(float));
 }
