@@ -91,42 +91,13 @@ int64_t permuted_index(int64_t i, int64_t cols, Layout layout) {
   return i - j + (j % layout.per_lane) * (layout.block / layout.per_lane) + j / layout.per_lane;
 }
 
-// BF16 bits of x rounded to nearest even (NaN stays NaN).
-uint16_t bf16_bits(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40);
-  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-float bf16_value(uint16_t bits) {
-  const uint32_t u = uint32_t(bits) << 16;
-  float x;
-  std::memcpy(&x, &u, sizeof x);
-  return x;
-}
-
-// One row x [cols] as BF16 pairs (quant_detail.h) into xp; xp may be x.
-void to_bf16_pairs(const float* x, int64_t cols, float* xp) {
-  const int64_t full = cols / 64 * 64;
-  for (int64_t k = 0; k < full; k += 64) {
-    uint16_t out[128];
-    for (int w = 0; w < 32; ++w)
-      for (int odd = 0; odd < 2; ++odd) {
-        const float v = x[k + 2 * w + odd];
-        const uint16_t hi = bf16_bits(v);
-        out[32 * odd + w] = hi;
-        out[64 + 32 * odd + w] = bf16_bits(v - bf16_value(hi));
-      }
-    std::memcpy(xp + k, out, sizeof out);  // the block's 64 floats, read before
-  }
-  if (xp != x) std::memcpy(xp + full, x + full, size_t(cols - full) * sizeof(float));
-}
-
 // xp [n, cols] = x [n, cols] in `layout`.
 void permute_activations(const float* x, int64_t n, int64_t cols, Layout layout, float* xp) {
   if (layout.bf16_pairs) {
-    for (int64_t t = 0; t < n; ++t) to_bf16_pairs(x + t * cols, cols, xp + t * cols);
+#if COLIBRI_QUANT_X86
+    for (int64_t t = 0; t < n; ++t)
+      detail::bf16_pairs_avx512bf16(x + t * cols, cols, xp + t * cols);
+#endif
     return;
   }
   const int block = layout.block, p = layout.per_lane, lanes = block / p;

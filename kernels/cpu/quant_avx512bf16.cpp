@@ -101,6 +101,36 @@ void int4_rows(const QuantMatrixView& w, const float* xp, float* y, int64_t row_
 
 }  // namespace
 
+void bf16_pairs_avx512bf16(const float* x, int64_t cols, float* xp) {
+  alignas(64) static constexpr uint16_t kEven[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
+                                                     22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42,
+                                                     44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  const __m512i even = _mm512_load_si512(kEven);
+  const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+  const auto widen = [](__m256i bf16) {  // 16 BF16 values as fp32
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+  };
+  const int64_t full = cols / kBlock * kBlock;
+  for (int64_t k = 0; k < full; k += kBlock) {
+    __m512 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm512_loadu_ps(x + k + 16 * i);
+    __m512i hi[2], lo[2];  // inputs 0..31 and 32..63, in order
+    for (int h = 0; h < 2; ++h) {
+      hi[h] = (__m512i)_mm512_cvtne2ps_pbh(v[2 * h + 1], v[2 * h]);
+      const __m512 r0 = _mm512_sub_ps(v[2 * h], widen(_mm512_castsi512_si256(hi[h])));
+      const __m512 r1 = _mm512_sub_ps(v[2 * h + 1], widen(_mm512_extracti64x4_epi64(hi[h], 1)));
+      lo[h] = (__m512i)_mm512_cvtne2ps_pbh(r1, r0);
+    }
+    __m512i* out = reinterpret_cast<__m512i*>(xp + k);
+    _mm512_storeu_si512(out + 0, _mm512_permutex2var_epi16(hi[0], even, hi[1]));
+    _mm512_storeu_si512(out + 1, _mm512_permutex2var_epi16(hi[0], odd, hi[1]));
+    _mm512_storeu_si512(out + 2, _mm512_permutex2var_epi16(lo[0], even, lo[1]));
+    _mm512_storeu_si512(out + 3, _mm512_permutex2var_epi16(lo[0], odd, lo[1]));
+  }
+  if (xp != x)
+    for (int64_t i = full; i < cols; ++i) xp[i] = x[i];
+}
+
 void rows_avx512bf16(const QuantMatrixView& w, const float* xp, int64_t n, float* y,
                      int64_t y_stride, int64_t row_begin, int64_t row_end) {
   (void)n;

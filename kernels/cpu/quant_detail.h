@@ -40,6 +40,9 @@ void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, i
                int64_t row_begin, int64_t row_end);
 void rows_avx512(const QuantMatrixView& w, const float* xp, int64_t n, float* y, int64_t y_stride,
                  int64_t row_begin, int64_t row_end);
+// One row x [cols] as the BF16 pairs above (vcvtne2ps2bf16: denormals count as zero) into xp,
+// which may be x.
+void bf16_pairs_avx512bf16(const float* x, int64_t cols, float* xp);
 // n = 1 with the BF16 pairs above (vdpbf16ps).
 void rows_avx512bf16(const QuantMatrixView& w, const float* xp, int64_t n, float* y,
                      int64_t y_stride, int64_t row_begin, int64_t row_end);

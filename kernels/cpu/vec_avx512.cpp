@@ -115,6 +115,8 @@ void axpy(float alpha, const X* x, float* y, int64_t n) {
 
 namespace {
 
+constexpr int64_t kAxpyAhead = 4;  // rows
+
 // Rows [t0, t0 + T) of y, columns [c0, c0 + 16 C) (the last vector masked by `last`).
 template <int T, int C, typename X>
 void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0, __mmask16 last) {
@@ -125,6 +127,13 @@ void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0, __mma
       acc[t][c] = _mm512_maskz_loadu_ps(m, a.y + (t0 + t) * a.y_stride + c0 + 16 * c);
     }
   for (int64_t k = 0; k < a.k; ++k) {
+    // The first strip walks the rows down a column: it fetches each row whole a few rows ahead,
+    // so that the later strips find them in cache (the strided misses alone were latency-bound).
+    if (c0 == 0 && k + kAxpyAhead < a.k) {
+      const char* ahead = reinterpret_cast<const char*>(x + (k + kAxpyAhead) * a.m);
+      for (int64_t b = 0; b < a.m * int64_t(sizeof(X)); b += 64)
+        _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     __m512 w[C];
     for (int c = 0; c < C; ++c) {
       const X* src = x + k * a.m + c0 + 16 * c;
