@@ -1,7 +1,7 @@
 // exchange_bench: the MPI transport's cost per MoE layer, without any model or compute.
 //
 //   mpirun -np N exchange_bench [--rows 1,8,64] [--warmup 50] [--iters 300] [--wire f32|bf16]
-//                               [--combine star|host]
+//                               [--combine star|host] [--shared-memory on|off]
 //
 // Rank 0 coordinates; ranks 1..N-1 own the routed experts of one MoE layer, placed round-robin.
 // Per iteration the coordinator dispatches R rows [R, hidden] with a top-k routing (uniform
@@ -52,7 +52,8 @@ struct BenchOptions {
   int iters = 300;
   uint64_t seed = 1;
   std::string wire = "f32";
-  std::string combine = "star";  // or host: one summed partial per host (MpiTransportOptions)
+  std::string combine = "star";      // or host: one summed partial per host (MpiTransportOptions)
+  std::string shared_memory = "on";  // rows through shared segments on the coordinator's host
 };
 
 struct Stats {
@@ -175,6 +176,8 @@ int run(const BenchOptions& options) {
   transport_options.rank_timeout_s = 60;
   transport_options.wire_type = parse_elem_type(options.wire, "--wire");
   transport_options.host_combine = options.combine == "host";
+  transport_options.shared_memory = options.shared_memory == "on";
+  transport_options.setup_timeout_s = 60;
   for (const std::string& host : me.hosts)
     transport_options.host_of.push_back(
         int(std::find(me.hosts.begin(), me.hosts.end(), host) - me.hosts.begin()));
@@ -204,10 +207,11 @@ int run(const BenchOptions& options) {
              mpi_library(), colibri::bench::load_average());
   fmt::print(
       "ranks {} (1 coordinator + {} expert ranks){} | hidden {} | top-{} of {} experts, "
-      "round-robin | wire {} | warm-up {} | {} timed iterations\n",
+      "round-robin | wire {} | shared memory {} | warm-up {} | {} timed iterations\n",
       size, size - 1,
       size > cores ? fmt::format(", oversubscribed: {} ranks on {} cores", size, cores) : "",
-      options.hidden, options.top_k, options.experts, options.wire, options.warmup, options.iters);
+      options.hidden, options.top_k, options.experts, options.wire, options.shared_memory,
+      options.warmup, options.iters);
   fmt::print("{}\n", nlohmann::json{{"bench", "machine"},
                                     {"cpu", colibri::bench::cpu_model()},
                                     {"cores", cores},
@@ -339,6 +343,11 @@ int main(int argc, char** argv) {
                  "star (every owner replies) or host (one summed reply per host)")
       ->capture_default_str()
       ->check(CLI::IsMember({"star", "host"}));
+  app.add_option("--shared-memory", options.shared_memory,
+                 "on: rows and partials of expert ranks on the coordinator's host go through "
+                 "shared segments; off: through MPI messages")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--rows", options.rows, "rows per dispatch, one configuration each")
       ->delimiter(',')
       ->capture_default_str()

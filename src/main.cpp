@@ -68,6 +68,7 @@ struct Args {
   bool chat = false, chat_format = false, prompt_given = false;
   std::string wire = "f32";
   std::string combine = "star";
+  std::string shared_memory = "on";
   std::string activations = "int8";
   std::string experts = "cpu";
   int ngen = 16;
@@ -251,6 +252,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   add("--experts", args.experts, Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
   add("--combine", args.combine, Setting::kJob);
+  add("--shared-memory", args.shared_memory, Setting::kJob);
   add("--activations", args.activations, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
   add("--layout", layout, Setting::kJob);
@@ -292,6 +294,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.keep_trace = !args.trace.empty();
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
   args.node.host_combine = args.combine == "host";
+  args.node.shared_memory = args.shared_memory == "on";
   args.node.gpu_experts = args.experts == "gpu";
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
@@ -706,6 +709,12 @@ int main(int argc, char** argv) {
                  "host (fewer bytes across hosts)")
       ->capture_default_str()
       ->check(CLI::IsMember({"star", "host"}));
+  app.add_option("--shared-memory", args.shared_memory,
+                 "on: the expert ranks on the coordinator's host that reply to it share a memory "
+                 "segment with it, where rows and partials are written (no copy through MPI); "
+                 "off: every row goes in MPI messages")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--activations", args.activations,
                  "activations of the products with int4/int8 weights: int8 (quantized per 64 "
                  "inputs, integer dot products) or f32; default f32 for one sequence, int8 for "

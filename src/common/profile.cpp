@@ -256,6 +256,7 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"gpu_requests", r.gpu_requests},
                      {"gpu_us", r.gpu_us},
                      {"bytes_cross_host", r.bytes_cross_host},
+                     {"bytes_shared", r.bytes_shared},
                      {"vram_hits", r.vram_hits},
                      {"vram_uploads", r.vram_uploads},
                      {"vram_cpu_experts", r.vram_cpu_experts},

@@ -85,6 +85,9 @@ struct RankReport {
   // Coordinator: bytes of requests and replies to and from expert ranks on other hosts (with
   // --combine host, every message that crosses hosts has the coordinator at one end).
   uint64_t bytes_cross_host = 0;
+  // Coordinator: bytes of rows and partials (of bytes_in and bytes_out) that went through the
+  // shared segments of expert ranks on its host instead of MPI messages.
+  uint64_t bytes_shared = 0;
 
   template <class Archive>
   void serialize(Archive& ar) {
@@ -92,7 +95,7 @@ struct RankReport {
        bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
        pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us, vram_bytes,
        gpu_requests, gpu_us, vram_hits, vram_uploads, vram_cpu_experts, vram_upload_bytes,
-       vram_upload_us, bytes_cross_host);
+       vram_upload_us, bytes_cross_host, bytes_shared);
   }
 };
 

@@ -100,6 +100,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.coordinator = layout_.coordinator();
   exchange.profiler = profiler_.get();
   exchange.options.rank_timeout_s = options_.rank_timeout_s;
+  exchange.options.setup_timeout_s = options_.startup_timeout_s;
+  exchange.options.shared_memory = options_.shared_memory;
   exchange.options.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
   exchange.options.host_combine = options_.host_combine;

@@ -37,6 +37,8 @@ struct NodeOptions {
   int max_seqs = 1;    // sequences the engine holds at once
   ElemType wire_type = ElemType::kF32;  // rows and partials between ranks (rank 0's choice)
   bool host_combine = false;  // --combine host: one summed partial per host (MpiTransportOptions)
+  bool shared_memory = true;  // --shared-memory: rows through shared segments on the
+                              // coordinator's host (MpiTransportOptions)
   double ram_gb = 0;          // expert rank RAM cache for routed experts; 0 = all resident. The
                               // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)

@@ -1,6 +1,10 @@
 #include "transport/mpi_transport.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,7 +54,103 @@ void require_host_f32(ConstView v, const char* what) {
     fail("the MPI transport takes {} as fp32 host memory", what);
 }
 
+// Polls the requests until all are complete; past limit_s names the peer of the first one that
+// is not, with `what` and the option that sets the limit.
+void wait_within(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
+                 double limit_s, const char* what, const char* flag) {
+  WaitClock clock;
+  Backoff backoff;
+  for (;;) {
+    bool all_done = true;
+    for (MPI_Request& request : requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      if (!done) all_done = false;
+    }
+    if (all_done) return;
+    if (clock.elapsed() > limit_s)
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (requests[i] != MPI_REQUEST_NULL)
+          abort_job(fmt::format("{} is silent: no {} within {:.1f} s ({})",
+                                rank_identity().name_of(peer_ranks[i]), what, limit_s, flag));
+    backoff.pause();
+  }
+}
+
+size_t round_up_64(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
 }  // namespace
+
+void SharedSegment::unmap() {
+  if (base) ::munmap(base, bytes);
+  base = nullptr;
+}
+
+void MpiTransport::share_segments(const std::vector<bool>& sharing) {
+  const size_t area = round_up_64(size_t(shape_.max_rows) * size_t(shape_.hidden) * elem_bytes_);
+  const size_t bytes = 2 * area;
+  if (rank_ != coordinator_) {
+    if (!sharing[size_t(rank_)]) return;
+    wire::SharedSegmentOffer offer{-1, -1, bytes};
+    const int fd = ::memfd_create("colibri-exchange", MFD_CLOEXEC);
+    void* base = MAP_FAILED;
+    if (fd >= 0 && ::ftruncate(fd, off_t(bytes)) == 0)
+      base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (base != MAP_FAILED) offer = {int32_t(::getpid()), fd, bytes};
+    uint8_t answer = 0;
+    std::vector<MPI_Request> requests(2, MPI_REQUEST_NULL);
+    CHECK_MPI(MPI_Isend(&offer, int(sizeof offer), MPI_BYTE, coordinator_, wire::kTagSharedSegment,
+                        comm_, &requests[0]));
+    CHECK_MPI(MPI_Irecv(&answer, 1, MPI_BYTE, coordinator_, wire::kTagSharedSegment, comm_,
+                        &requests[1]));
+    wait_within(requests, {coordinator_, coordinator_}, options_.setup_timeout_s,
+                "answer to this rank's shared segment", "--startup-timeout");
+    if (fd >= 0) ::close(fd);  // the mappings keep the memory
+    if (base == MAP_FAILED) return;
+    if (answer == 1)
+      segment_ = {static_cast<std::byte*>(base), bytes, area};
+    else
+      ::munmap(base, bytes);
+    return;
+  }
+  std::vector<wire::SharedSegmentOffer> offers(peers_.size());
+  std::vector<MPI_Request> receives(peers_.size(), MPI_REQUEST_NULL);
+  std::vector<int> ranks;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    ranks.push_back(peers_[i].rank);
+    if (sharing[size_t(peers_[i].rank)])
+      CHECK_MPI(MPI_Irecv(&offers[i], int(sizeof(wire::SharedSegmentOffer)), MPI_BYTE,
+                          peers_[i].rank, wire::kTagSharedSegment, comm_, &receives[i]));
+  }
+  wait_within(receives, ranks, options_.setup_timeout_s, "shared segment offer",
+              "--startup-timeout");
+  std::vector<uint8_t> answers(peers_.size(), 0);
+  std::vector<MPI_Request> sends(peers_.size(), MPI_REQUEST_NULL);
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    if (!sharing[size_t(peers_[i].rank)]) continue;
+    const wire::SharedSegmentOffer& offer = offers[i];
+    if (offer.pid > 0 && offer.fd >= 0 && offer.bytes == bytes) {
+      const std::string path = fmt::format("/proc/{}/fd/{}", offer.pid, offer.fd);
+      const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+      struct stat st {};
+      if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && size_t(st.st_size) == bytes) {
+        void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (base != MAP_FAILED) {
+          peers_[i].segment = {static_cast<std::byte*>(base), bytes, area};
+          answers[i] = 1;
+        }
+      }
+      if (fd >= 0) ::close(fd);
+    }
+    CHECK_MPI(MPI_Isend(&answers[i], 1, MPI_BYTE, peers_[i].rank, wire::kTagSharedSegment, comm_,
+                        &sends[i]));
+  }
+  wait_within(sends, ranks, options_.setup_timeout_s, "receipt of its shared segment answer",
+              "--startup-timeout");
+}
 
 MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
                            const ExchangeShape& shape, int coordinator, Profiler& profiler,
@@ -134,6 +234,14 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
       row_f32_.resize(size_t(shape_.hidden));
     }
     control_buffer_.resize(kHeaderBytes);
+  }
+  // Every expert rank on the coordinator's host that replies to it directly.
+  std::vector<bool> sharing(size_t(size), false);
+  for (int r = 0; r < size; ++r)
+    sharing[size_t(r)] = options_.shared_memory && r != coordinator_ &&
+                         host_of(r) == host_of(coordinator_) && host_group(r).empty();
+  share_segments(sharing);
+  if (rank_ != coordinator_) {
     post_request_receive();
     post_control_receive();
   }
@@ -151,6 +259,8 @@ MpiTransport::~MpiTransport() {
   }
   // The answer header is static: a send still in flight may complete on its own.
   if (answer_send_ != MPI_REQUEST_NULL) MPI_Request_free(&answer_send_);
+  segment_.unmap();
+  for (Peer& peer : peers_) peer.segment.unmap();
 }
 
 void MpiTransport::post_request_receive() {
@@ -357,11 +467,13 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     if (peer.replies) repliers_.push_back(&peer);
     const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
     if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
+    const bool shared = peer.segment.base != nullptr;
     std::byte* payload = peer.send.data() + kHeaderBytes;
+    std::byte* rows = shared ? peer.segment.request_rows() : payload;
     for (uint32_t r = 0; r < n_rows; ++r)
       from_f32(rows_f32 + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
-               payload + r * row_bytes);
-    std::byte* pairs = payload + n_rows * row_bytes;
+               rows + r * row_bytes);
+    std::byte* pairs = shared ? payload : payload + n_rows * row_bytes;
     for (uint32_t i = 0; i < n_pairs; ++i) {
       const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
       std::memcpy(pairs + size_t(i) * sizeof(wire::Pair), &pair, sizeof(wire::Pair));
@@ -371,16 +483,20 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
       const auto row = uint32_t(share.rows[r]);
       std::memcpy(row_indices + size_t(r) * sizeof(row), &row, sizeof(row));
     }
-    const size_t payload_bytes = wire::request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes_);
-    const wire::Header header{wire::kMagic,
-                              wire::kProtocolVersion,
-                              uint16_t(wire::Opcode::kExpertRequest),
-                              ++peer.sequence,
-                              plan.layer,
-                              n_rows,
-                              n_pairs,
-                              uint32_t(payload_bytes),
-                              wire::checksum(payload, payload_bytes)};
+    const size_t payload_bytes =
+        shared ? wire::shared_request_payload_bytes(n_rows, n_pairs)
+               : wire::request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes_);
+    const wire::Header header{
+        wire::kMagic,
+        wire::kProtocolVersion,
+        uint16_t(shared ? wire::Opcode::kSharedRequest : wire::Opcode::kExpertRequest),
+        ++peer.sequence,
+        plan.layer,
+        n_rows,
+        n_pairs,
+        uint32_t(payload_bytes),
+        shared ? wire::shared_checksum(rows, n_rows * row_bytes, payload, payload_bytes)
+               : wire::checksum(payload, payload_bytes)};
     std::memcpy(peer.send.data(), &header, kHeaderBytes);
     // The reply receive is posted before the request leaves.
     if (peer.replies)
@@ -388,11 +504,14 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
                           wire::kTagReply, comm_, &peer.recv_request));
     CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, peer.rank,
                         wire::kTagRequest, comm_, &peer.send_request));
+    // Counted as the bytes of the request, wherever its rows went.
+    const size_t sent = kHeaderBytes + payload_bytes + (shared ? n_rows * row_bytes : 0);
     counters.rows += n_rows;
     counters.experts += n_pairs;
-    counters.bytes_out += kHeaderBytes + payload_bytes;
-    counters.bytes_to_rank[peer.rank] += kHeaderBytes + payload_bytes;
-    if (peer.remote) counters.bytes_cross_host += kHeaderBytes + payload_bytes;
+    counters.bytes_out += sent;
+    counters.bytes_to_rank[peer.rank] += sent;
+    if (shared) counters.bytes_shared += n_rows * row_bytes;
+    if (peer.remote) counters.bytes_cross_host += sent;
   }
   dispatched_us_ = profiler_.now_us();
 }
@@ -404,8 +523,8 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
   check.n_rows = uint32_t(peer.reply_rows.size());
   check.hidden = shape_.hidden;
   check.elem_bytes = elem_bytes_;
-  const std::string problem =
-      wire::check_reply(peer.recv.data(), size_t(std::max(count_bytes, 0)), check);
+  const std::string problem = wire::check_reply(peer.recv.data(), size_t(std::max(count_bytes, 0)),
+                                                check, peer.segment.reply_rows_or_null());
   if (!problem.empty())
     abort_job(fmt::format("corrupted reply from {} in layer {}: {}",
                           rank_identity().name_of(peer.rank), layer_, problem));
@@ -469,7 +588,8 @@ void MpiTransport::combine(View out) {
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
   row_started_.assign(size_t(n_rows_), 0);
   for (const Peer* peer : repliers_) {  // ascending rank: a fixed summation order
-    const std::byte* partial = peer->recv.data() + kHeaderBytes;
+    const std::byte* partial =
+        peer->segment.base ? peer->segment.reply_rows() : peer->recv.data() + kHeaderBytes;
     const std::vector<int>& rows = peer->reply_rows;
     for (size_t r = 0; r < rows.size(); ++r) {
       float* dst = sum + size_t(rows[r]) * hidden;
@@ -485,6 +605,7 @@ void MpiTransport::combine(View out) {
     const size_t reply_bytes =
         kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
     counters.bytes_in += reply_bytes;
+    if (peer->segment.base) counters.bytes_shared += reply_bytes - kHeaderBytes;
     if (peer->remote) counters.bytes_cross_host += reply_bytes;
   }
   for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
@@ -560,21 +681,25 @@ bool MpiTransport::receive(ExpertRequest& request) {
     return placement_.owner_of(layer, int(expert)) == rank_;
   };
   wire::Header& h = request_header_;
-  const std::string problem = wire::check_request(request_buffer_.data(), size_t(count), check, h);
+  const std::string problem =
+      wire::check_request(request_buffer_.data(), size_t(count), check, h, segment_.base);
   if (!problem.empty())
     abort_job(fmt::format("corrupted request from {}: {}", rank_identity().name_of(coordinator_),
                           problem));
   sequence_ = h.sequence;
   if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return false;
+  const bool shared = h.opcode == uint16_t(wire::Opcode::kSharedRequest);
   const std::byte* payload = request_buffer_.data() + kHeaderBytes;
-  const size_t rows_bytes = size_t(h.n_rows) * size_t(shape_.hidden) * elem_bytes_;
+  const std::byte* rows = shared ? segment_.request_rows() : payload;
+  const std::byte* pairs =
+      shared ? payload : payload + size_t(h.n_rows) * size_t(shape_.hidden) * elem_bytes_;
   request_pairs_.resize(h.n_pairs);
   for (uint32_t i = 0; i < h.n_pairs; ++i) {
     wire::Pair pair;
-    std::memcpy(&pair, payload + rows_bytes + size_t(i) * sizeof(wire::Pair), sizeof(pair));
+    std::memcpy(&pair, pairs + size_t(i) * sizeof(wire::Pair), sizeof(pair));
     request_pairs_[i] = {pair.row, pair.expert, pair.weight};
   }
-  const std::byte* row_indices = payload + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair);
+  const std::byte* row_indices = pairs + size_t(h.n_pairs) * sizeof(wire::Pair);
   request_rows_.resize(h.n_rows);
   if (h.n_rows > 0)
     std::memcpy(request_rows_.data(), row_indices, size_t(h.n_rows) * sizeof(uint32_t));
@@ -584,12 +709,14 @@ bool MpiTransport::receive(ExpertRequest& request) {
   layer_ = h.layer;
   request.layer = h.layer;
   request.n_rows = int(h.n_rows);
-  request.rows = {payload, options_.wire_type, Device::kHost, size_t(h.n_rows) * shape_.hidden};
+  request.rows = {rows, options_.wire_type, Device::kHost, size_t(h.n_rows) * shape_.hidden};
   request.pairs = request_pairs_;
   RankReport& counters = profiler_.counters();
   counters.rows += h.n_rows;
   counters.experts += h.n_pairs;
-  counters.bytes_in += size_t(count);
+  // Counted as the bytes of the request, wherever its rows came from.
+  counters.bytes_in +=
+      size_t(count) + (shared ? size_t(h.n_rows) * size_t(shape_.hidden) * elem_bytes_ : 0);
   return true;
 }
 
@@ -606,30 +733,34 @@ void MpiTransport::reply(ConstView partial) {
     post_request_receive();
     return;
   }
-  std::byte* payload = reply_buffer_.data() + kHeaderBytes;
+  // With a shared segment the partial goes there, and the message is the header alone.
+  const bool shared = segment_.base != nullptr;
+  std::byte* payload = shared ? segment_.reply_rows() : reply_buffer_.data() + kHeaderBytes;
   uint32_t n_rows = request.n_rows;
   if (!mates_.empty())
     n_rows = sum_host_partials(static_cast<const float*>(partial.data));
   else
     from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
-  const size_t payload_bytes = wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_);
-  const wire::Header header{wire::kMagic,
-                            wire::kProtocolVersion,
-                            uint16_t(wire::Opcode::kExpertReply),
-                            request.sequence,
-                            request.layer,
-                            n_rows,
-                            0,
-                            uint32_t(payload_bytes),
-                            wire::checksum(payload, payload_bytes)};
+  const size_t row_bytes = wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_);
+  const size_t payload_bytes = shared ? 0 : row_bytes;
+  const wire::Header header{
+      wire::kMagic,
+      wire::kProtocolVersion,
+      uint16_t(shared ? wire::Opcode::kSharedReply : wire::Opcode::kExpertReply),
+      request.sequence,
+      request.layer,
+      n_rows,
+      0,
+      uint32_t(payload_bytes),
+      wire::checksum(payload, row_bytes)};
   std::memcpy(reply_buffer_.data(), &header, kHeaderBytes);
-  if (request.layer == options_.corrupt_reply_at_layer)
-    payload[payload_bytes / 2] ^= std::byte{0x5a};
+  if (request.layer == options_.corrupt_reply_at_layer && row_bytes > 0)
+    payload[row_bytes / 2] ^= std::byte{0x5a};
   CHECK_MPI(MPI_Isend(reply_buffer_.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE,
                       coordinator_, wire::kTagReply, comm_, &reply_send_));
   RankReport& counters = profiler_.counters();
-  counters.bytes_out += kHeaderBytes + payload_bytes;
-  counters.bytes_to_rank[coordinator_] += kHeaderBytes + payload_bytes;
+  counters.bytes_out += kHeaderBytes + row_bytes;
+  counters.bytes_to_rank[coordinator_] += kHeaderBytes + row_bytes;
   post_request_receive();
 }
 

@@ -42,6 +42,27 @@ struct MpiTransportOptions {
   // expert rank replies directly. Off: every owner replies to the coordinator (star).
   bool host_combine = false;
   std::vector<int> host_of;  // [world size] host index of each rank; empty: one host each
+  // Shared segments: an expert rank on the coordinator's host that replies to it directly
+  // (not a host-mate under --combine host) shares a memfd with it, mapped by both (the
+  // coordinator opens it through /proc/<pid>/fd). Request rows and reply partials are written
+  // there, and the messages carry headers, pairs and row indices only: no copy through MPI.
+  // Where the coordinator cannot map a segment (another user, ptrace restricted), that rank
+  // keeps the plain messages.
+  bool shared_memory = true;
+  double setup_timeout_s = 300;  // longest wait for a peer's segment at construction: the ranks
+                                 // arrive as their weights load (--startup-timeout)
+};
+
+// One mapping of an expert rank's shared segment: its request rows, then its reply rows, each
+// max_rows rows in the wire type, 64-byte aligned.
+struct SharedSegment {
+  std::byte* base = nullptr;  // null: not shared
+  size_t bytes = 0;
+  size_t reply_at = 0;
+  std::byte* request_rows() const { return base; }
+  std::byte* reply_rows() const { return base + reply_at; }
+  std::byte* reply_rows_or_null() const { return base ? reply_rows() : nullptr; }
+  void unmap();
 };
 
 class MpiTransport final : public Dispatcher, public ExpertChannel {
@@ -74,6 +95,7 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
     std::vector<int> members;
     bool replies = true;          // this exchange: its reply comes to the coordinator
     std::vector<int> reply_rows;  // this exchange: the coordinator rows its reply covers
+    SharedSegment segment;        // mapped when the rows go through shared memory
   };
 
   // Polls until every request is complete or the deadline passes. On timeout names the peer of
@@ -87,6 +109,9 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   uint32_t sum_host_partials(const float* own);
   void post_request_receive();
   void post_control_receive();
+  // Construction: the segments of the expert ranks on the coordinator's host that reply to it,
+  // offered by each (a memfd) and mapped by the coordinator, within rank_timeout_s.
+  void share_segments(const std::vector<bool>& sharing);
   // Coordinator: the heartbeat thread's loop, and its end.
   void send_heartbeats();
   void stop_heartbeat();
@@ -144,6 +169,8 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   std::vector<MPI_Request> mate_receives_;
   std::vector<float> host_sum_;
   std::vector<int> slot_;
+  SharedSegment segment_;                  // this rank's shared segment, when the coordinator
+                                           // mapped it
   std::vector<std::byte> control_buffer_;  // one heartbeat
   MPI_Request control_receive_ = MPI_REQUEST_NULL;
   MPI_Request answer_send_ = MPI_REQUEST_NULL;  // the last answer to a heartbeat

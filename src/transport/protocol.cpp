@@ -115,8 +115,14 @@ uint32_t checksum_portable(const std::byte* data, size_t bytes) {
   return checksum_with(data, bytes, false);
 }
 
+uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,
+                         size_t payload_bytes) {
+  const uint32_t a = checksum(rows, row_bytes), b = checksum(payload, payload_bytes);
+  return a ^ (b << 1 | b >> 31);
+}
+
 std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
-                          Header& h) {
+                          Header& h, const std::byte* shared_rows) {
   if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
   std::memcpy(&h, message, sizeof(Header));
   if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
@@ -127,21 +133,27 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
     if (bytes != sizeof(Header) || h.payload_bytes != 0) return "shutdown with a payload";
     return {};
   }
-  if (h.opcode != uint16_t(Opcode::kExpertRequest))
+  const bool shared = h.opcode == uint16_t(Opcode::kSharedRequest);
+  if (h.opcode != uint16_t(Opcode::kExpertRequest) && !shared)
     return fmt::format("unknown opcode {}", h.opcode);
+  if (shared && shared_rows == nullptr) return "rows in a shared segment this rank does not have";
   if (h.layer < 0 || h.layer >= check.num_layers)
     return fmt::format("layer {} out of range", h.layer);
   if (h.n_rows > uint32_t(check.max_rows))
     return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
   if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
     return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
+  const size_t row_bytes = size_t(h.n_rows) * size_t(check.hidden) * check.elem_bytes;
   const size_t expected =
-      request_payload_bytes(h.n_rows, h.n_pairs, check.hidden, check.elem_bytes);
+      shared ? shared_request_payload_bytes(h.n_rows, h.n_pairs)
+             : request_payload_bytes(h.n_rows, h.n_pairs, check.hidden, check.elem_bytes);
   if (h.payload_bytes != expected || bytes != sizeof(Header) + expected)
     return fmt::format("{} bytes (expected {})", bytes, sizeof(Header) + expected);
   const std::byte* payload = message + sizeof(Header);
-  if (checksum(payload, expected) != h.checksum) return "payload checksum mismatch";
-  const std::byte* pairs = payload + size_t(h.n_rows) * size_t(check.hidden) * check.elem_bytes;
+  const uint32_t sum = shared ? shared_checksum(shared_rows, row_bytes, payload, expected)
+                              : checksum(payload, expected);
+  if (sum != h.checksum) return "payload checksum mismatch";
+  const std::byte* pairs = shared ? payload : payload + row_bytes;
   for (uint32_t i = 0; i < h.n_pairs; ++i) {
     Pair pair;
     std::memcpy(&pair, pairs + size_t(i) * sizeof(Pair), sizeof(Pair));
@@ -155,24 +167,28 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
   return check_row_indices(pairs + size_t(h.n_pairs) * sizeof(Pair), h.n_rows, check.max_rows);
 }
 
-std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check) {
+std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check,
+                        const std::byte* shared_rows) {
   if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
   Header h;
   std::memcpy(&h, message, sizeof(Header));
-  const size_t expected = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
+  const size_t row_bytes = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
+  const size_t expected = shared_rows ? 0 : row_bytes;
   if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
   if (h.version != kProtocolVersion)
     return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
-  if (h.opcode != uint16_t(Opcode::kExpertReply))
-    return fmt::format("opcode {} where a reply was expected", h.opcode);
+  const Opcode opcode = shared_rows ? Opcode::kSharedReply : Opcode::kExpertReply;
+  if (h.opcode != uint16_t(opcode))
+    return fmt::format("opcode {} where {} was expected", h.opcode,
+                       shared_rows ? "a shared-segment reply" : "a reply");
   if (h.sequence != check.expected_sequence || h.layer != check.layer)
     return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
                        check.expected_sequence, check.layer);
   if (h.n_rows != check.n_rows || h.payload_bytes != expected || bytes != sizeof(Header) + expected)
     return fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, bytes,
                        check.n_rows, sizeof(Header) + expected);
-  if (checksum(message + sizeof(Header), expected) != h.checksum)
-    return "payload checksum mismatch";
+  const std::byte* rows = shared_rows ? shared_rows : message + sizeof(Header);
+  if (checksum(rows, row_bytes) != h.checksum) return "payload checksum mismatch";
   return {};
 }
 

@@ -11,8 +11,9 @@ namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // 4: HELLO says why a rank sees no GPU; 5: heartbeat answers; 6: requests carry the coordinator's
-// row indices, empty requests to host-mates, host partials (--combine host)
-constexpr uint16_t kProtocolVersion = 6;
+// row indices, empty requests to host-mates, host partials (--combine host); 7: rows and partials
+// through shared segments on the coordinator's host
+constexpr uint16_t kProtocolVersion = 7;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -22,15 +23,24 @@ enum class Opcode : uint16_t {
                        // owner -> coordinator: the answer (alive, waiting for a request)
   kHostPartial = 5,    // on kTagHostPartial, expert rank -> its host leader (--combine host): its
                        // pre-summed partial rows and their coordinator row indices
+  // An expert rank on the coordinator's host that replies to it directly shares a segment of
+  // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
+  // written there, and the message carries the rest.
+  kSharedRequest = 16,  // a request whose rows are in the segment: the message has its pairs and
+                        // row indices; the checksum is shared_checksum(rows, pairs and indices)
+  kSharedReply = 17,    // a reply whose partial rows are in the segment: a header alone; the
+                        // checksum is that of the rows
 };
 
 // MPI tags: requests and replies never share a tag, so preposted receives match by kind.
 constexpr int kTagRequest = 101;
 constexpr int kTagReply = 102;
-constexpr int kTagControl = 103;      // heartbeats and their answers: a header alone
-constexpr int kTagCollective = 104;   // start-up and report collectives (transport/deadline.h)
-constexpr int kTagHostPartial = 105;  // host-mate -> host leader partials (--combine host)
-constexpr int kTagHostName = 106;     // each rank's host, before the first start-up step
+constexpr int kTagControl = 103;        // heartbeats and their answers: a header alone
+constexpr int kTagCollective = 104;     // start-up and report collectives (transport/deadline.h)
+constexpr int kTagHostPartial = 105;    // host-mate -> host leader partials (--combine host)
+constexpr int kTagHostName = 106;       // each rank's host, before the first start-up step
+constexpr int kTagSharedSegment = 107;  // an expert rank's segment (SharedSegmentOffer), and the
+                                        // coordinator's answer (one byte: 1 = mapped)
 
 struct Header {
   uint32_t magic;
@@ -55,6 +65,18 @@ static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 
 // CRC-32C based (crc32 instruction where the CPU has SSE4.2), ~3x the speed of a multiply hash.
 uint32_t checksum(const std::byte* data, size_t bytes);
+// Of a message whose rows are in a shared segment: the rows' and the message payload's.
+uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,
+                         size_t payload_bytes);
+
+// What an expert rank offers the coordinator on kTagSharedSegment: a memfd of `bytes` the
+// coordinator maps through /proc/<pid>/fd/<fd> (pid -1: none).
+struct SharedSegmentOffer {
+  int32_t pid;
+  int32_t fd;
+  uint64_t bytes;
+};
+static_assert(sizeof(SharedSegmentOffer) == 16, "offers are part of the protocol");
 // The same value computed without the crc32 instruction (a table), for CPUs without SSE4.2 and
 // for the tests that check both agree.
 uint32_t checksum_portable(const std::byte* data, size_t bytes);
@@ -77,6 +99,10 @@ constexpr size_t host_partial_payload_bytes(uint32_t n_rows, int hidden, size_t 
 constexpr size_t reply_payload_bytes(uint32_t n_rows, int hidden, size_t elem_bytes) {
   return size_t(n_rows) * size_t(hidden) * elem_bytes;
 }
+// A kSharedRequest's message payload: the pairs and row indices of request_payload_bytes.
+constexpr size_t shared_request_payload_bytes(uint32_t n_rows, uint32_t n_pairs) {
+  return size_t(n_pairs) * sizeof(Pair) + size_t(n_rows) * sizeof(uint32_t);
+}
 
 // What a valid request must agree with on the receiving expert rank.
 struct RequestCheck {
@@ -87,9 +113,11 @@ struct RequestCheck {
 };
 
 // Validates one request message (header + payload, `bytes` long) and copies its header out.
-// Returns "" when valid (a shutdown carries no payload), else what is wrong with it.
+// Returns "" when valid (a shutdown carries no payload), else what is wrong with it. A
+// kSharedRequest's rows are read from `shared_rows` (null: this rank has no segment, and such a
+// request is invalid).
 std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
-                          Header& header);
+                          Header& header, const std::byte* shared_rows = nullptr);
 
 // What a valid reply must agree with on the coordinator.
 struct ReplyCheck {
@@ -100,8 +128,10 @@ struct ReplyCheck {
   size_t elem_bytes = 4;
 };
 
-// Validates one reply message (header + partial rows). Returns "" when valid, else what is wrong.
-std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check);
+// Validates one reply message (header + partial rows; or, when `shared_rows` is set, a
+// kSharedReply header whose rows are there). Returns "" when valid, else what is wrong.
+std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check,
+                        const std::byte* shared_rows = nullptr);
 
 // What a valid host partial must agree with on the host leader.
 struct HostPartialCheck {

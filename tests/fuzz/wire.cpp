@@ -3,7 +3,8 @@
 // byte chooses: bit 0 recomputes the payload checksum (so mutations reach the checks after it),
 // bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire, bit 3 (with bit 1 clear)
 // checks a host partial as a host leader receives it (wire::check_host_partial; fp32 rows
-// whatever the wire). Limits: hidden
+// whatever the wire), bit 4 gives the receiver a shared segment (8 rows of a fixed pattern) for
+// kSharedRequest / kSharedReply messages. Limits: hidden
 // 4, at most 8 rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted
 // request's rows, pairs and row indices lie inside the message, its pairs are valid and its row
 // indices ascend below 8; so do an accepted host partial's.
@@ -23,9 +24,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::byte> message(size - 1);
   if (!message.empty()) std::memcpy(message.data(), data + 1, message.size());
   const size_t elem_bytes = (flags & 4) ? 2 : 4;
+  std::vector<std::byte> segment;
+  if (flags & 16) {
+    segment.resize(8 * 4 * elem_bytes);
+    for (size_t i = 0; i < segment.size(); ++i) segment[i] = std::byte(i * 37 % 251);
+  }
+  const std::byte* shared_rows = segment.empty() ? nullptr : segment.data();
   if ((flags & 1) && message.size() >= sizeof(wire::Header)) {
-    const uint32_t sum = wire::checksum(message.data() + sizeof(wire::Header),
-                                        message.size() - sizeof(wire::Header));
+    const std::byte* payload = message.data() + sizeof(wire::Header);
+    const size_t payload_bytes = message.size() - sizeof(wire::Header);
+    uint32_t sum = wire::checksum(payload, payload_bytes);
+    if (shared_rows && (flags & 2)) {  // a reply's rows are all in the segment: 2 rows
+      sum = wire::checksum(shared_rows, 2 * 4 * elem_bytes);
+    } else if (shared_rows) {
+      uint32_t n_rows;
+      std::memcpy(&n_rows, message.data() + offsetof(wire::Header, n_rows), sizeof(n_rows));
+      const size_t rows_bytes = size_t(n_rows <= 8 ? n_rows : 8) * 4 * elem_bytes;
+      sum = wire::shared_checksum(shared_rows, rows_bytes, payload, payload_bytes);
+    }
     std::memcpy(message.data() + offsetof(wire::Header, checksum), &sum, sizeof(sum));
   }
   return fuzz::run_one([&] {
@@ -36,9 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check.n_rows = 2;
       check.hidden = 4;
       check.elem_bytes = elem_bytes;
-      const std::string problem = wire::check_reply(message.data(), message.size(), check);
+      const std::string problem =
+          wire::check_reply(message.data(), message.size(), check, shared_rows);
       if (!problem.empty()) throw Error(problem);
-      fuzz_require(message.size() == sizeof(wire::Header) + 2 * 4 * elem_bytes, "exact size");
+      fuzz_require(message.size() == sizeof(wire::Header) + (shared_rows ? 0 : 2 * 4 * elem_bytes),
+                   "exact size");
       return;
     }
     if (flags & 8) {
@@ -75,10 +93,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check.elem_bytes = elem_bytes;
     check.owned = [](int, uint32_t expert) { return expert % 2 == 0; };
     wire::Header h;
-    const std::string problem = wire::check_request(message.data(), message.size(), check, h);
+    const std::string problem =
+        wire::check_request(message.data(), message.size(), check, h, shared_rows);
     if (!problem.empty()) throw Error(problem);
     if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return;
-    const size_t rows_bytes = size_t(h.n_rows) * 4 * elem_bytes;
+    const bool shared = h.opcode == uint16_t(wire::Opcode::kSharedRequest);
+    fuzz_require(!shared || shared_rows, "a shared request only with a segment");
+    const size_t rows_bytes = shared ? 0 : size_t(h.n_rows) * 4 * elem_bytes;
     fuzz_require(h.n_rows <= 8, "rows within the limit");
     fuzz_require(sizeof(wire::Header) + rows_bytes + size_t(h.n_pairs) * sizeof(wire::Pair) +
                          size_t(h.n_rows) * 4 ==

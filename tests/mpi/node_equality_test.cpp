@@ -369,5 +369,44 @@ TEST(NodeWire, Bf16HalvesRowBytesWithinItsErrorBound) {
       double(bytes[1]) / double(bytes[0]), diff, nll[1], nll[0]);
 }
 
+// Rows and partials through the shared segments of the expert ranks on the coordinator's host
+// (every rank here) give the bits of plain MPI messages, on both wires; with them on, the
+// coordinator counts the segment bytes, with them off none.
+TEST(NodeSharedMemory, SegmentsGiveTheBitsOfMessages) {
+  if (world_size() == 1) GTEST_SKIP() << "no exchange in a single process";
+  const Golden g = read_golden("glm5");
+  for (ElemType wire : {ElemType::kF32, ElemType::kBF16}) {
+    std::vector<float> logits[2];
+    uint64_t shared_bytes[2] = {0, 0}, bytes_out[2] = {0, 0};
+    bool coordinator = false;
+    for (int shared = 0; shared < 2; ++shared) {
+      NodeOptions options;
+      options.model_dir = kParityDir / "glm5" / "model";
+      options.max_rows = 64;
+      options.rank_timeout_s = 60;
+      options.wire_type = wire;
+      options.shared_memory = shared == 1;
+      Node node(MPI_COMM_WORLD, options);
+      coordinator = node.is_coordinator();
+      if (!coordinator) {
+        node.serve();
+        continue;
+      }
+      logits[shared] = run_sequence(node.engine(), g);
+      node.shutdown();
+      shared_bytes[shared] = node.profiler().counters().bytes_shared;
+      bytes_out[shared] = node.profiler().counters().bytes_out;
+    }
+    if (!coordinator) continue;
+    SCOPED_TRACE(elem_type_name(wire));
+    ASSERT_FALSE(logits[0].empty());
+    EXPECT_EQ(logits[0], logits[1]);
+    EXPECT_EQ(shared_bytes[0], 0u);
+    EXPECT_GT(shared_bytes[1], 0u);
+    EXPECT_LT(shared_bytes[1], bytes_out[1] + bytes_out[1]);
+    EXPECT_EQ(bytes_out[0], bytes_out[1]);  // the same requests, wherever their rows went
+  }
+}
+
 }  // namespace
 }  // namespace colibri

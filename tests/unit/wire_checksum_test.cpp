@@ -130,5 +130,67 @@ TEST(WireMessages, RowIndicesEmptyRequestsAndHostPartials) {
             std::string::npos);
 }
 
+// Protocol 7: rows in a shared segment. A request's message holds its pairs and row indices and
+// a checksum over those and the segment's rows; a reply is a header whose checksum covers the
+// segment's partial rows. Either is refused by a rank without a segment, and a byte changed in
+// the segment after the checksum was taken is seen.
+TEST(WireMessages, SharedSegmentRequestsAndReplies) {
+  RequestCheck request_check;
+  request_check.expected_sequence = 1;
+  request_check.num_layers = 3;
+  request_check.max_rows = 8;
+  request_check.top_k = 2;
+  request_check.hidden = 2;
+  request_check.num_experts = 4;
+  std::vector<std::byte> segment_rows;
+  const float rows[4] = {1, 2, 3, 4};
+  append(segment_rows, rows, sizeof(rows));
+  std::vector<std::byte> payload;
+  const Pair pairs[2] = {{0, 1, 0.5f}, {1, 2, 0.5f}};
+  append(payload, pairs, sizeof(pairs));
+  const uint32_t indices[2] = {3, 7};
+  append(payload, indices, sizeof(indices));
+  ASSERT_EQ(payload.size(), shared_request_payload_bytes(2, 2));
+  std::vector<std::byte> m = message(Opcode::kSharedRequest, 2, 2, payload);
+  const uint32_t sum =
+      shared_checksum(segment_rows.data(), segment_rows.size(), payload.data(), payload.size());
+  std::memcpy(m.data() + offsetof(Header, checksum), &sum, sizeof(sum));
+  Header h;
+  EXPECT_EQ(check_request(m.data(), m.size(), request_check, h, segment_rows.data()), "");
+  EXPECT_EQ(h.opcode, uint16_t(Opcode::kSharedRequest));
+  EXPECT_NE(check_request(m.data(), m.size(), request_check, h).find("shared segment"),
+            std::string::npos);
+  segment_rows[5] ^= std::byte{0x10};
+  EXPECT_NE(
+      check_request(m.data(), m.size(), request_check, h, segment_rows.data()).find("checksum"),
+      std::string::npos);
+  segment_rows[5] ^= std::byte{0x10};
+  // The same bytes as a plain request (rows in the message) are not a shared request.
+  std::vector<std::byte> plain_payload = segment_rows;
+  append(plain_payload, payload.data(), payload.size());
+  const std::vector<std::byte> plain = message(Opcode::kExpertRequest, 2, 2, plain_payload);
+  EXPECT_EQ(check_request(plain.data(), plain.size(), request_check, h, segment_rows.data()), "");
+
+  ReplyCheck reply_check;
+  reply_check.expected_sequence = 1;
+  reply_check.layer = 1;
+  reply_check.n_rows = 2;
+  reply_check.hidden = 2;
+  std::vector<std::byte> reply = message(Opcode::kSharedReply, 2, 0, {});
+  const uint32_t reply_sum = checksum(segment_rows.data(), segment_rows.size());
+  std::memcpy(reply.data() + offsetof(Header, checksum), &reply_sum, sizeof(reply_sum));
+  EXPECT_EQ(check_reply(reply.data(), reply.size(), reply_check, segment_rows.data()), "");
+  EXPECT_NE(check_reply(reply.data(), reply.size(), reply_check).find("opcode"), std::string::npos);
+  segment_rows[0] ^= std::byte{0x01};
+  EXPECT_NE(
+      check_reply(reply.data(), reply.size(), reply_check, segment_rows.data()).find("checksum"),
+      std::string::npos);
+  // A plain reply where the segment holds the rows: refused.
+  const std::vector<std::byte> plain_reply = message(Opcode::kExpertReply, 2, 0, segment_rows);
+  EXPECT_NE(check_reply(plain_reply.data(), plain_reply.size(), reply_check, segment_rows.data())
+                .find("opcode"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace colibri::wire
