@@ -15,6 +15,7 @@ packages=(
   pkg-config                    # finds the two above, cpp-httplib and libnuma
   libcpp-httplib-dev            # HTTP server of --serve (cpp-httplib 0.11)
   libnuma-dev                   # a rank's NUMA node (layout numa column)
+  libxxhash-dev                 # the wire checksum (XXH3, header only)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
 )
 

@@ -1,91 +1,15 @@
 #include "transport/protocol.h"
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstring>
 
+#include "transport/checksum.h"
+
 namespace colibri::wire {
 
 namespace {
-
-// CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), the one SSE4.2's crc32 instruction
-// computes: a table for CPUs without it, giving the same values.
-struct Crc32cTable {
-  uint32_t t[8][256];
-  Crc32cTable() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ ((c & 1) ? 0x82F63B78u : 0u);
-      t[0][i] = c;
-    }
-    for (int k = 1; k < 8; ++k)
-      for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
-  }
-};
-
-uint32_t crc_words_table(uint32_t crc, const std::byte* p, size_t words) {
-  static const Crc32cTable table;
-  for (size_t w = 0; w < words; ++w, p += 8) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    v ^= crc;
-    crc = table.t[7][v & 0xFF] ^ table.t[6][(v >> 8) & 0xFF] ^ table.t[5][(v >> 16) & 0xFF] ^
-          table.t[4][(v >> 24) & 0xFF] ^ table.t[3][(v >> 32) & 0xFF] ^
-          table.t[2][(v >> 40) & 0xFF] ^ table.t[1][(v >> 48) & 0xFF] ^ table.t[0][v >> 56];
-  }
-  return crc;
-}
-
-uint32_t crc_byte(uint32_t crc, std::byte b) {
-  crc ^= uint32_t(b);
-  for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ ((crc & 1) ? 0x82F63B78u : 0u);
-  return crc;
-}
-
-#if defined(__x86_64__)
-// Three independent streams keep the crc32 unit busy (latency 3, one per cycle).
-__attribute__((target("sse4.2"))) void crc_lanes_hw(uint32_t crc[3], const std::byte* p,
-                                                    size_t words) {
-  uint64_t c0 = crc[0], c1 = crc[1], c2 = crc[2];
-  const std::byte *p0 = p, *p1 = p + 8 * words, *p2 = p + 16 * words;
-  for (size_t w = 0; w < words; ++w) {
-    uint64_t v0, v1, v2;
-    std::memcpy(&v0, p0 + 8 * w, 8);
-    std::memcpy(&v1, p1 + 8 * w, 8);
-    std::memcpy(&v2, p2 + 8 * w, 8);
-    c0 = _mm_crc32_u64(c0, v0);
-    c1 = _mm_crc32_u64(c1, v1);
-    c2 = _mm_crc32_u64(c2, v2);
-  }
-  crc[0] = uint32_t(c0);
-  crc[1] = uint32_t(c1);
-  crc[2] = uint32_t(c2);
-}
-#endif
-
-// The CRC-32C of three equal runs of 8-byte words, the rest (under 24 bytes) added to the third,
-// mixed with the length; hardware crc32 when `hw`, else the table: the same value either way.
-uint32_t checksum_with(const std::byte* data, size_t bytes, bool hw) {
-  const size_t words = bytes / 24;
-  uint32_t crc[3] = {0xFFFFFFFFu, 0x9E3779B9u, 0x7F4A7C15u};
-  if (hw) {
-#if defined(__x86_64__)
-    crc_lanes_hw(crc, data, words);
-#endif
-  } else {
-    for (int l = 0; l < 3; ++l)
-      crc[l] = crc_words_table(crc[l], data + size_t(l) * 8 * words, words);
-  }
-  for (size_t i = 24 * words; i < bytes; ++i) crc[2] = crc_byte(crc[2], data[i]);
-  const uint64_t mixed = (uint64_t(crc[0]) << 32 | crc[1]) * 0x9E3779B97F4A7C15ull ^
-                         (uint64_t(crc[2]) << 32 | uint32_t(bytes)) * 0xC2B2AE3D27D4EB4Full;
-  return uint32_t(mixed ^ (mixed >> 32));
-}
 
 // n row indices (uint32, unaligned), strictly ascending and below max_rows.
 std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows) {
@@ -104,15 +28,18 @@ std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows
 
 uint32_t checksum(const std::byte* data, size_t bytes) {
 #if defined(__x86_64__)
-  static const bool hw = __builtin_cpu_supports("sse4.2");
+  using Fn = uint32_t (*)(const std::byte*, size_t);
+  static const Fn best = __builtin_cpu_supports("avx512f") ? detail::checksum_avx512
+                         : __builtin_cpu_supports("avx2")  ? detail::checksum_avx2
+                                                           : detail::checksum_baseline;
+  return best(data, bytes);
 #else
-  constexpr bool hw = false;
+  return detail::checksum_baseline(data, bytes);
 #endif
-  return checksum_with(data, bytes, hw);
 }
 
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
-  return checksum_with(data, bytes, false);
+  return detail::checksum_scalar(data, bytes);
 }
 
 uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,

@@ -63,7 +63,9 @@ struct Pair {
 };
 static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 
-// CRC-32C based (crc32 instruction where the CPU has SSE4.2), ~3x the speed of a multiply hash.
+// XXH3-64 (xxHash) folded to 32 bits, with the widest vectors the CPU has (AVX-512, AVX2, else
+// the build's): the same value on every CPU. 2.6x the speed of the crc32 instruction on 1.5 MB
+// with AVX-512 (88 against 34 GB/s), 1.8x with AVX2.
 uint32_t checksum(const std::byte* data, size_t bytes);
 // Of a message whose rows are in a shared segment: the rows' and the message payload's.
 uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,
@@ -77,8 +79,8 @@ struct SharedSegmentOffer {
   uint64_t bytes;
 };
 static_assert(sizeof(SharedSegmentOffer) == 16, "offers are part of the protocol");
-// The same value computed without the crc32 instruction (a table), for CPUs without SSE4.2 and
-// for the tests that check both agree.
+// The same value computed without vector instructions, for the tests that check every build
+// agrees with it.
 uint32_t checksum_portable(const std::byte* data, size_t bytes);
 
 // Request payload: rows [n_rows, hidden] in the wire element type (`elem_bytes` each, agreed at

@@ -1,6 +1,6 @@
-// The wire checksum (transport/protocol.h): the crc32-instruction path and the table path give
-// the same value for every length and alignment, and it sees what a transport could get wrong;
-// the checks of requests (row indices, empty requests) and host partials.
+// The wire checksum (transport/protocol.h): every instruction-set build gives the scalar build's
+// value for every length and alignment, and it sees what a transport could get wrong; the
+// checks of requests (row indices, empty requests, shared segments) and host partials.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "transport/checksum.h"
 #include "transport/protocol.h"
 
 namespace colibri::wire {
@@ -21,12 +22,22 @@ std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
   return v;
 }
 
-TEST(WireChecksum, HardwareAndTableAgree) {
-  for (size_t n : {0, 1, 7, 8, 23, 24, 25, 47, 48, 100, 1000, 4096, 49152, 49153})
+TEST(WireChecksum, EveryBuildGivesTheScalarValue) {
+  std::vector<std::pair<const char*, uint32_t (*)(const std::byte*, size_t)>> builds = {
+      {"dispatched", checksum}, {"baseline", detail::checksum_baseline}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2")) builds.push_back({"avx2", detail::checksum_avx2});
+  if (__builtin_cpu_supports("avx512f")) builds.push_back({"avx512", detail::checksum_avx512});
+#endif
+  // XXH3's own size classes: 0, 1-3, 4-8, 9-16, 17-128, 129-240, then stripes of 64 and blocks
+  // of 1024.
+  for (size_t n :
+       {0, 1, 3, 4, 8, 9, 16, 17, 100, 128, 129, 240, 241, 1000, 1024, 4096, 49152, 49153, 1572864})
     for (size_t offset : {0, 1, 3}) {
       const std::vector<std::byte> v = random_bytes(n + offset, uint32_t(n * 7 + offset));
-      EXPECT_EQ(checksum(v.data() + offset, n), checksum_portable(v.data() + offset, n))
-          << n << " bytes at offset " << offset;
+      for (const auto& [name, fn] : builds)
+        EXPECT_EQ(fn(v.data() + offset, n), checksum_portable(v.data() + offset, n))
+            << name << ": " << n << " bytes at offset " << offset;
     }
 }
 

@@ -1,0 +1,11 @@
+// The wire checksum with AVX-512 (compiled with -mavx512f; called only after CPUID).
+#include "transport/checksum.h"
+#include "transport/checksum_xxh3.h"
+
+namespace colibri::wire::detail {
+
+uint32_t checksum_avx512(const std::byte* data, size_t bytes) {
+  return xxh3_folded(data, bytes);
+}
+
+}  // namespace colibri::wire::detail
