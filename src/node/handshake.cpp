@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "node/devices.h"
 #include "node/serialize.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
 #include "transport/protocol.h"
 
@@ -197,6 +198,7 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
   CHECK_MPI(MPI_Query_thread(&hello.thread_level));
   hello.rank_timeout_s = input.rank_timeout_s;
   hello.settings = input.settings;
+  hello.nccl_built = nccl_built();
 
   const int root = 0;
   const auto decide = [&](const std::vector<std::string>& hellos) {
@@ -284,6 +286,18 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
             "layout {}: {} is a gpu-expert (GPU {}) but sees no CUDA device ({}); make it a "
             "cpu-expert or run it where its GPU is visible",
             plan.layout.source, me.name_of(h.rank), spec.gpu, h.gpu_why_none);
+    }
+    // The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two).
+    if (plan.error.empty() && size > 1) {
+      std::vector<TransportRank> ranks;
+      for (const Hello& h : all) {
+        std::string why = h.gpu_why_none;
+        ranks.push_back({h.nccl_built, h.gpus_on_host, why});
+      }
+      const TransportChoice choice = choose_transport(
+          input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
+      plan.error = choice.error;
+      plan.nccl_ranks = choice.nccl_ranks;
     }
     if (plan.error.empty()) {
       const Hello& coordinator = all[size_t(plan.layout.coordinator())];

@@ -25,6 +25,7 @@
 #include "rank/placement.h"
 #include "rank/vram_tier.h"
 #include "transport/transport.h"
+#include "transport/transport_choice.h"
 
 namespace colibri {
 
@@ -37,8 +38,9 @@ struct NodeOptions {
   int max_seqs = 1;    // sequences the engine holds at once
   ElemType wire_type = ElemType::kF32;  // rows and partials between ranks (rank 0's choice)
   bool host_combine = false;  // --combine host: one summed partial per host (MpiTransportOptions)
-  double ram_gb = 0;          // expert rank RAM cache for routed experts; 0 = all resident. The
-                              // layout's ram_gb column overrides it per rank.
+  TransportKind transport = TransportKind::kAuto;  // --transport: to the gpu-expert ranks
+  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
+                       // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double vram_gb = 0;  // gpu-expert ranks: VRAM for routed experts; 0 = the device's free memory.
                        // The layout's vram_gb column overrides it per rank.
