@@ -128,8 +128,6 @@ NcclTransport::NcclTransport(const std::vector<int>& nccl_ranks, const std::stri
       peer_of_[size_t(nccl_ranks[i])] = int(peers_.size());
       peers_.push_back({nccl_ranks[i], int(i), 0, nullptr, 0});
     }
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    slowest_.assign(size_t(size), 0);
     reply_events_.resize(peers_.size());
     for (cudaEvent_t& e : reply_events_)
       CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -349,7 +347,6 @@ void NcclTransport::wait_partials() {
     profiler_.counters().reply_us[peer->rank] += profiler_.now_us() - dispatched_us_;
     replied_.push_back(peer->rank);
   }
-  ++slowest_[size_t(active_.back()->rank)];  // replies are taken in rank order: the last known
   const Peer* last = active_.back();
   const size_t bytes = last->reply_offset + last->share->rows.size() * shape_.hidden * elem_bytes_;
   CHECK_CUDA(cudaMemcpyAsync(reply_host_, reply_dev_, bytes, cudaMemcpyDeviceToHost, stream_));

@@ -8,9 +8,10 @@
 // payload bytes) so that the owner can size its receive, then in one group the payload (rows in
 // the wire type, then the pairs) of every owner. Each owner's reply (its partial rows in the wire
 // type) is received in its own group, in ascending rank, with an event after it: a reply that
-// does not come is named by the first event not reached. The replies land in one device buffer
-// and come to the host in one download; the partials are added there in ascending rank, as
-// MpiTransport adds them (same bits for the same wire type).
+// does not come is named by the first event not reached (the replies complete in rank order, so
+// which one came last is not tracked). The replies land in one device buffer and come to the
+// host in one download; the partials are added there in ascending rank, as MpiTransport adds
+// them (same bits for the same wire type).
 //
 // Staging copies: x and out in host memory go through pinned buffers (one upload, one download);
 // device x is gathered on the device when the wire is fp32 (else downloaded once); the expert
@@ -69,7 +70,6 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
   void finish_combine() override;
   int exchange_rows() const override { return n_rows_; }
   int exchange_hidden() const override { return shape_.hidden; }
-  std::vector<uint64_t> slowest_counts() const override { return slowest_; }
 
   bool receive(ExpertRequest& request) override;
   // partial: fp32, host or device.
@@ -114,7 +114,6 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
   std::vector<Peer*> active_;
   std::vector<cudaEvent_t> reply_events_;  // [peers] after each active peer's reply
   std::vector<int> replied_;               // ranks of this exchange's partials, ascending
-  std::vector<uint64_t> slowest_;          // [world size]
   std::vector<float> row_f32_;             // [hidden]
   std::vector<uint8_t> row_started_;       // [rows]
   float* x_staging_ = nullptr;             // pinned [max_rows, hidden]: device x, bf16 wire
