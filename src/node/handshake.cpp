@@ -276,6 +276,16 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
         plan.error = e.what();
       }
     }
+    // The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two);
+    // before the device check below, so that --transport nccl on a build without it says so.
+    if (plan.error.empty() && size > 1) {
+      std::vector<TransportRank> ranks;
+      for (const Hello& h : all) ranks.push_back({h.nccl_built, h.gpus_on_host, h.gpu_why_none});
+      const TransportChoice choice = choose_transport(
+          input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
+      plan.error = choice.error;
+      plan.nccl_ranks = choice.nccl_ranks;
+    }
     // A gpu-expert rank computes its experts on its GPU: one that sees no device is refused
     // (run it as a cpu-expert instead), not quietly run on its CPU.
     for (const Hello& h : all) {
@@ -286,18 +296,6 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
             "layout {}: {} is a gpu-expert (GPU {}) but sees no CUDA device ({}); make it a "
             "cpu-expert or run it where its GPU is visible",
             plan.layout.source, me.name_of(h.rank), spec.gpu, h.gpu_why_none);
-    }
-    // The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two).
-    if (plan.error.empty() && size > 1) {
-      std::vector<TransportRank> ranks;
-      for (const Hello& h : all) {
-        std::string why = h.gpu_why_none;
-        ranks.push_back({h.nccl_built, h.gpus_on_host, why});
-      }
-      const TransportChoice choice = choose_transport(
-          input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
-      plan.error = choice.error;
-      plan.nccl_ranks = choice.nccl_ranks;
     }
     if (plan.error.empty()) {
       const Hello& coordinator = all[size_t(plan.layout.coordinator())];

@@ -16,11 +16,11 @@ std::unique_ptr<MpiTransport> make_mpi(const ExchangeContext& c) {
                                         c.options);
 }
 
+#ifdef COLIBRI_HAVE_NCCL
 bool in(const std::vector<int>& ranks, int r) {
   return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
 }
 
-#ifdef COLIBRI_HAVE_NCCL
 // Every rank of comm takes the id; those of nccl_ranks join the communicator.
 std::unique_ptr<NcclTransport> make_nccl(const ExchangeContext& c) {
   const std::string id = nccl_unique_id(c.comm, c.coordinator, c.startup);

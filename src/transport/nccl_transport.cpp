@@ -81,6 +81,7 @@ NcclTransport::NcclTransport(const std::vector<int>& nccl_ranks, const std::stri
   max_reply_bytes_ =
       wire::reply_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden, elem_bytes_);
 
+  if (options_.device < 0) fail("the NCCL transport needs a CUDA device for this rank");
   CHECK_CUDA(cudaSetDevice(options_.device));
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));

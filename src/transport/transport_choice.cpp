@@ -38,22 +38,20 @@ TransportChoice choose_transport(TransportKind requested, const Layout& layout,
   std::vector<int> gpu_ranks;
   for (const RankSpec& spec : layout.ranks)
     if (spec.rank == coordinator || spec.role == Role::kGpuExpert) gpu_ranks.push_back(spec.rank);
-  if (layout.ranks[size_t(coordinator)].gpu < 0)
+  for (int r : gpu_ranks)
+    if (why_not.empty() && !ranks[size_t(r)].nccl_built)
+      why_not = fmt::format("{} was built without NCCL (it needs a build with CUDA and NCCL)",
+                            name_of(r));
+  if (why_not.empty() && layout.ranks[size_t(coordinator)].gpu < 0)
     why_not = fmt::format(
         "the coordinator {} has no gpu in layout {} (NCCL runs between the coordinator's GPU and "
         "the gpu-expert ranks)",
         name_of(coordinator), layout.source);
-  else if (gpu_ranks.size() < 2)
+  if (why_not.empty() && gpu_ranks.size() < 2)
     why_not = fmt::format("layout {} has no gpu-expert rank", layout.source);
-  for (int r : gpu_ranks) {
-    if (!why_not.empty()) break;
-    const TransportRank& t = ranks[size_t(r)];
-    if (!t.nccl_built)
-      why_not = fmt::format("{} was built without NCCL (it needs a build with CUDA and NCCL)",
-                            name_of(r));
-    else if (t.gpus == 0)
-      why_not = fmt::format("{} sees no CUDA device ({})", name_of(r), t.why_no_gpu);
-  }
+  for (int r : gpu_ranks)
+    if (why_not.empty() && ranks[size_t(r)].gpus == 0)
+      why_not = fmt::format("{} sees no CUDA device ({})", name_of(r), ranks[size_t(r)].why_no_gpu);
   if (why_not.empty()) {
     choice.nccl = true;
     choice.nccl_ranks = gpu_ranks;

@@ -33,8 +33,8 @@ struct TransportChoice {
 
 // kMpi: MPI for every expert rank. kNccl: NCCL between the coordinator (which needs a gpu in the
 // layout) and the gpu-expert ranks (at least one), each built with NCCL and seeing a device; an
-// error naming the first rank that falls short. kAuto: NCCL when all of that holds, else MPI.
-// `name_of(r)` is "rank r@host".
+// error naming the first rank that falls short (a build without NCCL is named first). kAuto: NCCL
+// when all of that holds, else MPI. `name_of(r)` is "rank r@host".
 TransportChoice choose_transport(TransportKind requested, const Layout& layout,
                                  const std::vector<TransportRank>& ranks,
                                  const std::function<std::string(int)>& name_of);
