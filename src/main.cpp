@@ -69,6 +69,7 @@ struct Args {
   std::string wire = "f32";
   std::string combine = "star";
   std::string shared_memory = "on";
+  std::string transport = "auto";
   std::string activations = "int8";
   std::string experts = "cpu";
   int ngen = 16;
@@ -253,6 +254,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   add("--wire", args.wire, Setting::kJob);
   add("--combine", args.combine, Setting::kJob);
   add("--shared-memory", args.shared_memory, Setting::kJob);
+  add("--transport", args.transport, Setting::kJob);
   add("--activations", args.activations, Setting::kJob);
   add("--placement", args.placement, Setting::kJob);
   add("--layout", layout, Setting::kJob);
@@ -295,6 +297,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.wire_type = colibri::parse_elem_type(args.wire, "--wire");
   args.node.host_combine = args.combine == "host";
   args.node.shared_memory = args.shared_memory == "on";
+  args.node.transport = colibri::parse_transport(args.transport, "--transport");
   args.node.gpu_experts = args.experts == "gpu";
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
@@ -703,6 +706,12 @@ int main(int argc, char** argv) {
   app.add_option("--wire", args.wire,
                  "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)")
       ->capture_default_str();
+  app.add_option("--transport", args.transport,
+                 "between the coordinator and the gpu-expert ranks: mpi, nccl (the coordinator "
+                 "needs a gpu in --layout; cpu-expert ranks stay on MPI) or auto (nccl when "
+                 "built with NCCL and every GPU rank sees a device, else mpi)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "mpi", "nccl"}));
   app.add_option("--combine", args.combine,
                  "star: every expert rank replies to the coordinator; host: the expert ranks of "
                  "each host sum their partials at the lowest of them, which replies once for the "

@@ -34,4 +34,10 @@ void fatal_cuda(cudaError_t status, const char* expr, const char* file, int line
   fatal(file, line, message);
 }
 
+void fatal_nccl(int status, const char* text, const char* expr, const char* file, int line) {
+  char message[1024];
+  std::snprintf(message, sizeof(message), "NCCL error %d (%s) from %s", status, text, expr);
+  fatal(file, line, message);
+}
+
 }  // namespace colibri::cuda

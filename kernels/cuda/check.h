@@ -20,6 +20,10 @@ void set_fatal_handler(FatalHandler handler);
 // Formats a failed CUDA status and the expression that returned it, then calls fatal().
 [[noreturn]] void fatal_cuda(cudaError_t status, const char* expr, const char* file, int line);
 
+// The same for a failed NCCL status (its number and ncclGetErrorString's text).
+[[noreturn]] void fatal_nccl(int status, const char* text, const char* expr, const char* file,
+                             int line);
+
 }  // namespace colibri::cuda
 
 // CHECK_CUDA(cudaMemcpyAsync(...));  aborts the job unless the call returns cudaSuccess.
@@ -32,3 +36,15 @@ void set_fatal_handler(FatalHandler handler);
 
 // CHECK_CUDA_LAUNCH();  after a <<<...>>> launch: catches bad configurations at the launch site.
 #define CHECK_CUDA_LAUNCH() CHECK_CUDA(cudaGetLastError())
+
+// CHECK_NCCL(ncclSend(...));  with nccl.h included: aborts the job unless the call returns
+// ncclSuccess or ncclInProgress (a non-blocking communicator's call still running: the caller
+// polls ncclCommGetAsyncError).
+#define CHECK_NCCL(expr)                                                                     \
+  do {                                                                                       \
+    const ncclResult_t colibri_nccl_status_ = (expr);                                        \
+    if (colibri_nccl_status_ != ncclSuccess && colibri_nccl_status_ != ncclInProgress)       \
+      ::colibri::cuda::fatal_nccl(int(colibri_nccl_status_),                                 \
+                                  ncclGetErrorString(colibri_nccl_status_), #expr, __FILE__, \
+                                  __LINE__);                                                 \
+  } while (0)

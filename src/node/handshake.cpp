@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "node/devices.h"
 #include "node/serialize.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
 #include "transport/protocol.h"
 
@@ -197,6 +198,7 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
   CHECK_MPI(MPI_Query_thread(&hello.thread_level));
   hello.rank_timeout_s = input.rank_timeout_s;
   hello.settings = input.settings;
+  hello.nccl_built = nccl_built();
 
   const int root = 0;
   const auto decide = [&](const std::vector<std::string>& hellos) {
@@ -273,6 +275,16 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
       } catch (const Error& e) {
         plan.error = e.what();
       }
+    }
+    // The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two);
+    // before the device check below, so that --transport nccl on a build without it says so.
+    if (plan.error.empty() && size > 1) {
+      std::vector<TransportRank> ranks;
+      for (const Hello& h : all) ranks.push_back({h.nccl_built, h.gpus_on_host, h.gpu_why_none});
+      const TransportChoice choice = choose_transport(
+          input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
+      plan.error = choice.error;
+      plan.nccl_ranks = choice.nccl_ranks;
     }
     // A gpu-expert rank computes its experts on its GPU: one that sees no device is refused
     // (run it as a cpu-expert instead), not quietly run on its CPU.

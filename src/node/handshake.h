@@ -25,6 +25,7 @@
 #include "model/config.h"
 #include "rank/placement.h"
 #include "transport/deadline.h"
+#include "transport/transport_choice.h"
 
 namespace colibri {
 
@@ -88,11 +89,12 @@ struct Hello {
   int thread_level = 0;       // MPI thread support this rank was given
   double rank_timeout_s = 0;  // its --rank-timeout (the heartbeat is sent often enough for all)
   std::vector<AgreedSetting> settings;
+  bool nccl_built = false;  // this build has the NCCL transport
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(protocol_version, rank, host, error, model_dir, model_hash, weights_fingerprint,
-       gpus_on_host, local_rank, thread_level, rank_timeout_s, settings, gpu_why_none);
+       gpus_on_host, local_rank, thread_level, rank_timeout_s, settings, gpu_why_none, nccl_built);
   }
 };
 
@@ -105,11 +107,13 @@ struct StartupPlan {
   Layout layout;
   PlacementTable placement;
   ElemType wire_type = ElemType::kF32;
-  double heartbeat_s = 0;  // coordinator -> expert ranks while idle; 0: none
+  double heartbeat_s = 0;       // coordinator -> expert ranks while idle; 0: none
+  std::vector<int> nccl_ranks;  // NCCL between these ranks (transport_choice.h); empty: MPI
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(error, reporter, names_reporter, hosts, layout, placement, wire_type, heartbeat_s);
+    ar(error, reporter, names_reporter, hosts, layout, placement, wire_type, heartbeat_s,
+       nccl_ranks);
   }
 };
 
@@ -123,6 +127,7 @@ struct HandshakeInput {
   int local_rank = 0;      // on its host, from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)
   double rank_timeout_s = 300;
   std::vector<AgreedSetting> settings;
+  TransportKind transport = TransportKind::kAuto;  // rank 0's; --transport is compared too
   Deadline deadline;
 };
 

@@ -64,6 +64,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   input.layout_file = options_.layout_file;
   input.placement = options_.placement;
   input.wire_type = options_.wire_type;
+  input.transport = options_.transport;
   input.rank_timeout_s = options_.rank_timeout_s;
   input.settings = options_.settings;
   input.deadline = startup_deadline("start-up (handshake)");
@@ -110,6 +111,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     exchange.options.host_of.push_back(int(first - plan.hosts.begin()));
   }
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
+  exchange.nccl_ranks = plan.nccl_ranks;
+  exchange.startup = startup_deadline("start-up (NCCL communicator)");
   StartupStatus gpu_status;
   const auto refuse = [&](const std::string& message) {
     gpu_status.stop = gpu_status.is_error = true;
@@ -134,13 +137,21 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
     dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
   } else if (is_coordinator()) {
-    dispatcher_ = make_dispatcher(exchange);
+    // The exchange (with NCCL, the communicator) is made by every rank, a failure refused
+    // collectively below.
+    try {
+      if (!exchange.nccl_ranks.empty()) exchange.device = choose_gpu(spec.gpu, me.name_of(rank_));
+      dispatcher_ = make_dispatcher(exchange);
+    } catch (const Error& e) {
+      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+    }
   } else {
     // A gpu-expert rank uploads its experts to its GPU; a failure there (no such device, VRAM)
     // is refused collectively, so that every rank stops and rank 0 can say why.
     if (spec.role == Role::kGpuExpert) {
       try {
         const int device = choose_gpu(spec.gpu, me.name_of(rank_));
+        exchange.device = device;
         expert_backend_ = make_gpu_expert_backend(
             config_, *expert_store_, owned_, device,
             gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"),
@@ -151,7 +162,11 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     } else {
       expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
     }
-    channel_ = make_expert_channel(exchange);
+    try {
+      channel_ = make_expert_channel(exchange);
+    } catch (const Error& e) {
+      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+    }
   }
   const StartupVerdict gpu_verdict =
       agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));

@@ -25,6 +25,7 @@
 #include "rank/placement.h"
 #include "rank/vram_tier.h"
 #include "transport/transport.h"
+#include "transport/transport_choice.h"
 
 namespace colibri {
 
@@ -39,6 +40,7 @@ struct NodeOptions {
   bool host_combine = false;  // --combine host: one summed partial per host (MpiTransportOptions)
   bool shared_memory = true;  // --shared-memory: rows through shared segments on the
                               // coordinator's host (MpiTransportOptions)
+  TransportKind transport = TransportKind::kAuto;  // --transport: to the gpu-expert ranks
   double ram_gb = 0;          // expert rank RAM cache for routed experts; 0 = all resident. The
                               // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)

@@ -1,5 +1,13 @@
 #include "transport/exchange.h"
 
+#include <algorithm>
+
+#include "common/error.h"
+#include "transport/composite_dispatcher.h"
+#ifdef COLIBRI_HAVE_NCCL
+#include "transport/nccl_transport.h"
+#endif
+
 namespace colibri {
 namespace {
 
@@ -8,14 +16,78 @@ std::unique_ptr<MpiTransport> make_mpi(const ExchangeContext& c) {
                                         c.options);
 }
 
+#ifdef COLIBRI_HAVE_NCCL
+bool in(const std::vector<int>& ranks, int r) {
+  return std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+}
+
+// Every rank of comm takes the id; those of nccl_ranks join the communicator.
+std::unique_ptr<NcclTransport> make_nccl(const ExchangeContext& c) {
+  const std::string id = nccl_unique_id(c.comm, c.coordinator, c.startup);
+  int rank = 0;
+  MPI_Comm_rank(c.comm, &rank);
+  if (!in(c.nccl_ranks, rank)) return nullptr;
+  NcclTransportOptions options;
+  options.rank_timeout_s = c.options.rank_timeout_s;
+  options.startup_timeout_s = c.startup.seconds;
+  options.wire_type = c.options.wire_type;
+  options.device = c.device;
+  return std::make_unique<NcclTransport>(c.nccl_ranks, id, *c.placement, c.shape, c.coordinator,
+                                         *c.profiler, options);
+}
+#endif
+
 }  // namespace
 
+bool nccl_built(std::string* why_not) {
+#ifdef COLIBRI_HAVE_NCCL
+  (void)why_not;
+  return true;
+#else
+  if (why_not) *why_not = "this build has no NCCL (configure with CUDA and NCCL found)";
+  return false;
+#endif
+}
+
 std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context) {
-  return make_mpi(context);
+  if (context.nccl_ranks.empty()) return make_mpi(context);
+#ifdef COLIBRI_HAVE_NCCL
+  std::unique_ptr<NcclTransport> nccl = make_nccl(context);
+  // The cpu-expert ranks stay on MPI; one dispatcher over both when there are any.
+  int size = 0;
+  MPI_Comm_size(context.comm, &size);
+  std::vector<int> gpu_ranks, cpu_ranks;
+  for (int r = 0; r < size; ++r) {
+    if (r == context.coordinator) continue;
+    (in(context.nccl_ranks, r) ? gpu_ranks : cpu_ranks).push_back(r);
+  }
+  if (cpu_ranks.empty()) return nccl;
+  ExchangeContext mpi = context;
+  mpi.options.expert_ranks = cpu_ranks;
+  std::vector<CompositeDispatcher::Part> parts;
+  parts.push_back({std::move(nccl), gpu_ranks});
+  parts.push_back({make_mpi(mpi), cpu_ranks});
+  return std::make_unique<CompositeDispatcher>(std::move(parts), context.shape.hidden);
+#else
+  fail("the NCCL transport was chosen, but this build has no NCCL");
+#endif
 }
 
 std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& context) {
-  return make_mpi(context);
+  if (context.nccl_ranks.empty()) return make_mpi(context);
+#ifdef COLIBRI_HAVE_NCCL
+  std::unique_ptr<NcclTransport> nccl = make_nccl(context);
+  if (nccl) return nccl;
+  int size = 0;
+  MPI_Comm_size(context.comm, &size);
+  ExchangeContext mpi = context;
+  for (int r = 0; r < size; ++r)
+    if (r != context.coordinator && !in(context.nccl_ranks, r))
+      mpi.options.expert_ranks.push_back(r);
+  return make_mpi(mpi);
+#else
+  fail("the NCCL transport was chosen, but this build has no NCCL");
+#endif
 }
 
 }  // namespace colibri

@@ -1,13 +1,17 @@
-// The one place that chooses a transport implementation for a rank: MPI today; NCCL for GPU
-// peers (and a composite with MPI for CPU peers) when built with CUDA and NCCL.
+// The one place that chooses a transport implementation for a rank: MPI for every expert rank,
+// or (built with CUDA and NCCL, and chosen at the handshake: transport/transport_choice.h) NCCL
+// between the coordinator and the gpu-expert ranks, composed with MPI for the cpu-expert ranks.
 #pragma once
 
 #include <mpi.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/profile.h"
 #include "rank/placement.h"
+#include "transport/deadline.h"
 #include "transport/mpi_transport.h"
 #include "transport/transport.h"
 
@@ -20,9 +24,18 @@ struct ExchangeContext {
   int coordinator = 0;
   Profiler* profiler = nullptr;
   MpiTransportOptions options;
+  // NCCL between these world ranks (the coordinator and the gpu-expert ranks, ascending); empty:
+  // MPI only. Every rank of comm takes part in making the communicator's id.
+  std::vector<int> nccl_ranks;
+  int device = -1;   // this rank's CUDA device, when it is one of nccl_ranks
+  Deadline startup;  // for the NCCL id and communicator
 };
 
-// The coordinator's dispatcher to every expert rank.
+// Whether this build has the NCCL transport; when not, why (for --transport nccl's error).
+bool nccl_built(std::string* why_not = nullptr);
+
+// The coordinator's dispatcher to every expert rank. Collective over context.comm when
+// nccl_ranks is set (as is make_expert_channel on every other rank).
 std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context);
 // An expert rank's channel from the coordinator.
 std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& context);

@@ -11,13 +11,19 @@ void LocalDispatcher::dispatch(const DispatchPlan& plan, ConstView x) {
     fail("the local dispatcher takes fp32 host rows");
   plan_ = &plan;
   x_ = static_cast<const float*>(x.data);
+  ranks_.clear();
 }
 
 void LocalDispatcher::combine(View out) {
-  auto* sum = static_cast<float*>(out.data);
+  combine_partials(*this, out);
+}
+
+void LocalDispatcher::wait_partials() {
   const size_t h = size_t(hidden_);
-  std::fill(sum, sum + size_t(plan_->n_rows) * h, 0.0f);
-  for (const OwnerShare& share : plan_->owners) {
+  if (partials_.size() < plan_->owners.size()) partials_.resize(plan_->owners.size());
+  ranks_.clear();
+  for (size_t o = 0; o < plan_->owners.size(); ++o) {
+    const OwnerShare& share = plan_->owners[o];
     const size_t n = share.rows.size();
     // Rows 0..n-1 in order (every row routed here, the single-process case) need no gather.
     const bool identity = int(n) == plan_->n_rows && (n == 0 || share.rows.back() == int(n) - 1);
@@ -27,16 +33,30 @@ void LocalDispatcher::combine(View out) {
       for (size_t r = 0; r < n; ++r) std::copy_n(x_ + size_t(share.rows[r]) * h, h, &rows_[r * h]);
       rows = rows_.data();
     }
-    if (partial_.size() < n * h) partial_.resize(n * h);
+    std::vector<float>& partial = partials_[o];
+    if (partial.size() < n * h) partial.resize(n * h);
     ExpertRequest request;
     request.layer = plan_->layer;
     request.n_rows = int(n);
     request.rows = host_f32(rows, n * h);
     request.pairs = share.pairs;
-    backend_.compute(request, partial_.data());
-    for (size_t r = 0; r < n; ++r) {
-      float* dst = sum + size_t(share.rows[r]) * h;
-      const float* src = &partial_[r * h];
+    backend_.compute(request, partial.data());
+    ranks_.push_back(share.rank);
+  }
+}
+
+void LocalDispatcher::add_partial(size_t i, float* sum, std::span<uint8_t> started) {
+  const OwnerShare& share = plan_->owners.at(i);
+  const size_t h = size_t(hidden_);
+  const float* partial = partials_[i].data();
+  for (size_t r = 0; r < share.rows.size(); ++r) {
+    const auto row = size_t(share.rows[r]);
+    float* dst = sum + row * h;
+    const float* src = partial + r * h;
+    if (!started[row]) {
+      for (size_t j = 0; j < h; ++j) dst[j] = 0.0f + src[j];
+      started[row] = 1;
+    } else {
       for (size_t j = 0; j < h; ++j) dst[j] += src[j];
     }
   }

@@ -10,7 +10,7 @@
 
 namespace colibri {
 
-class LocalDispatcher final : public Dispatcher {
+class LocalDispatcher final : public PartialDispatcher {
  public:
   LocalDispatcher(ExpertBackend& backend, int hidden) : backend_(backend), hidden_(hidden) {}
 
@@ -18,12 +18,22 @@ class LocalDispatcher final : public Dispatcher {
   void combine(View out) override;
   void shutdown() override {}
 
+  // The owners' partials are computed here, one owner after the other.
+  void wait_partials() override;
+  std::span<const int> partial_ranks() const override { return ranks_; }
+  void add_partial(size_t i, float* out, std::span<uint8_t> started) override;
+  void finish_combine() override {}
+  int exchange_rows() const override { return plan_ ? plan_->n_rows : 0; }
+  int exchange_hidden() const override { return hidden_; }
+
  private:
   ExpertBackend& backend_;
   int hidden_;
   const DispatchPlan* plan_ = nullptr;
   const float* x_ = nullptr;
-  std::vector<float> rows_, partial_;  // [rows of one owner, hidden]
+  std::vector<float> rows_;                   // [rows of one owner, hidden]
+  std::vector<std::vector<float>> partials_;  // per owner [its rows, hidden]
+  std::vector<int> ranks_;                    // owners whose partials are computed
 };
 
 }  // namespace colibri

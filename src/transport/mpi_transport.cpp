@@ -177,12 +177,17 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
   const auto host_of = [&](int r) {
     return options_.host_of.empty() ? r : options_.host_of.at(size_t(r));
   };
+  const auto served = [&](int r) {
+    if (r == coordinator_) return false;
+    const std::vector<int>& only = options_.expert_ranks;
+    return only.empty() || std::find(only.begin(), only.end(), r) != only.end();
+  };
   // The expert ranks of a rank's host, ascending (empty without host combine or when alone).
   const auto host_group = [&](int r) {
     std::vector<int> group;
     if (!options_.host_combine) return group;
     for (int q = 0; q < size; ++q)
-      if (q != coordinator_ && host_of(q) == host_of(r)) group.push_back(q);
+      if (served(q) && host_of(q) == host_of(r)) group.push_back(q);
     if (group.size() < 2) group.clear();
     return group;
   };
@@ -190,7 +195,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
     owner_peer_.assign(size_t(size), -1);
     slowest_.assign(size_t(size), 0);
     for (int r = 0; r < size; ++r) {
-      if (r == coordinator_) continue;
+      if (!served(r)) continue;
       owner_peer_[size_t(r)] = int(peers_.size());
       Peer& peer = peers_.emplace_back();
       peer.rank = r;
@@ -238,7 +243,7 @@ MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
   // Every expert rank on the coordinator's host that replies to it directly.
   std::vector<bool> sharing(size_t(size), false);
   for (int r = 0; r < size; ++r)
-    sharing[size_t(r)] = options_.shared_memory && r != coordinator_ &&
+    sharing[size_t(r)] = options_.shared_memory && served(r) &&
                          host_of(r) == host_of(coordinator_) && host_group(r).empty();
   share_segments(sharing);
   if (rank_ != coordinator_) {
@@ -532,6 +537,21 @@ void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
 
 void MpiTransport::combine(View out) {
   require_host_f32(out, "the combined partials");
+  wait_partials();
+  {
+    auto scope = profiler_.scope(Phase::kCombine, layer_);
+    auto* sum = static_cast<float*>(out.data);
+    const int hidden = shape_.hidden;
+    row_started_.assign(size_t(n_rows_), 0);
+    for (size_t i = 0; i < repliers_.size(); ++i)  // ascending rank: a fixed summation order
+      add_partial(i, sum, row_started_);
+    for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
+      if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
+  }
+  finish_combine();
+}
+
+void MpiTransport::wait_partials() {
   std::vector<MPI_Request*> requests;
   std::vector<int> ranks;
   std::vector<double> limits;  // a host leader waits for its host-mates first: it names them
@@ -580,36 +600,36 @@ void MpiTransport::combine(View out) {
     if (last >= 0) ++slowest_[size_t(ranks[size_t(last)])];
     for (size_t i = 0; i < repliers_.size(); ++i) validate_reply(*repliers_[i], counts[i]);
   }
+  replier_ranks_ = ranks;
+}
 
-  auto scope = profiler_.scope(Phase::kCombine, layer_);
+void MpiTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started) {
+  const Peer* peer = repliers_.at(i);
   const int hidden = shape_.hidden;
-  auto* sum = static_cast<float*>(out.data);
-  RankReport& counters = profiler_.counters();
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
-  row_started_.assign(size_t(n_rows_), 0);
-  for (const Peer* peer : repliers_) {  // ascending rank: a fixed summation order
-    const std::byte* partial =
-        peer->segment.base ? peer->segment.reply_rows() : peer->recv.data() + kHeaderBytes;
-    const std::vector<int>& rows = peer->reply_rows;
-    for (size_t r = 0; r < rows.size(); ++r) {
-      float* dst = sum + size_t(rows[r]) * hidden;
-      const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
-      if (options_.wire_type != ElemType::kF32) {
-        to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
-               row_f32_.data());
-        src = row_f32_.data();
-      }
-      add_row(dst, src, hidden, !row_started_[size_t(rows[r])]);
-      row_started_[size_t(rows[r])] = 1;
+  const std::byte* partial =
+      peer->segment.base ? peer->segment.reply_rows() : peer->recv.data() + kHeaderBytes;
+  const std::vector<int>& rows = peer->reply_rows;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    float* dst = sum + size_t(rows[r]) * hidden;
+    const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
+    if (options_.wire_type != ElemType::kF32) {
+      to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
+             row_f32_.data());
+      src = row_f32_.data();
     }
-    const size_t reply_bytes =
-        kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
-    counters.bytes_in += reply_bytes;
-    if (peer->segment.base) counters.bytes_shared += reply_bytes - kHeaderBytes;
-    if (peer->remote) counters.bytes_cross_host += reply_bytes;
+    add_row(dst, src, hidden, !started[size_t(rows[r])]);
+    started[size_t(rows[r])] = 1;
   }
-  for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
-    if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
+  const size_t reply_bytes =
+      kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
+  RankReport& counters = profiler_.counters();
+  counters.bytes_in += reply_bytes;
+  if (peer->segment.base) counters.bytes_shared += reply_bytes - kHeaderBytes;
+  if (peer->remote) counters.bytes_cross_host += reply_bytes;
+}
+
+void MpiTransport::finish_combine() {
   std::vector<MPI_Request*> sends;
   std::vector<int> send_ranks;
   for (Peer* peer : active_) {

@@ -51,6 +51,9 @@ struct MpiTransportOptions {
   bool shared_memory = true;
   double setup_timeout_s = 300;  // longest wait for a peer's segment at construction: the ranks
                                  // arrive as their weights load (--startup-timeout)
+  // The expert ranks this transport talks to (beside NCCL for GPU ranks: the CPU expert ranks);
+  // empty: every rank but the coordinator.
+  std::vector<int> expert_ranks;
 };
 
 // One mapping of an expert rank's shared segment: its request rows, then its reply rows, each
@@ -65,7 +68,7 @@ struct SharedSegment {
   void unmap();
 };
 
-class MpiTransport final : public Dispatcher, public ExpertChannel {
+class MpiTransport final : public PartialDispatcher, public ExpertChannel {
  public:
   MpiTransport(MPI_Comm comm, const PlacementTable& placement, const ExchangeShape& shape,
                int coordinator, Profiler& profiler, const MpiTransportOptions& options);
@@ -74,6 +77,12 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   void dispatch(const DispatchPlan& plan, ConstView x) override;
   void combine(View out) override;
   void shutdown() override;
+  void wait_partials() override;
+  std::span<const int> partial_ranks() const override { return replier_ranks_; }
+  void add_partial(size_t i, float* out, std::span<uint8_t> started) override;
+  void finish_combine() override;
+  int exchange_rows() const override { return n_rows_; }
+  int exchange_hidden() const override { return shape_.hidden; }
   bool receive(ExpertRequest& request) override;
   void reply(ConstView partial) override;
 
@@ -140,6 +149,7 @@ class MpiTransport final : public Dispatcher, public ExpertChannel {
   std::vector<uint64_t> slowest_;     // [world size]
   std::vector<Peer*> active_;         // peers of this exchange, ascending rank
   std::vector<Peer*> repliers_;       // those of them that reply to the coordinator
+  std::vector<int> replier_ranks_;    // their ranks, once their partials arrived
   OwnerShare empty_share_;            // a host-mate's share when it has no rows
   std::vector<char> row_marks_;       // [max_rows] scratch: rows of a host's union
   std::vector<float> row_f32_;        // [hidden] one partial row converted from the wire type

@@ -142,4 +142,61 @@ std::string check_host_partial(const std::byte* message, size_t bytes,
                            h.n_rows, check.max_rows);
 }
 
+Header nccl_count_header(Opcode opcode, uint32_t sequence, int layer, uint32_t n_rows,
+                         uint32_t n_pairs, int hidden, size_t elem_bytes, const std::byte* pairs) {
+  const size_t pairs_bytes = size_t(n_pairs) * sizeof(Pair);
+  return {kMagic,
+          kProtocolVersion,
+          uint16_t(opcode),
+          sequence,
+          layer,
+          n_rows,
+          n_pairs,
+          uint32_t(nccl_request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes)),
+          checksum(pairs, pairs ? pairs_bytes : 0)};
+}
+
+std::string check_nccl_count_header(const std::byte* message, size_t bytes,
+                                    const RequestCheck& check, Header& h) {
+  if (bytes != sizeof(Header)) return fmt::format("{} bytes, not a count header", bytes);
+  std::memcpy(&h, message, sizeof(Header));
+  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
+  if (h.version != kProtocolVersion) return fmt::format("protocol version {}", h.version);
+  if (h.sequence != check.expected_sequence)
+    return fmt::format("sequence {} (expected {})", h.sequence, check.expected_sequence);
+  if (h.opcode == uint16_t(Opcode::kShutdown)) {
+    if (h.n_rows != 0 || h.n_pairs != 0 || h.payload_bytes != 0) return "shutdown with a payload";
+    return {};
+  }
+  if (h.opcode != uint16_t(Opcode::kNcclRequest))
+    return fmt::format("opcode {} where a count header was expected", h.opcode);
+  if (h.layer < 0 || h.layer >= check.num_layers)
+    return fmt::format("layer {} out of range", h.layer);
+  if (h.n_rows > uint32_t(check.max_rows))
+    return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
+  if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
+    return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
+  const size_t expected =
+      nccl_request_payload_bytes(h.n_rows, h.n_pairs, check.hidden, check.elem_bytes);
+  if (h.payload_bytes != expected)
+    return fmt::format("payload of {} bytes (expected {})", h.payload_bytes, expected);
+  return {};
+}
+
+std::string check_nccl_pairs(const std::byte* pairs, const Header& h, const RequestCheck& check) {
+  if (checksum(pairs, size_t(h.n_pairs) * sizeof(Pair)) != h.checksum)
+    return "pairs checksum mismatch";
+  for (uint32_t i = 0; i < h.n_pairs; ++i) {
+    Pair pair;
+    std::memcpy(&pair, pairs + size_t(i) * sizeof(Pair), sizeof(Pair));
+    if (pair.row >= h.n_rows || pair.expert >= uint32_t(check.num_experts) ||
+        !std::isfinite(pair.weight))
+      return fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
+                         pair.expert, pair.weight);
+    if (check.owned && !check.owned(h.layer, pair.expert))
+      return fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer);
+  }
+  return {};
+}
+
 }  // namespace colibri::wire

@@ -11,9 +11,10 @@ namespace colibri::wire {
 
 constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // 4: HELLO says why a rank sees no GPU; 5: heartbeat answers; 6: requests carry the coordinator's
-// row indices, empty requests to host-mates, host partials (--combine host); 7: rows and partials
-// through shared segments on the coordinator's host
-constexpr uint16_t kProtocolVersion = 7;
+// row indices, empty requests to host-mates, host partials (--combine host); 7: HELLO says
+// whether NCCL is built, the plan carries the transport, NCCL count headers; 8: rows and
+// partials through shared segments on the coordinator's host
+constexpr uint16_t kProtocolVersion = 8;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -23,6 +24,8 @@ enum class Opcode : uint16_t {
                        // owner -> coordinator: the answer (alive, waiting for a request)
   kHostPartial = 5,    // on kTagHostPartial, expert rank -> its host leader (--combine host): its
                        // pre-summed partial rows and their coordinator row indices
+  kNcclRequest = 6,    // NCCL transport, coordinator -> owner: the count header of a request
+                       // whose payload (nccl_request_payload_bytes) follows in a second message
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.
@@ -129,6 +132,26 @@ struct ReplyCheck {
   int hidden = 0;
   size_t elem_bytes = 4;
 };
+
+// NCCL transport (transport/nccl_transport.h): a receive must be sized before it is posted, so
+// every request is a count header alone (opcode kNcclRequest, or kShutdown with no counts), then
+// the payload: rows [n_rows, hidden] in the wire type, then n_pairs Pairs (no row indices). The
+// header's checksum covers the pairs only (the rows stay in device memory).
+constexpr size_t nccl_request_payload_bytes(uint32_t n_rows, uint32_t n_pairs, int hidden,
+                                            size_t elem_bytes) {
+  return size_t(n_rows) * size_t(hidden) * elem_bytes + size_t(n_pairs) * sizeof(Pair);
+}
+// The count header of a request (kNcclRequest) or of a shutdown (n_rows = n_pairs = 0,
+// `pairs` null).
+Header nccl_count_header(Opcode opcode, uint32_t sequence, int layer, uint32_t n_rows,
+                         uint32_t n_pairs, int hidden, size_t elem_bytes, const std::byte* pairs);
+// Validates a count header (`bytes` long) against the limits in `check` (its `owned` is not used
+// here) and copies it out. Returns "" when valid, else what is wrong with it.
+std::string check_nccl_count_header(const std::byte* message, size_t bytes,
+                                    const RequestCheck& check, Header& header);
+// Validates the pairs that followed a valid count header: checksum, rows, experts, ownership.
+std::string check_nccl_pairs(const std::byte* pairs, const Header& header,
+                             const RequestCheck& check);
 
 // Validates one reply message (header + partial rows; or, when `shared_rows` is set, a
 // kSharedReply header whose rows are there). Returns "" when valid, else what is wrong.

@@ -1,7 +1,7 @@
 // The per-MoE-layer exchange between the coordinator and the expert owners, as two narrow
 // interfaces: the coordinator's Dispatcher (dispatch -> combine) and the expert rank's
 // ExpertChannel (receive -> reply). Implementations: MPI (every peer), the local dispatcher (one
-// process runs its own experts), and later NCCL for GPU peers and a composite of NCCL and MPI.
+// process runs its own experts), NCCL for GPU peers, and a composite of NCCL and MPI.
 //
 // Count phase first: a DispatchPlan, built from the routing and the placement before any payload
 // moves, gives every owner's rows and pairs. MPI carries the counts in each message's header; a
@@ -69,6 +69,29 @@ class Dispatcher {
   // Per world rank, how often its partial arrived last in a layer; empty when not tracked.
   virtual std::vector<uint64_t> slowest_counts() const { return {}; }
 };
+
+// A dispatcher whose combine can be taken apart partial by partial, so that a composite of
+// dispatchers (transport/composite_dispatcher.h) adds the partials of all its parts in one
+// ascending rank order. combine() of such a dispatcher is combine_partials(*this, out).
+class PartialDispatcher : public Dispatcher {
+ public:
+  // Waits (with the deadline) for every partial of the exchange begun by dispatch().
+  virtual void wait_partials() = 0;
+  // The ranks whose partials arrived, ascending: an owner, or a host leader for its host.
+  virtual std::span<const int> partial_ranks() const = 0;
+  // Adds the i-th partial to the rows it covers of out [n_rows, hidden] (fp32, host): out row =
+  // 0 + partial row where started[row] == 0 (then set to 1), else out row += partial row.
+  virtual void add_partial(size_t i, float* out, std::span<uint8_t> started) = 0;
+  // Ends the exchange (sends delivered, buffers free for the next dispatch).
+  virtual void finish_combine() = 0;
+  // Rows and width of the exchange begun by dispatch().
+  virtual int exchange_rows() const = 0;
+  virtual int exchange_hidden() const = 0;
+};
+
+// The combine of a PartialDispatcher: waits, adds every partial in ascending rank order into
+// fp32 host `out` (rows no partial covers are zero), ends the exchange.
+void combine_partials(PartialDispatcher& dispatcher, View out);
 
 // Expert rank side.
 class ExpertChannel {

@@ -3,15 +3,19 @@
 // byte chooses: bit 0 recomputes the payload checksum (so mutations reach the checks after it),
 // bit 1 checks a reply instead of a request, bit 2 uses a bf16 wire, bit 3 (with bit 1 clear)
 // checks a host partial as a host leader receives it (wire::check_host_partial; fp32 rows
-// whatever the wire), bit 4 gives the receiver a shared segment (8 rows of a fixed pattern) for
-// kSharedRequest / kSharedReply messages. Limits: hidden
+// whatever the wire), bit 4 an NCCL count header and the pairs after it (the rows, which stay in
+// device memory, left out; wire::check_nccl_count_header, wire::check_nccl_pairs), bit 5 gives
+// the receiver a shared segment (8 rows of a fixed pattern) for kSharedRequest / kSharedReply
+// messages. Limits: hidden
 // 4, at most 8 rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted
 // request's rows, pairs and row indices lie inside the message, its pairs are valid and its row
 // indices ascend below 8; so do an accepted host partial's.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "fuzz_target.h"
@@ -25,7 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!message.empty()) std::memcpy(message.data(), data + 1, message.size());
   const size_t elem_bytes = (flags & 4) ? 2 : 4;
   std::vector<std::byte> segment;
-  if (flags & 16) {
+  if (flags & 32) {
     segment.resize(8 * 4 * elem_bytes);
     for (size_t i = 0; i < segment.size(); ++i) segment[i] = std::byte(i * 37 % 251);
   }
@@ -45,6 +49,39 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(message.data() + offsetof(wire::Header, checksum), &sum, sizeof(sum));
   }
   return fuzz::run_one([&] {
+    if (flags & 16) {
+      wire::RequestCheck check;
+      check.expected_sequence = 1;
+      check.num_layers = 3;
+      check.max_rows = 8;
+      check.top_k = 2;
+      check.hidden = 4;
+      check.num_experts = 8;
+      check.elem_bytes = elem_bytes;
+      check.owned = [](int, uint32_t expert) { return expert % 2 == 0; };
+      wire::Header h;
+      const size_t header_bytes = std::min(message.size(), sizeof(wire::Header));
+      std::string problem = wire::check_nccl_count_header(message.data(), header_bytes, check, h);
+      if (!problem.empty()) throw Error(problem);
+      if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return;
+      fuzz_require(h.n_rows <= 8 && h.n_pairs <= 16, "counts within the limits");
+      fuzz_require(h.payload_bytes == h.n_rows * 4 * elem_bytes + h.n_pairs * sizeof(wire::Pair),
+                   "payload sized by the counts");
+      // The receive is sized by the header: the pairs are there or the message is not this one.
+      if (message.size() - sizeof(wire::Header) < h.n_pairs * sizeof(wire::Pair))
+        throw Error("pairs missing");
+      problem = wire::check_nccl_pairs(message.data() + sizeof(wire::Header), h, check);
+      if (!problem.empty()) throw Error(problem);
+      for (uint32_t i = 0; i < h.n_pairs; ++i) {
+        wire::Pair pair;
+        std::memcpy(&pair, message.data() + sizeof(wire::Header) + i * sizeof(wire::Pair),
+                    sizeof(pair));
+        fuzz_require(pair.row < h.n_rows && pair.expert < 8 && pair.expert % 2 == 0 &&
+                         std::isfinite(pair.weight),
+                     "valid pair");
+      }
+      return;
+    }
     if (flags & 2) {
       wire::ReplyCheck check;
       check.expected_sequence = 1;

@@ -95,6 +95,17 @@ check "seed: 3 ranks on socket 1" count_is "--cpunodebind=1 --membind=1" 3
 check "seed: no --oversubscribe on 24 cores" lacks --oversubscribe
 check "seed: GPUs counted in PCI bus order" count_is "-x CUDA_DEVICE_ORDER=PCI_BUS_ID " 6
 
+# ---- the seed machine with NCCL: the coordinator on GPU 0, five GPU ranks, one socket rank ------
+dry 24 --hostfile "$hf/seed-6x5090-nccl" --layout "$hf/seed-6x5090-nccl.layout"
+check "seed nccl: 7 app contexts" count_is "-np 1 " 7
+for gpu in 0 1 2 3 4 5; do
+  check "seed nccl: GPU $gpu visible to one rank" count_is "-x CUDA_VISIBLE_DEVICES=$gpu " 1
+done
+coordinator_on_gpu0() { local first=${out%% : *}; [[ $first == *CUDA_VISIBLE_DEVICES=0* ]]; }
+check "seed nccl: the coordinator sees GPU 0" coordinator_on_gpu0
+check "seed nccl: 3 ranks on socket 0" count_is "--cpunodebind=0 --membind=0" 3
+check "seed nccl: 4 ranks on socket 1" count_is "--cpunodebind=1 --membind=1" 4
+
 CUDA_DEVICE_ORDER=FASTEST_FIRST CUDA_VISIBLE_DEVICES=3 dry 24 --layout "$hf/seed-6x5090.layout"
 check "seed: the user's CUDA_DEVICE_ORDER wins" lacks CUDA_DEVICE_ORDER
 check "seed: a warning that CUDA_VISIBLE_DEVICES is replaced" \

@@ -468,6 +468,25 @@ TEST(CommittedLayouts, SeedMachine) {
   double ram_gb = 0;
   for (const RankSpec& spec : numa.ranks) ram_gb += spec.ram_gb;
   EXPECT_LT(ram_gb, 251) << "budgets exceed the machine's RAM";
+
+  // NCCL: the coordinator on GPU 0, gpu-expert ranks on GPUs 1-5, one CPU expert rank; one rank
+  // per GPU (NCCL refuses two).
+  Layout nccl = load_layout(kHostfiles / "seed-6x5090-nccl.layout", 7);
+  EXPECT_EQ(nccl.coordinator(), 0);
+  EXPECT_EQ(nccl.ranks[0].gpu, 0);
+  std::set<int> nccl_devices{nccl.ranks[0].gpu};
+  for (int r = 1; r <= 5; ++r) {
+    EXPECT_EQ(nccl.ranks[size_t(r)].role, Role::kGpuExpert) << r;
+    EXPECT_LE(nccl.ranks[size_t(r)].vram_gb, 32) << r;
+    nccl_devices.insert(nccl.ranks[size_t(r)].gpu);
+  }
+  EXPECT_EQ(nccl_devices, (std::set<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(nccl.ranks[6].role, Role::kCpuExpert);
+  for (RankSpec& spec : nccl.ranks) spec.host = "seed";
+  EXPECT_NO_THROW(check_one_rank_per_gpu(nccl));
+  ram_gb = 0;
+  for (const RankSpec& spec : nccl.ranks) ram_gb += spec.ram_gb;
+  EXPECT_LT(ram_gb, 251) << "budgets exceed the machine's RAM";
 }
 
 }  // namespace

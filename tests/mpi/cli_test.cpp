@@ -289,6 +289,27 @@ TEST(MpiCli, GpuExpertRankWithoutDeviceIsRefused) {
   EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
 }
 
+// --transport nccl where NCCL cannot run (a build without NCCL; with NCCL, a coordinator without a
+// gpu in the layout) is one error naming the rank.
+TEST(MpiCli, TransportNcclThatCannotRunIsRefusedNamingTheRank) {
+  const JobResult r = run_node(2, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                   "--ngen", "2", "--transport", "nccl"});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+#ifdef COLIBRI_HAVE_NCCL
+  const std::string line = "colibri-node: error: --transport nccl: the coordinator rank 0@" +
+                           short_hostname() + " has no gpu in layout default";
+#else
+  const std::string line = "colibri-node: error: --transport nccl: rank 0@" + short_hostname() +
+                           " was built without NCCL";
+#endif
+  EXPECT_NE(r.err.find(line), std::string::npos) << describe(r);
+  size_t errors = 0;
+  for (const std::string& l : lines_of(r.err)) errors += l.rfind("colibri-node: error:", 0) == 0;
+  EXPECT_EQ(errors, 1u) << r.err;
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
 // --experts gpu: a single process's experts on its GPU. Without a visible device it is refused
 // with the reason; under mpirun it is refused too (expert ranks take gpu-expert in --layout).
 TEST(MpiCli, ExpertsOnGpuNeedADeviceAndASingleProcess) {
