@@ -41,8 +41,8 @@ struct NodeOptions {
   bool shared_memory = true;  // --shared-memory: rows through shared segments on the
                               // coordinator's host (MpiTransportOptions)
   TransportKind transport = TransportKind::kAuto;  // --transport: to the gpu-expert ranks
-  double ram_gb = 0;          // expert rank RAM cache for routed experts; 0 = all resident. The
-                              // layout's ram_gb column overrides it per rank.
+  double ram_gb = 0;   // expert rank RAM cache for routed experts; 0 = all resident. The
+                       // layout's ram_gb column overrides it per rank.
   double pin_gb = 0;   // routed experts pinned in RAM at start, never evicted (with ram_gb > 0)
   double vram_gb = 0;  // gpu-expert ranks: VRAM for routed experts; 0 = the device's free memory.
                        // The layout's vram_gb column overrides it per rank.
