@@ -10,7 +10,7 @@
 
 namespace colibri::cuda {
 
-// A cuBLAS handle bound to one stream, fp32 math pedantic (no TF32).
+// A cuBLAS handle bound to one stream (default math: no TF32).
 class Blas {
  public:
   explicit Blas(cudaStream_t stream);
