@@ -18,11 +18,11 @@ unsigned blocks_for(int64_t count) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (count); \
        i += int64_t(gridDim.x) * blockDim.x)
 
-__global__ void embed_kernel(const int* tokens, int64_t n, const uint16_t* table, int64_t hidden,
-                             float* h) {
+__global__ void embed_kernel(const int* tokens, int64_t n, const uint16_t* table_bf16,
+                             const float* table_f32, int64_t hidden, float* h) {
   COLIBRI_GRID_STRIDE(i, n * hidden) {
-    const int64_t t = i / hidden, j = i % hidden;
-    h[i] = __uint_as_float(uint32_t(table[int64_t(tokens[t]) * hidden + j]) << 16);
+    const int64_t at = int64_t(tokens[i / hidden]) * hidden + i % hidden;
+    h[i] = table_bf16 ? __uint_as_float(uint32_t(table_bf16[at]) << 16) : table_f32[at];
   }
 }
 
@@ -38,8 +38,16 @@ __global__ void silu_mul_kernel(float* gate, const float* up, int64_t count) {
   COLIBRI_GRID_STRIDE(i, count) gate[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
-__global__ void to_bf16_kernel(const float* x, int64_t count, uint16_t* y) {
-  COLIBRI_GRID_STRIDE(i, count) y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+__global__ void split_bf16_kernel(const float* x, int64_t count, uint16_t* hi, uint16_t* lo) {
+  COLIBRI_GRID_STRIDE(i, count) {
+    const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+    hi[i] = __bfloat16_as_ushort(h);
+    lo[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i] - __bfloat162float(h)));
+  }
+}
+
+__global__ void add_halves_kernel(const float* wide, int64_t count, float* y) {
+  COLIBRI_GRID_STRIDE(i, count) y[i] = wide[i] + wide[count + i];
 }
 
 __global__ void flag_kernel(const float* x, int64_t count, int* flag) {
@@ -48,10 +56,11 @@ __global__ void flag_kernel(const float* x, int64_t count, int* flag) {
 
 }  // namespace
 
-void embed_bf16(const int* tokens, int64_t n, const uint16_t* table, int64_t hidden, float* h,
-                cudaStream_t stream) {
+void embed(const int* tokens, int64_t n, const uint16_t* table_bf16, const float* table_f32,
+           int64_t hidden, float* h, cudaStream_t stream) {
   if (n <= 0) return;
-  embed_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(tokens, n, table, hidden, h);
+  embed_kernel<<<blocks_for(n * hidden), kThreads, 0, stream>>>(tokens, n, table_bf16, table_f32,
+                                                                hidden, h);
   CHECK_CUDA_LAUNCH();
 }
 
@@ -73,9 +82,15 @@ void silu_mul(float* gate, const float* up, int64_t count, cudaStream_t stream) 
   CHECK_CUDA_LAUNCH();
 }
 
-void to_bf16(const float* x, int64_t count, uint16_t* y, cudaStream_t stream) {
+void split_bf16(const float* x, int64_t count, uint16_t* hi, uint16_t* lo, cudaStream_t stream) {
   if (count <= 0) return;
-  to_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, y);
+  split_bf16_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, hi, lo);
+  CHECK_CUDA_LAUNCH();
+}
+
+void add_halves(const float* wide, int64_t count, float* y, cudaStream_t stream) {
+  if (count <= 0) return;
+  add_halves_kernel<<<blocks_for(count), kThreads, 0, stream>>>(wide, count, y);
   CHECK_CUDA_LAUNCH();
 }
 

@@ -9,17 +9,22 @@
 
 namespace colibri::cuda {
 
-// h[t, :] = widen(table[tokens[t], :]) for t < n; table BF16 [vocab, hidden].
-void embed_bf16(const int* tokens, int64_t n, const uint16_t* table, int64_t hidden, float* h,
-                cudaStream_t stream);
+// h[t, :] = table[tokens[t], :] for t < n; the table [vocab, hidden] is BF16 (widened) when
+// table_bf16 is given, else fp32.
+void embed(const int* tokens, int64_t n, const uint16_t* table_bf16, const float* table_f32,
+           int64_t hidden, float* h, cudaStream_t stream);
 // y[i] += x[i].
 void add(float* y, const float* x, int64_t count, cudaStream_t stream);
 // y[i] += (a[i] + b[i]): the routed partial plus the shared expert, in the CPU's order.
 void add_sum(float* y, const float* a, const float* b, int64_t count, cudaStream_t stream);
 // gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i].
 void silu_mul(float* gate, const float* up, int64_t count, cudaStream_t stream);
-// y[i] = BF16 of x[i], rounded to nearest even.
-void to_bf16(const float* x, int64_t count, uint16_t* y, cudaStream_t stream);
+// hi[i] = BF16 of x[i] (nearest even), lo[i] = BF16 of x[i] - hi[i]: hi + lo keeps 16
+// significant bits of x (relative error at most 2^-17), so a product over BF16 weights can take
+// fp32 activations as two BF16 rows.
+void split_bf16(const float* x, int64_t count, uint16_t* hi, uint16_t* lo, cudaStream_t stream);
+// y[i] = wide[i] + wide[count + i]: the hi and lo halves of a split product summed.
+void add_halves(const float* wide, int64_t count, float* y, cudaStream_t stream);
 // *flag = 1 when some x[i] is NaN or Inf (otherwise *flag is left as it is).
 void flag_non_finite(const float* x, int64_t count, int* flag, cudaStream_t stream);
 

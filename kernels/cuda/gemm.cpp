@@ -53,16 +53,17 @@ void gemm_f32(const Blas& blas, const float* x, int64_t n, const float* w, int64
 
 // Column-major: Y_b^T[m, n] = op(W_b)^T[m, k] · X_b^T[k, n]. A row-major [k, m] W is the
 // column-major [m, k] matrix (op N, ld ldw); a row-major [m, k] W is op T of column-major [k, m].
-void gemm_bf16_batched(const Blas& blas, int64_t batch, int64_t n, int64_t m, int64_t k,
-                       const uint16_t* x, int64_t ldx, int64_t stride_x, const uint16_t* w,
-                       int64_t ldw, int64_t stride_w, bool transpose_w, float* y, int64_t ldy,
-                       int64_t stride_y) {
+void gemm_batched(const Blas& blas, bool bf16, int64_t batch, int64_t n, int64_t m, int64_t k,
+                  const void* x, int64_t ldx, int64_t stride_x, const void* w, int64_t ldw,
+                  int64_t stride_w, bool transpose_w, float* y, int64_t ldy, int64_t stride_y) {
   if (batch <= 0 || n <= 0 || m <= 0) return;
   const float one = 1.0f, zero = 0.0f;
+  const cudaDataType type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
   CHECK_CUBLAS(cublasGemmStridedBatchedEx(
       blas.handle(), transpose_w ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(m), int(n), int(k),
-      &one, w, CUDA_R_16BF, int(ldw), stride_w, x, CUDA_R_16BF, int(ldx), stride_x, &zero, y,
-      CUDA_R_32F, int(ldy), stride_y, int(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      &one, w, type, int(ldw), stride_w, x, type, int(ldx), stride_x, &zero, y, CUDA_R_32F,
+      int(ldy), stride_y, int(batch), bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_PEDANTIC,
+      CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace colibri::cuda

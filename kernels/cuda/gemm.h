@@ -33,11 +33,10 @@ void gemm_f32(const Blas& blas, const float* x, int64_t n, const float* w, int64
 
 // For b < batch: Y_b[n, m] (row stride ldy, base y + b * stride_y) = X_b[n, k] (row stride ldx,
 // base x + b * stride_x) · op(W_b), where W_b is row-major at w + b * stride_w with row stride
-// ldw: [k, m] when !transpose_w, [m, k] when transpose_w. X, W BF16; Y fp32. The per-head
-// products of MLA's absorbed form.
-void gemm_bf16_batched(const Blas& blas, int64_t batch, int64_t n, int64_t m, int64_t k,
-                       const uint16_t* x, int64_t ldx, int64_t stride_x, const uint16_t* w,
-                       int64_t ldw, int64_t stride_w, bool transpose_w, float* y, int64_t ldy,
-                       int64_t stride_y);
+// ldw: [k, m] when !transpose_w, [m, k] when transpose_w. X and W both BF16 (bf16 true) or both
+// fp32 (no TF32); Y fp32. The per-head products of MLA's absorbed form.
+void gemm_batched(const Blas& blas, bool bf16, int64_t batch, int64_t n, int64_t m, int64_t k,
+                  const void* x, int64_t ldx, int64_t stride_x, const void* w, int64_t ldw,
+                  int64_t stride_w, bool transpose_w, float* y, int64_t ldy, int64_t stride_y);
 
 }  // namespace colibri::cuda

@@ -1,5 +1,3 @@
-#include <cuda_bf16.h>
-
 #include "cuda/check.h"
 #include "cuda/mla_attention.cuh"
 
@@ -85,11 +83,11 @@ __global__ void __launch_bounds__(kThreads) mla_attend_kernel(const MlaAttend a)
     weight[w] = m_shared[w] == -INFINITY ? 0.0f : expf(m_shared[w] - m_all);
     l_all += l_shared[w] * weight[w];
   }
-  uint16_t* out = a.out + (t * a.heads + head) * r;
+  float* out = a.out + (t * a.heads + head) * r;
   for (int j = int(threadIdx.x); j < r; j += kThreads) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w) o += acc_shared[w][j] * weight[w];
-    out[j] = __bfloat16_as_ushort(__float2bfloat16_rn(o / l_all));
+    out[j] = o / l_all;
   }
 }
 

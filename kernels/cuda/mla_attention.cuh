@@ -31,8 +31,8 @@ struct MlaAttend {
   int topk = 0;
   int64_t n = 0;
   int heads = 0, r = 0, dr = 0, dq = 0, dn = 0;
-  float scale = 0;          // softmax scale (config.softmax_scale())
-  uint16_t* out = nullptr;  // [n, heads, r] BF16: o_latent = sum_i p_i latent_i
+  float scale = 0;       // softmax scale (config.softmax_scale())
+  float* out = nullptr;  // [n, heads, r] o_latent = sum_i p_i latent_i
 };
 
 // One block per (head, row): scores scale * (q_abs · latent + q_rope · k_rope) in fp32, an online

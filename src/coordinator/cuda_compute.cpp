@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/buffer.h"
+#include "common/dtype.h"
 #include "common/error.h"
 #include "coordinator/rope.h"
 #include "cuda/check.h"
@@ -18,14 +20,18 @@ namespace colibri {
 
 namespace {
 
+// A product weight [rows, cols] on the device: BF16, or fp32 when the values loaded are not all
+// BF16 values (an fp32 checkpoint: kept exact, products in fp32 without TF32).
 struct DeviceMatrix {
-  const uint16_t* bf16 = nullptr;  // [rows, cols]
+  const uint16_t* bf16 = nullptr;
+  const float* f32 = nullptr;
   int64_t rows = 0, cols = 0;
+  bool empty() const { return !bf16 && !f32; }
 };
 
 struct DeviceMlp {
   DeviceMatrix gate, up, down;
-  bool empty() const { return gate.bf16 == nullptr; }
+  bool empty() const { return gate.empty(); }
 };
 
 struct DeviceLayer {
@@ -48,19 +54,21 @@ struct CudaCompute::Impl {
   std::vector<void*> allocations;
   uint64_t* bytes = nullptr;
   std::unique_ptr<cuda::Blas> blas;
-  const uint16_t* embed = nullptr;
+  DeviceMatrix embed;
   const float* final_norm = nullptr;
   DeviceMatrix lm_head;
   std::vector<DeviceLayer> layers;
   const float* inv_freq = nullptr;
   float attention_factor = 1.0f;
-  int64_t max_cols = 0;  // widest input of any BF16 product
+  int64_t max_cols = 0;  // widest input of any product
+  int64_t max_out = 0;   // widest output of any product
 
   // Scratch, [max_rows, ...].
   float *h = nullptr, *normed = nullptr, *delta = nullptr, *shared = nullptr;
-  uint16_t* act = nullptr;  // BF16 copy of a product's input [max_rows, max_cols]
+  uint16_t* act = nullptr;  // a product's input split in BF16 hi, lo [2, max_rows, max_cols]
+  float* wide = nullptr;    // the split product's halves [2, max_rows, max_out]
   float *q = nullptr, *q_lora = nullptr, *kv_a = nullptr, *q_abs = nullptr, *heads_out = nullptr;
-  uint16_t* o_latent = nullptr;
+  float* o_latent = nullptr;
   float *index_q = nullptr, *index_k = nullptr, *index_w = nullptr;
   int *selected = nullptr, *selected_count = nullptr;
   float *gate = nullptr, *up = nullptr;
@@ -101,10 +109,21 @@ struct CudaCompute::Impl {
     CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     return p;
   }
+  // BF16 when that is exact or the weight is not fp32 (BF16, FP8 and container weights are
+  // converted: keeping int8 rows with their scales on the GPU is future work); else fp32.
   DeviceMatrix upload(const Matrix& w) {
     if (w.empty()) return {};
     max_cols = std::max(max_cols, w.cols);
-    return {upload(matrix_to_bf16(w)), w.rows, w.cols};
+    max_out = std::max(max_out, w.rows);
+    DeviceMatrix m{nullptr, nullptr, w.rows, w.cols};
+    const bool exact_bf16 = std::all_of(w.data.begin(), w.data.end(), [](float v) {
+      return bf16_to_f32(f32_to_bf16(v)) == v || std::isnan(v);
+    });
+    if (!w.data.empty() && !exact_bf16)
+      m.f32 = upload(w.data);
+    else
+      m.bf16 = upload(matrix_to_bf16(w));
+    return m;
   }
   DeviceMlp upload(const MlpWeights& w) {
     if (w.empty()) return {};
@@ -123,10 +142,33 @@ struct CudaCompute::Impl {
     return {upload(w.gate), upload(w.up), upload(w.down)};
   }
 
-  // y[n, rows] = x[n, cols] · W^T through BF16 operands.
+  // y[n, rows] = x[n, cols] · W^T. BF16 weights take x as two BF16 rows (hi, lo) in one product
+  // whose halves are summed: the weights are read once and x keeps 16 significant bits.
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
-    cuda::to_bf16(x, n * w.cols, act, stream);
-    cuda::gemm_bf16(*blas, act, n, w.bf16, w.rows, w.cols, y);
+    if (w.f32) {
+      cuda::gemm_f32(*blas, x, n, w.f32, w.rows, w.cols, y);
+      return;
+    }
+    cuda::split_bf16(x, n * w.cols, act, act + n * w.cols, stream);
+    cuda::gemm_bf16(*blas, act, 2 * n, w.bf16, w.rows, w.cols, wide);
+    cuda::add_halves(wide, n * w.rows, y, stream);
+  }
+  // Per head h < heads: y[t, h, :m] = x[t, h, :k] · op(W_h), W_h the rows of kv_b_proj from
+  // row0 + h * head_rows ([k, m], or [m, k] read transposed). x [n, heads, ldx / heads] and
+  // y [n, heads, ldy / heads]; BF16 weights take x split as in linear().
+  void heads_product(const DeviceMatrix& kv_b, int64_t row0, int64_t head_rows, bool transpose,
+                     int64_t heads, int64_t n, int64_t m, int64_t k, const float* x, int64_t ldx,
+                     float* y, int64_t ldy, cudaStream_t stream) {
+    const int64_t ldw = kv_b.cols, stride_x = ldx / heads, stride_y = ldy / heads;
+    if (kv_b.f32) {
+      cuda::gemm_batched(*blas, false, heads, n, m, k, x, ldx, stride_x, kv_b.f32 + row0 * ldw, ldw,
+                         head_rows * ldw, transpose, y, ldy, stride_y);
+      return;
+    }
+    cuda::split_bf16(x, n * ldx, act, act + n * ldx, stream);
+    cuda::gemm_batched(*blas, true, heads, 2 * n, m, k, act, ldx, stride_x, kv_b.bf16 + row0 * ldw,
+                       ldw, head_rows * ldw, transpose, wide, ldy, stride_y);
+    cuda::add_halves(wide, n * ldy, y, stream);
   }
   // y = down(silu(gate x) * up x).
   void mlp(const DeviceMlp& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
@@ -154,7 +196,7 @@ CudaCompute::CudaCompute(const ModelConfig& config, const ModelWeights& weights,
   d.blas = std::make_unique<cuda::Blas>(stream_);
 
   // Weights: BF16 products, fp32 norms, biases and routers.
-  d.embed = d.upload(weights.embed).bf16;  // the table as BF16 (fp32 as loaded)
+  d.embed = d.upload(weights.embed);  // BF16 when exact (a BF16 checkpoint), else fp32
   d.final_norm = d.upload(weights.final_norm);
   d.lm_head = d.upload(weights.lm_head);
   const Rope rope(c.rope, c.qk_rope_head_dim);
@@ -203,17 +245,21 @@ CudaCompute::CudaCompute(const ModelConfig& config, const ModelWeights& weights,
   // Scratch for max_rows rows.
   const size_t n = size_t(max_rows), hidden = size_t(c.hidden_size);
   const size_t heads = size_t(c.num_heads), r = size_t(c.kv_lora_rank);
-  d.max_cols = std::max({d.max_cols, int64_t(c.num_heads) * c.qk_head_dim(), max_inter});
+  d.max_cols = std::max({d.max_cols, int64_t(c.num_heads) * c.qk_head_dim(),
+                         int64_t(c.num_heads) * c.kv_lora_rank, max_inter});
+  d.max_out = std::max(
+      {d.max_out, int64_t(c.num_heads) * c.kv_lora_rank, int64_t(c.num_heads) * c.v_head_dim});
   d.h = d.alloc<float>(n * hidden);
   d.normed = d.alloc<float>(n * hidden);
   d.delta = d.alloc<float>(n * hidden);
   d.shared = d.alloc<float>(n * hidden);
-  d.act = d.alloc<uint16_t>(n * size_t(d.max_cols));
+  d.act = d.alloc<uint16_t>(2 * n * size_t(d.max_cols));
+  d.wide = d.alloc<float>(2 * n * size_t(d.max_out));
   d.q = d.alloc<float>(n * heads * size_t(c.qk_head_dim()));
   d.q_lora = d.alloc<float>(n * size_t(std::max(c.q_lora_rank, 1)));
   d.kv_a = d.alloc<float>(n * (r + size_t(c.qk_rope_head_dim)));
   d.q_abs = d.alloc<float>(n * heads * r);
-  d.o_latent = d.alloc<uint16_t>(n * heads * r);
+  d.o_latent = d.alloc<float>(n * heads * r);
   d.heads_out = d.alloc<float>(n * heads * size_t(c.v_head_dim));
   if (c.has_indexer()) {
     d.index_q = d.alloc<float>(n * size_t(c.index_n_heads) * size_t(c.index_head_dim));
@@ -286,7 +332,7 @@ void CudaCompute::begin(const Batch& batch) {
   }
   CHECK_CUDA(cudaMemsetAsync(d.selected_count, 0, size_t(n) * sizeof(int), stream_));
   CHECK_CUDA(cudaMemsetAsync(d.flags, 0, 2 * size_t(config_.num_layers) * sizeof(int), stream_));
-  cuda::embed_bf16(d.tokens, n, d.embed, config_.hidden_size, d.h, stream_);
+  cuda::embed(d.tokens, n, d.embed.bf16, d.embed.f32, config_.hidden_size, d.h, stream_);
 }
 
 void CudaCompute::attention(int l) {
@@ -351,10 +397,9 @@ void CudaCompute::attention(int l) {
   }
 
   // Absorbed attention: q_abs = W_UK^T q_nope per head, attend over the latents, W_UV o_latent.
-  const int64_t head_rows = int64_t(dn + dv) * r;  // one head's rows of kv_b_proj
-  cuda::to_bf16(d.q, int64_t(n) * heads * dq, d.act, stream_);
-  cuda::gemm_bf16_batched(*d.blas, heads, n, r, dn, d.act, int64_t(heads) * dq, dq, w.kv_b.bf16, r,
-                          head_rows, false, d.q_abs, int64_t(heads) * r, r);
+  const int64_t head_rows = dn + dv;  // one head's rows of kv_b_proj: W_UK [dn, r], W_UV [dv, r]
+  d.heads_product(w.kv_b, 0, head_rows, false, heads, n, r, dn, d.q, int64_t(heads) * dq, d.q_abs,
+                  int64_t(heads) * r, stream_);
   cuda::MlaAttend a;
   a.q_abs = d.q_abs;
   a.q = d.q;
@@ -375,9 +420,8 @@ void CudaCompute::attention(int l) {
   a.scale = c.softmax_scale();
   a.out = d.o_latent;
   cuda::mla_attend(a, stream_);
-  cuda::gemm_bf16_batched(*d.blas, heads, n, dv, r, d.o_latent, int64_t(heads) * r, r,
-                          w.kv_b.bf16 + int64_t(dn) * r, r, head_rows, true, d.heads_out,
-                          int64_t(heads) * dv, dv);
+  d.heads_product(w.kv_b, dn, head_rows, true, heads, n, dv, r, d.o_latent, int64_t(heads) * r,
+                  d.heads_out, int64_t(heads) * dv, stream_);
   d.linear(w.o_proj, d.heads_out, n, d.delta, stream_);
 
   cuda::add(d.h, d.delta, int64_t(n) * hidden, stream_);

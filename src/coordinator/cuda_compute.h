@@ -1,8 +1,12 @@
 // The coordinator's per-layer compute on one CUDA device: the residual stream, every dense
-// weight (BF16; routers fp32) and the KV blocks of every sequence live in VRAM. The block table
-// of each call is packed on the host (gpu_staging.h) and uploaded with the rows' tokens and
-// positions. Matrix products go through cuBLAS (BF16 operands, fp32 accumulation), the rest
-// through kernels/cuda. Once per MoE layer the normed rows are downloaded for the Dispatcher and
+// weight and the KV blocks of every sequence live in VRAM. Product weights are BF16 (BF16 as
+// stored; FP8 and container int8/int4 converted at upload), or fp32 where the loaded values are
+// not all BF16 values (an fp32 checkpoint); norms and routers are fp32. The block table of each
+// call is packed on the host (gpu_staging.h) and uploaded with the rows' tokens and positions.
+// Matrix products go through cuBLAS with fp32 accumulation: BF16 weights take the fp32
+// activations as a BF16 hi + lo pair in one product (16 significant bits; the weights are read
+// once), fp32 weights run in fp32 without TF32. The rest runs in kernels/cuda, in fp32.
+// Once per MoE layer the normed rows are downloaded for the Dispatcher and
 // the combined partial uploaded (host views: the NCCL transport will take the device rows,
 // Device::kCuda, instead). Logits are downloaded; sampling stays on the host. Non-finite values
 // in the residual stream are flagged on the device and reported, by layer, when the call ends.
