@@ -291,6 +291,7 @@ CudaCompute::~CudaCompute() {
 }
 
 void CudaCompute::begin(const Batch& batch) {
+  CHECK_CUDA(cudaSetDevice(device_));  // the calling thread's device (--serve calls from others)
   Impl& d = *impl_;
   batch_ = &batch;
   table_ = pack_block_table(batch, kv_);
