@@ -214,6 +214,8 @@ if [[ -n $bin ]]; then
     summary_line=$(grep -E '^\[  (PASSED|FAILED) +\]' "$log" | head -2 | tr '\n' ' ')
     if ((rc == 124 || rc == 137)); then
       verdict FAIL "$t: timed out after ${limit}s"
+    elif grep -q 'error while loading shared libraries' "$log"; then
+      verdict FAIL "$t: does not start: $(grep -m1 -o 'error while loading shared libraries.*' "$log")"
     elif grep -q '^\[  SKIPPED \]' "$log"; then
       verdict FAIL "$t: skipped on the GPU machine: $(grep -m1 -o 'no CUDA device.*' "$log")"
     elif ((rc == 0)) && grep -q '^\[  PASSED  \]' "$log"; then
