@@ -25,11 +25,13 @@
 #      working tree's 37 MiB count against).
 #   2. With the device tool, once:
 #        run(command="bash launch/gpu-check.sh", carry=["gpu-carry.tar.gz"], timeout_s=360)
-#      Expected to take 1-2 minutes on an H200; every step has its own timeout inside a 330 s
+#      Expected to take 2-4 minutes on an H200 (the coordinator bench writes and loads a 3.75 GB
+#      slice: about a minute); every step has its own timeout inside a 330 s
 #      budget (GPU_CHECK_BUDGET_S), so even the worst case plus the machine's start (1-2 min)
 #      leaves room for one rerun in the 15 minutes of device time. Call give_back after.
 #      The results come back under $OUT: gpu-check-<stamp>.txt (everything),
 #      gpu-check-summary-<stamp>.txt (one PASS/FAIL/SKIP line per check), gpu-bench-<stamp>.jsonl,
+#      gpu-coordinator-bench-<stamp>.jsonl,
 #      and each test binary's XML.
 #   3. Copy the results file into bench/RESULTS.md with the date and device.
 #
@@ -265,7 +267,7 @@ fi
 # The coordinator on the GPU: decode step on a GLM-5.2-shaped slice (1 dense + 2 MoE layers, 64
 # routed experts int4 on the CPU, vocab 16384), GPU coordinator vs CPU coordinator at context 128,
 # and the GPU coordinator alone at context 4096 (past the indexer's top-k 2048) against copy
-# bandwidth. Needs the carried binaries (colibri_core).
+# bandwidth. Needs the carried binaries (colibri_core). The slice is 3.75 GB, written in ~10 s.
 if [[ -n $bin && $backend_test == yes ]]; then
   slice=/tmp/colibri-glm52-slice
   coord_json=$results/gpu-coordinator-bench-$stamp.jsonl
