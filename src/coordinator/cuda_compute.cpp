@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/buffer.h"
-#include "common/dtype.h"
 #include "common/error.h"
 #include "coordinator/rope.h"
 #include "cuda/check.h"
@@ -116,10 +114,7 @@ struct CudaCompute::Impl {
     max_cols = std::max(max_cols, w.cols);
     max_out = std::max(max_out, w.rows);
     DeviceMatrix m{nullptr, nullptr, w.rows, w.cols};
-    const bool exact_bf16 = std::all_of(w.data.begin(), w.data.end(), [](float v) {
-      return bf16_to_f32(f32_to_bf16(v)) == v || std::isnan(v);
-    });
-    if (!w.data.empty() && !exact_bf16)
+    if (keeps_fp32_on_device(w))
       m.f32 = upload(w.data);
     else
       m.bf16 = upload(matrix_to_bf16(w));

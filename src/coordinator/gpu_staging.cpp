@@ -1,6 +1,7 @@
 #include "coordinator/gpu_staging.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/buffer.h"
 #include "common/dtype.h"
@@ -33,6 +34,11 @@ std::vector<uint16_t> matrix_to_bf16(const Matrix& w) {
     fail("an empty matrix has no BF16 form");
   }
   return out;
+}
+
+bool keeps_fp32_on_device(const Matrix& w) {
+  return std::any_of(w.data.begin(), w.data.end(),
+                     [](float v) { return bf16_to_f32(f32_to_bf16(v)) != v && !std::isnan(v); });
 }
 
 BlockTable pack_block_table(const Batch& batch, const KvManager& kv) {

@@ -17,6 +17,11 @@ namespace colibri {
 // int8 rows with their scales on the GPU is future work.
 std::vector<uint16_t> matrix_to_bf16(const Matrix& w);
 
+// Whether W goes to the device in fp32: it is held in fp32 and some value is not a BF16 value (an
+// fp32 checkpoint). Otherwise the device holds it as BF16 (exactly, for fp32 values that are
+// BF16 values, as a BF16 checkpoint loaded in fp32 has).
+bool keeps_fp32_on_device(const Matrix& w);
+
 // The KV slots of a batch for a device: the block ids of each sequence in the batch, one table
 // row per sequence ([seqs, max_blocks], -1 past its blocks), and per batch row its table row,
 // position and slot. Key position p of row t is in slot

@@ -3,6 +3,7 @@
 // stored form convert to the BF16 of their values. Runs without a GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -116,6 +117,23 @@ TEST(MatrixToBf16, ContainerInt8AndInt4) {
     const std::vector<uint16_t> bf16 = matrix_to_bf16(w);
     for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(bf16[i], f32_to_bf16(dequantized[i]));
   }
+}
+
+TEST(KeepsFp32OnDevice, OnlyFp32ValuesThatAreNotBf16) {
+  Matrix w;
+  w.rows = 2;
+  w.cols = 8;
+  w.data = random_values(16, 3);
+  EXPECT_TRUE(keeps_fp32_on_device(w));  // random fp32: not BF16 values
+  for (float& v : w.data) v = bf16_to_f32(f32_to_bf16(v));
+  EXPECT_FALSE(keeps_fp32_on_device(w));  // a BF16 checkpoint loaded in fp32
+  w.data[5] = std::nextafter(w.data[5], 10.0f);
+  EXPECT_TRUE(keeps_fp32_on_device(w));  // one value off the BF16 grid
+  Matrix stored;
+  stored.rows = 2;
+  stored.cols = 8;
+  stored.bf16.assign(16, f32_to_bf16(1.5f));
+  EXPECT_FALSE(keeps_fp32_on_device(stored));
 }
 
 TEST(MatrixToBf16, EmptyIsAnError) {
