@@ -7,6 +7,10 @@
 # and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's shape, batch 1/8/16,
 # against device-to-device copy bandwidth measured in the same run; one expert's upload from
 # pinned memory alone and under the batch-1 kernels, which measures the miss rule's PCIe rate).
+# Then the CUDA coordinator: its kernels against their CPU oracles, the engine with the GPU
+# coordinator against the CPU engine on every parity model (logits within 2e-2, greedy tokens
+# equal, two sequences per batch), and the decode step on a GLM-5.2-shaped slice against the
+# CPU coordinator, with HBM bytes per step as a fraction of copy bandwidth.
 # Writes one results file (plus a summary, the benchmark's JSON lines and the tests' XML) to
 # $OUT when set, else bench/gpu-results/. Idempotent: builds, if it must, in a fresh /tmp folder.
 #
@@ -21,11 +25,13 @@
 #      working tree's 37 MiB count against).
 #   2. With the device tool, once:
 #        run(command="bash launch/gpu-check.sh", carry=["gpu-carry.tar.gz"], timeout_s=360)
-#      Expected to take 1-2 minutes on an H200; every step has its own timeout inside a 330 s
+#      Expected to take 2-4 minutes on an H200 (the coordinator bench writes and loads a 3.75 GB
+#      slice: about a minute); every step has its own timeout inside a 330 s
 #      budget (GPU_CHECK_BUDGET_S), so even the worst case plus the machine's start (1-2 min)
 #      leaves room for one rerun in the 15 minutes of device time. Call give_back after.
 #      The results come back under $OUT: gpu-check-<stamp>.txt (everything),
 #      gpu-check-summary-<stamp>.txt (one PASS/FAIL/SKIP line per check), gpu-bench-<stamp>.jsonl,
+#      gpu-coordinator-bench-<stamp>.jsonl,
 #      and each test binary's XML.
 #   3. Copy the results file into bench/RESULTS.md with the date and device.
 #
@@ -43,8 +49,11 @@ carry=$root/gpu-carry
 # MPI, which this GPU machine does not have, and it needs 2+ GPUs (it skips with "needs N GPUs,
 # found M" on fewer). Run it on a machine with 2+ GPUs and Open MPI:
 #   ctest --test-dir build -R gpu_nccl_transport --output-on-failure
-gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test)
-binaries=("${gpu_tests[@]}" gpu_expert_bench)
+gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test
+  cuda_coordinator_test)
+# Need colibri_core's libraries: run only from the carried binaries.
+core_tests=(cuda_expert_backend_test cuda_coordinator_test)
+binaries=("${gpu_tests[@]}" gpu_expert_bench gpu_coordinator_bench colibri-gen-bench-model)
 
 # ---- staging, on the development machine -------------------------------------------------------
 stage() {
@@ -65,13 +74,15 @@ stage() {
     cp "$path" "$carry/bin/$name"
     strip "$carry/bin/$name"
   done
-  # Shared libraries other than the C library and the driver: they may be missing there. The C++
+  # Shared libraries other than the C library, the driver and cuBLAS: they may be missing there. The C++
   # runtime goes apart (lib-cxx): ours may need a newer glibc than the machine has, so it is
   # used only when the machine's own does not do.
   local lib
   for lib in $(ldd "$carry"/bin/* | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u); do
     case $(basename "$lib") in
       libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libcuda.so*) ;;
+      # cuBLAS (570 MB, over the carry limit) comes from the machine's toolkit (lib64 below).
+      libcublas.so* | libcublasLt.so*) ;;
       libstdc++.so* | libgcc_s.so*) cp -L "$lib" "$carry/lib-cxx/" ;;
       *) cp -L "$lib" "$carry/lib/" ;;
     esac
@@ -195,12 +206,13 @@ fi
 
 if [[ -n $bin ]]; then
   for t in "${gpu_tests[@]}"; do
-    if [[ $t == cuda_expert_backend_test && $backend_test == no ]]; then
+    if [[ " ${core_tests[*]} " == *" $t "* && $backend_test == no ]]; then
       verdict FAIL "$t: not run (carried binary does not start here; it needs colibri_core's libraries)"
       continue
     fi
     limit=90
     [[ $t == cuda_expert_backend_test ]] && limit=150
+    [[ $t == cuda_coordinator_test ]] && limit=120
     COLIBRI_TEST_DATA=$root/tests/data step $limit "$t" "$bin/$t" \
       --gtest_output="xml:$results/$t-$stamp.xml"
     rc=$?
@@ -208,6 +220,8 @@ if [[ -n $bin ]]; then
     summary_line=$(grep -E '^\[  (PASSED|FAILED) +\]' "$log" | head -2 | tr '\n' ' ')
     if ((rc == 124 || rc == 137)); then
       verdict FAIL "$t: timed out after ${limit}s"
+    elif grep -q 'error while loading shared libraries' "$log"; then
+      verdict FAIL "$t: does not start: $(grep -m1 -o 'error while loading shared libraries.*' "$log")"
     elif grep -q '^\[  SKIPPED \]' "$log"; then
       verdict FAIL "$t: skipped on the GPU machine: $(grep -m1 -o 'no CUDA device.*' "$log")"
     elif ((rc == 0)) && grep -q '^\[  PASSED  \]' "$log"; then
@@ -251,6 +265,40 @@ EOF
     rm -f "$summary.tmp"
   else
     verdict FAIL "bench: no result lines"
+  fi
+fi
+
+# The coordinator on the GPU: decode step on a GLM-5.2-shaped slice (1 dense + 2 MoE layers, 64
+# routed experts int4 on the CPU, vocab 16384), GPU coordinator vs CPU coordinator at context 128,
+# and the GPU coordinator alone at context 4096 (past the indexer's top-k 2048) against copy
+# bandwidth. Needs the carried binaries (colibri_core). The slice is 3.75 GB, written in ~10 s.
+if [[ -n $bin && $backend_test == yes ]]; then
+  slice=/tmp/colibri-glm52-slice
+  coord_json=$results/gpu-coordinator-bench-$stamp.jsonl
+  rm -rf "$slice"
+  step 150 "gpu_coordinator_bench" bash -c "
+      '$bin/colibri-gen-bench-model' '$slice' --layers 3 --vocab 16384 --experts 64 >/dev/null &&
+      OMP_WAIT_POLICY=PASSIVE '$bin/gpu_coordinator_bench' --model '$slice' --context 128 \
+        --long-context 4096 --steps 20"
+  rc=$?
+  rm -rf "$slice"
+  grep '^{' "$logs/gpu_coordinator_bench.log" >"$coord_json" 2>/dev/null
+  if ((rc == 0)) && [[ -s $coord_json ]]; then
+    python3 - "$coord_json" >>"$summary.tmp" <<'EOF2'
+import json, sys
+r = json.loads(open(sys.argv[1]).readline())
+print(("PASS" if r["gpu_step_us"] < r["cpu_step_us"] else "FAIL") +
+      f" bench coordinator decode at context {r['context']} (experts on the CPU): GPU "
+      f"{r['gpu_step_us']:.0f} us vs CPU {r['cpu_step_us']:.0f} us "
+      f"({r['cpu_step_us'] / r['gpu_step_us']:.2f}x; goal: GPU faster)")
+print(f"PASS bench GPU coordinator alone at context {r['long_context']}: "
+      f"{r['coordinator_alone_us']:.0f} us for >= {r['hbm_bytes'] / 1e6:.0f} MB of HBM = "
+      f"{r['hbm_gbs']:.0f} GB/s, {r['fraction_of_copy']:.3f} of d2d copy {r['copy_gbs']:.0f} GB/s")
+EOF2
+    while read -r line; do verdict $line; done <"$summary.tmp"
+    rm -f "$summary.tmp"
+  else
+    verdict FAIL "bench coordinator: exit $rc, no result line"
   fi
 fi
 

@@ -72,6 +72,7 @@ struct Args {
   std::string transport = "auto";
   std::string activations = "int8";
   std::string experts = "cpu";
+  bool coordinator_gpu = false;
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
@@ -299,6 +300,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.shared_memory = args.shared_memory == "on";
   args.node.transport = colibri::parse_transport(args.transport, "--transport");
   args.node.gpu_experts = args.experts == "gpu";
+  args.node.coordinator_gpu = args.coordinator_gpu;
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   // The flag, else COLIBRI_ACTIVATIONS, else by the run: one sequence decodes a row per step,
@@ -681,6 +683,10 @@ int main(int argc, char** argv) {
                  "--layout)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
+  app.add_flag("--coordinator-gpu", args.coordinator_gpu,
+               "a single process runs the coordinator's forward (attention, router, shared "
+               "experts, dense layers, lm_head) on CUDA device 0; under mpirun, give the "
+               "coordinator's layout row a gpu");
   app.add_option("--ram-gb", args.node.ram_gb,
                  "GiB of RAM per expert rank for routed experts, the rest read from disk on "
                  "demand; 0 = all "

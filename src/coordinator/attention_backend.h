@@ -1,6 +1,6 @@
 // The attention seam of the engine: MLA attention with the DSA indexer over the KV blocks of
-// every sequence in a batch. The CPU backend is the first implementation; a CUDA backend keeps
-// the same calls with the blocks in VRAM.
+// every sequence in a batch, as CpuCompute runs it (coordinator_compute.h); the CUDA compute
+// holds its own attention with the blocks in VRAM (cuda_compute.h).
 #pragma once
 
 #include "coordinator/batch.h"

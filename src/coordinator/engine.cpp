@@ -1,15 +1,8 @@
 #include "coordinator/engine.h"
 
 #include <algorithm>
-#include <optional>
 
 #include "common/error.h"
-#include "common/finite.h"
-#include "coordinator/cpu_attention.h"
-#include "coordinator/router.h"
-#include "cpu/elementwise.h"
-#include "cpu/linear.h"
-#include "rank/experts.h"
 
 namespace colibri {
 
@@ -19,7 +12,7 @@ int default_kv_tokens(const ModelConfig& config) {
 
 Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
                const PlacementTable& placement, Dispatcher& dispatcher,
-               const EngineOptions& options, Profiler* profiler)
+               const EngineOptions& options, Profiler* profiler, const ComputeFactory& compute)
     : config_(config),
       weights_(weights),
       placement_(placement),
@@ -27,11 +20,14 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
       options_(options),
       profiler_(profiler),
       kv_(config, options.kv_tokens > 0 ? options.kv_tokens : default_kv_tokens(config),
-          options.max_seqs),
-      attention_(std::make_unique<CpuAttention>(config, kv_, profiler)) {
+          options.max_seqs) {
   if (options.max_rows < 1) fail("--max-rows {} must be positive", options.max_rows);
+  compute_ = compute ? compute(config, weights, kv_, options.max_rows, profiler)
+                     : std::make_unique<CpuCompute>(config, weights, kv_, profiler);
   seq_end_.assign(size_t(options.max_seqs), -1);
 }
+
+Engine::~Engine() = default;
 
 void Engine::check(const Batch& batch) {
   const int n = batch.size();
@@ -56,74 +52,41 @@ void Engine::check(const Batch& batch) {
     if (seq_end_[size_t(s)] >= 0) kv_.reserve(s, seq_end_[size_t(s)]);
 }
 
-void Engine::check_residual(const Batch& batch, int layer, const char* after) const {
-  const size_t hidden = size_t(config_.hidden_size);
-  const std::optional<size_t> bad =
-      find_non_finite(std::span<const float>(h_.data(), size_t(batch.size()) * hidden));
-  if (!bad) return;
-  const BatchRow& row = batch.rows[*bad / hidden];
-  fail("layer {}: {} made the residual stream non-finite ({} at sequence {} position {})", layer,
-       after, h_[*bad], row.seq, row.pos);
-}
-
 std::vector<float> Engine::forward(const Batch& batch) {
   check(batch);
-  const int n = batch.size(), hidden = config_.hidden_size;
-  const size_t values = size_t(n) * hidden;
-  for (auto* v : {&h_, &normed_, &delta_, &shared_})
-    if (v->size() < values) v->resize(values);
-  float *h = h_.data(), *normed = normed_.data(), *delta = delta_.data();
-  {
-    OptionalScope scope(profiler_, Phase::kEmbed);
-    for (int t = 0; t < n; ++t)
-      std::copy_n(&weights_.embed.data[size_t(batch.rows[size_t(t)].token) * hidden], hidden,
-                  h + size_t(t) * hidden);
-  }
-
-  attention_->begin(batch);
+  const int n = batch.size();
+  const size_t values = size_t(n) * config_.hidden_size;
+  compute_->begin(batch);
   Routing routing;
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
-    kernels::rms_norm(h, n, hidden, layer.input_norm.data(), config_.rms_norm_eps, normed);
-    attention_->forward(l, layer.attn, normed, delta);
-    for (size_t i = 0; i < values; ++i) h[i] += delta[i];
-    check_residual(batch, l, "attention");
-
-    kernels::rms_norm(h, n, hidden, layer.post_attention_norm.data(), config_.rms_norm_eps, normed);
+    compute_->attention(l);
     if (layer.is_moe) {
       {
         OptionalScope scope(profiler_, Phase::kRouter, l);
-        routing = route_tokens(config_, layer, normed, n);
+        routing = compute_->route(l);
         plan_.build(placement_, l, routing, n);
       }
-      dispatcher_.dispatch(plan_, host_f32(normed, values));
+      // Host views: the NCCL transport will take the device's rows (Device::kCuda) instead.
+      dispatcher_.dispatch(plan_, host_f32(compute_->normed_host(), values));
       if (!layer.shared_experts.empty()) {
         OptionalScope scope(profiler_, Phase::kSharedExpert, l);
-        mlp_forward(layer.shared_experts, normed, n, shared_.data());
+        compute_->shared_expert(l);
       }
-      dispatcher_.combine(host_f32(delta, values));
-      if (!layer.shared_experts.empty())
-        for (size_t i = 0; i < values; ++i) delta[i] += shared_[i];
+      dispatcher_.combine(host_f32(compute_->routed_host(), values));
+      compute_->add_moe(l);
     } else {
       OptionalScope scope(profiler_, Phase::kDenseMlp, l);
-      mlp_forward(layer.dense_mlp, normed, n, delta);
+      compute_->dense_mlp(l);
     }
-    for (size_t i = 0; i < values; ++i) h[i] += delta[i];
-    check_residual(batch, l, layer.is_moe ? "the experts" : "the dense MLP");
+  }
+  std::vector<float> logits;
+  {
+    OptionalScope scope(profiler_, Phase::kLmHead);
+    logits = compute_->logits(batch);  // a GPU compute reports a non-finite residual here
   }
   for (int s = 0; s < int(seq_end_.size()); ++s)
     if (seq_end_[size_t(s)] >= 0) kv_.set_length(s, seq_end_[size_t(s)]);
-
-  OptionalScope scope(profiler_, Phase::kLmHead);
-  int rows = 0;
-  for (int t = 0; t < n; ++t) {
-    if (!batch.rows[size_t(t)].logits) continue;
-    kernels::rms_norm(h + size_t(t) * hidden, 1, hidden, weights_.final_norm.data(),
-                      config_.rms_norm_eps, normed + size_t(rows) * hidden);
-    ++rows;
-  }
-  std::vector<float> logits(size_t(rows) * config_.vocab_size);
-  linear(weights_.lm_head, normed, rows, logits.data());
   return logits;
 }
 

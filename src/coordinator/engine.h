@@ -1,8 +1,10 @@
 // The production forward pass on the coordinator: one call runs a Batch of rows from many
 // sequences through every layer. Each MoE layer routes all rows, builds one DispatchPlan (the
 // count phase), dispatches once, computes the shared expert while the owners work, and combines
-// once, however many sequences the batch holds. Attention goes through an AttentionBackend over
-// the KvManager's blocks; routed experts through a Dispatcher. ReferenceModel is its oracle.
+// once, however many sequences the batch holds. The dense math (embedding, attention over the
+// KvManager's blocks, router, shared expert, dense MLP, lm_head) goes through a
+// CoordinatorCompute (CPU by default, or CUDA); routed experts through a Dispatcher.
+// ReferenceModel is its oracle.
 #pragma once
 
 #include <memory>
@@ -10,8 +12,8 @@
 #include <vector>
 
 #include "common/profile.h"
-#include "coordinator/attention_backend.h"
 #include "coordinator/batch.h"
+#include "coordinator/coordinator_compute.h"
 #include "coordinator/kv_manager.h"
 #include "model/config.h"
 #include "model/forward_fn.h"
@@ -31,7 +33,9 @@ struct EngineOptions {
 class Engine {
  public:
   Engine(const ModelConfig& config, const ModelWeights& weights, const PlacementTable& placement,
-         Dispatcher& dispatcher, const EngineOptions& options, Profiler* profiler = nullptr);
+         Dispatcher& dispatcher, const EngineOptions& options, Profiler* profiler = nullptr,
+         const ComputeFactory& compute = {});
+  ~Engine();
 
   int open_sequence() { return kv_.open(); }
   void close_sequence(int seq) { kv_.close(seq); }
@@ -55,8 +59,6 @@ class Engine {
 
  private:
   void check(const Batch& batch);
-  // An Error naming the layer and the step when the residual stream holds a NaN or Inf.
-  void check_residual(const Batch& batch, int layer, const char* after) const;
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
@@ -65,10 +67,9 @@ class Engine {
   EngineOptions options_;
   Profiler* profiler_;
   KvManager kv_;
-  std::unique_ptr<AttentionBackend> attention_;
+  std::unique_ptr<CoordinatorCompute> compute_;  // empty factory: CpuCompute
   DispatchPlan plan_;
-  std::vector<float> h_, normed_, delta_, shared_;  // [n, hidden]
-  std::vector<int> seq_end_;                        // [max_seqs] per call: last position + 1
+  std::vector<int> seq_end_;  // [max_seqs] per call: last position + 1
 };
 
 int default_kv_tokens(const ModelConfig& config);

@@ -8,6 +8,7 @@
 #include "transport/mpi_check.h"
 
 #ifdef COLIBRI_HAVE_CUDA
+#include "coordinator/cuda_compute.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "rank/cuda_expert_backend.h"
@@ -72,6 +73,19 @@ std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config
   return std::make_unique<CudaExpertBackend>(config, weights, device, vram_bytes, cost);
 #else
   fail("this build has no CUDA expert backend (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
+#endif
+}
+
+ComputeFactory make_gpu_coordinator(int device) {
+#ifdef COLIBRI_HAVE_CUDA
+  cuda::set_fatal_handler(abort_job);
+  return [device](const ModelConfig& config, const ModelWeights& weights, KvManager& kv,
+                  int max_rows, Profiler* profiler) -> std::unique_ptr<CoordinatorCompute> {
+    return std::make_unique<CudaCompute>(config, weights, kv, max_rows, device, profiler);
+  };
+#else
+  (void)device;
+  fail("this build has no CUDA coordinator (built without CUDA: COLIBRI_CUDA=OFF or no nvcc)");
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "coordinator/coordinator_compute.h"
 #include "rank/expert_backend.h"
 #include "rank/vram_tier.h"
 
@@ -35,5 +36,10 @@ std::unique_ptr<ExpertBackend> make_gpu_expert_backend(const ModelConfig& config
                                                        const ModelWeights& weights, int device,
                                                        uint64_t vram_bytes,
                                                        const VramCostModel& cost);
+
+// The coordinator's forward on CUDA device `device` (coordinator/cuda_compute.h) as the Engine's
+// compute; an Error on builds without CUDA. Installs the CUDA fatal handler that names rank@host
+// and ends the job with MPI_Abort.
+ComputeFactory make_gpu_coordinator(int device);
 
 }  // namespace colibri

@@ -168,6 +168,20 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
   }
+  // The coordinator's forward on a GPU: its layout row names one, or --coordinator-gpu.
+  ComputeFactory coordinator_compute;
+  if (options_.coordinator_gpu && size_ > 1)
+    refuse(
+        "--coordinator-gpu is for a single process; under mpirun, give the coordinator's layout "
+        "row a gpu");
+  else if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu)) {
+    try {
+      coordinator_compute =
+          make_gpu_coordinator(choose_gpu(std::max(spec.gpu, 0), me.name_of(rank_)));
+    } catch (const Error& e) {
+      refuse(fmt::format("the coordinator on a GPU: {}", e.what()));
+    }
+  }
   const StartupVerdict gpu_verdict =
       agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));
   if (gpu_verdict.reporter >= 0) throw StartupRefused(gpu_verdict.status.message);
@@ -177,7 +191,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     engine.kv_tokens = options_.kv_tokens;
     engine.max_seqs = options_.max_seqs;
     engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
-                                       profiler_.get());
+                                       profiler_.get(), coordinator_compute);
   }
   // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
   // resident-memory line.

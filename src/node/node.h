@@ -54,7 +54,10 @@ struct NodeOptions {
   std::vector<AgreedSetting> settings;  // compared across ranks at the handshake
   bool keep_trace = false;
   bool gpu_experts = false;  // a single process computes its routed experts on CUDA device 0
-  TestFault fault;           // test hook
+  // A single process runs the coordinator's forward on CUDA device 0 (under mpirun: a gpu in the
+  // coordinator's layout row).
+  bool coordinator_gpu = false;
+  TestFault fault;  // test hook
 };
 
 class Node {

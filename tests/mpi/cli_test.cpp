@@ -333,6 +333,44 @@ TEST(MpiCli, ExpertsOnGpuNeedADeviceAndASingleProcess) {
   EXPECT_TRUE(parse_tokens(three.out).empty()) << three.out;
 }
 
+// --coordinator-gpu, or a gpu in the coordinator's layout row: the coordinator's forward on its
+// GPU. Without a visible device (or without CUDA built) it is refused with the reason, and
+// --coordinator-gpu under mpirun is refused too.
+TEST(MpiCli, CoordinatorOnGpuNeedsADevice) {
+  const std::vector<std::string> args = {"--model",           kModel.string(), "--prompt-ids",
+                                         golden().prompt_arg, "--ngen",        "2"};
+  std::vector<std::string> flag = args;
+  flag.push_back("--coordinator-gpu");
+  const JobResult alone = run_node(1, flag, {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(alone);
+  EXPECT_NE(alone.exit_code, 0) << describe(alone);
+  EXPECT_NE(alone.err.find("colibri-node: error: the coordinator on a GPU: rank 0@" +
+                           short_hostname() + " sees no CUDA device: "),
+            std::string::npos)
+      << describe(alone);
+  EXPECT_TRUE(parse_tokens(alone.out).empty()) << alone.out;
+
+  const JobResult three = run_node(3, flag);
+  expect_clean_end(three);
+  EXPECT_NE(three.exit_code, 0) << describe(three);
+  EXPECT_NE(three.err.find("--coordinator-gpu is for a single process"), std::string::npos)
+      << describe(three);
+
+  const ScratchDir dir;
+  const fs::path layout = dir.path() / "coordinator-gpu.layout";
+  std::ofstream(layout) << "0 coordinator 0\n1 cpu-expert\n2 cpu-expert\n";
+  std::vector<std::string> with_layout = args;
+  with_layout.insert(with_layout.end(), {"--layout", layout.string()});
+  const JobResult laid_out = run_node(3, with_layout, {{"CUDA_VISIBLE_DEVICES", ""}});
+  expect_clean_end(laid_out);
+  EXPECT_NE(laid_out.exit_code, 0) << describe(laid_out);
+  EXPECT_NE(laid_out.err.find("the coordinator on a GPU: rank 0@" + short_hostname() +
+                              " sees no CUDA device: "),
+            std::string::npos)
+      << describe(laid_out);
+  EXPECT_TRUE(parse_tokens(laid_out.out).empty()) << laid_out.out;
+}
+
 // ---- h. bad input at three ranks: refused at start-up, quickly, nothing destroyed
 // ----------------
 

@@ -1,0 +1,66 @@
+// The coordinator's per-layer compute on one CUDA device: the residual stream, every dense
+// weight and the KV blocks of every sequence live in VRAM. Product weights are BF16 (BF16 as
+// stored; FP8 and container int8/int4 converted at upload), or fp32 where the loaded values are
+// not all BF16 values (an fp32 checkpoint); norms and routers are fp32. The block table of each
+// call is packed on the host (gpu_staging.h) and uploaded with the rows' tokens and positions.
+// Matrix products go through cuBLAS with fp32 accumulation: BF16 weights take the fp32
+// activations as a BF16 hi + lo pair in one product (16 significant bits; the weights are read
+// once), fp32 weights run in fp32 without TF32. The rest runs in kernels/cuda, in fp32.
+// Once per MoE layer the normed rows are downloaded for the Dispatcher and
+// the combined partial uploaded (host views: the NCCL transport will take the device rows,
+// Device::kCuda, instead). Logits are downloaded; sampling stays on the host. Non-finite values
+// in the residual stream are flagged on the device and reported, by layer, when the call ends.
+//
+// The KvManager keeps the bookkeeping (sequences, blocks); its host storage is never touched
+// here (allocated without initialisation, it stays virtual).
+// Only built with CUDA; created through make_gpu_coordinator (src/node/devices.h).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <vector>
+
+#include "coordinator/coordinator_compute.h"
+#include "coordinator/gpu_staging.h"
+
+namespace colibri {
+
+class CudaCompute final : public CoordinatorCompute {
+ public:
+  CudaCompute(const ModelConfig& config, const ModelWeights& weights, KvManager& kv, int max_rows,
+              int device, Profiler* profiler = nullptr);
+  ~CudaCompute() override;
+  CudaCompute(const CudaCompute&) = delete;
+  CudaCompute& operator=(const CudaCompute&) = delete;
+
+  void begin(const Batch& batch) override;
+  void attention(int layer) override;
+  Routing route(int layer) override;
+  const float* normed_host() override;
+  void shared_expert(int layer) override;
+  float* routed_host() override { return routed_host_; }
+  void add_moe(int layer) override;
+  void dense_mlp(int layer) override;
+  std::vector<float> logits(const Batch& batch) override;
+
+  // Bytes of VRAM this compute allocated (weights, KV, scratch).
+  uint64_t device_bytes() const { return device_bytes_; }
+
+  struct Impl;  // device weights and scratch (cuda_compute.cpp)
+
+ private:
+  const ModelConfig& config_;
+  KvManager& kv_;
+  int max_rows_;
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  uint64_t device_bytes_ = 0;
+  std::unique_ptr<Impl> impl_;
+  const Batch* batch_ = nullptr;
+  BlockTable table_;
+  float* normed_host_ = nullptr;  // pinned [max_rows, hidden]
+  float* routed_host_ = nullptr;  // pinned [max_rows, hidden]
+};
+
+}  // namespace colibri

@@ -1,0 +1,68 @@
+#include "coordinator/gpu_staging.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/buffer.h"
+#include "common/dtype.h"
+#include "common/error.h"
+#include "cpu/quant.h"
+
+namespace colibri {
+
+std::vector<uint16_t> matrix_to_bf16(const Matrix& w) {
+  const size_t count = size_t(w.rows) * size_t(w.cols);
+  std::vector<uint16_t> out(count);
+  if (w.stored_bf16()) return w.bf16;
+  if (!w.data.empty()) {
+    for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(w.data[i]);
+  } else if (w.stored_fp8()) {
+    const Fp8Matrix& f = w.fp8;
+    const int64_t blocks_per_row = (w.cols + f.block_cols - 1) / f.block_cols;
+    for (int64_t i = 0; i < w.rows; ++i)
+      for (int64_t j = 0; j < w.cols; ++j) {
+        const float scale =
+            f.scales[size_t((i / f.block_rows) * blocks_per_row + j / f.block_cols)];
+        out[size_t(i * w.cols + j)] =
+            f32_to_bf16(fp8_e4m3_to_f32(f.bits[size_t(i * w.cols + j)]) * scale);
+      }
+  } else if (w.quantized()) {
+    std::vector<float> values(count);
+    kernels::dequantize(w.quant.view(), values.data());
+    for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(values[i]);
+  } else {
+    fail("an empty matrix has no BF16 form");
+  }
+  return out;
+}
+
+bool keeps_fp32_on_device(const Matrix& w) {
+  return std::any_of(w.data.begin(), w.data.end(),
+                     [](float v) { return bf16_to_f32(f32_to_bf16(v)) != v && !std::isnan(v); });
+}
+
+BlockTable pack_block_table(const Batch& batch, const KvManager& kv) {
+  BlockTable table;
+  const int n = batch.size(), bt = kv.block_tokens();
+  table.block_tokens = bt;
+  table.row_seq.resize(size_t(n));
+  table.row_pos.resize(size_t(n));
+  table.row_slot.resize(size_t(n));
+  std::vector<int> seqs;  // the batch's sequences in order; their rows are consecutive
+  for (int t = 0; t < n; ++t) {
+    const BatchRow& row = batch.rows[size_t(t)];
+    if (seqs.empty() || seqs.back() != row.seq) seqs.push_back(row.seq);
+    table.row_seq[size_t(t)] = int(seqs.size()) - 1;
+    table.row_pos[size_t(t)] = row.pos;
+    table.row_slot[size_t(t)] = kv.slot(row.seq, row.pos);
+    table.max_keys = std::max(table.max_keys, row.pos + 1);
+  }
+  for (int seq : seqs) table.max_blocks = std::max(table.max_blocks, kv.blocks(seq));
+  table.blocks.assign(seqs.size() * size_t(table.max_blocks), -1);
+  for (size_t s = 0; s < seqs.size(); ++s)
+    for (int b = 0; b < kv.blocks(seqs[s]); ++b)
+      table.blocks[s * size_t(table.max_blocks) + size_t(b)] = kv.slot(seqs[s], b * bt) / bt;
+  return table;
+}
+
+}  // namespace colibri
