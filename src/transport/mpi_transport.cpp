@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <random>
 
 #include "common/error.h"
 #include "transport/deadline.h"
@@ -94,12 +95,16 @@ void MpiTransport::share_segments(const std::vector<bool>& sharing) {
   const size_t bytes = 2 * area;
   if (rank_ != coordinator_) {
     if (!sharing[size_t(rank_)]) return;
-    wire::SharedSegmentOffer offer{-1, -1, bytes};
+    wire::SharedSegmentOffer offer{-1, -1, bytes, 0};
     const int fd = ::memfd_create("colibri-exchange", MFD_CLOEXEC);
     void* base = MAP_FAILED;
     if (fd >= 0 && ::ftruncate(fd, off_t(bytes)) == 0)
       base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (base != MAP_FAILED) offer = {int32_t(::getpid()), fd, bytes};
+    if (base != MAP_FAILED) {
+      std::random_device random;
+      offer = {int32_t(::getpid()), fd, bytes, uint64_t(random()) << 32 | random()};
+      std::memcpy(base, &offer.nonce, sizeof offer.nonce);
+    }
     uint8_t answer = 0;
     std::vector<MPI_Request> requests(2, MPI_REQUEST_NULL);
     CHECK_MPI(MPI_Isend(&offer, int(sizeof offer), MPI_BYTE, coordinator_, wire::kTagSharedSegment,
@@ -138,9 +143,13 @@ void MpiTransport::share_segments(const std::vector<bool>& sharing) {
       struct stat st {};
       if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && size_t(st.st_size) == bytes) {
         void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (base != MAP_FAILED) {
+        uint64_t nonce = 0;
+        if (base != MAP_FAILED) std::memcpy(&nonce, base, sizeof nonce);
+        if (base != MAP_FAILED && nonce == offer.nonce) {
           peers_[i].segment = {static_cast<std::byte*>(base), bytes, area};
           answers[i] = 1;
+        } else if (base != MAP_FAILED) {
+          ::munmap(base, bytes);
         }
       }
       if (fd >= 0) ::close(fd);

@@ -75,13 +75,16 @@ uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byt
                          size_t payload_bytes);
 
 // What an expert rank offers the coordinator on kTagSharedSegment: a memfd of `bytes` the
-// coordinator maps through /proc/<pid>/fd/<fd> (pid -1: none).
+// coordinator maps through /proc/<pid>/fd/<fd> (pid -1: none). The segment's first 8 bytes hold
+// `nonce` until the coordinator has mapped it: a pid that names another process (the ranks in
+// different pid namespaces) is not taken for the rank's.
 struct SharedSegmentOffer {
   int32_t pid;
   int32_t fd;
   uint64_t bytes;
+  uint64_t nonce;
 };
-static_assert(sizeof(SharedSegmentOffer) == 16, "offers are part of the protocol");
+static_assert(sizeof(SharedSegmentOffer) == 24, "offers are part of the protocol");
 // The same value computed without vector instructions, for the tests that check every build
 // agrees with it.
 uint32_t checksum_portable(const std::byte* data, size_t bytes);
