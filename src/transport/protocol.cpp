@@ -11,6 +11,22 @@ namespace colibri::wire {
 
 namespace {
 
+// The header's n_pairs pairs (unaligned): rows below n_rows, experts in range and owned, finite
+// weights.
+std::string check_pairs(const std::byte* pairs, const Header& h, const RequestCheck& check) {
+  for (uint32_t i = 0; i < h.n_pairs; ++i) {
+    Pair pair;
+    std::memcpy(&pair, pairs + size_t(i) * sizeof(Pair), sizeof(Pair));
+    if (pair.row >= h.n_rows || pair.expert >= uint32_t(check.num_experts) ||
+        !std::isfinite(pair.weight))
+      return fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
+                         pair.expert, pair.weight);
+    if (check.owned && !check.owned(h.layer, pair.expert))
+      return fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer);
+  }
+  return {};
+}
+
 // n row indices (uint32, unaligned), strictly ascending and below max_rows.
 std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows) {
   uint32_t previous = 0;
@@ -81,16 +97,7 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
                               : checksum(payload, expected);
   if (sum != h.checksum) return "payload checksum mismatch";
   const std::byte* pairs = shared ? payload : payload + row_bytes;
-  for (uint32_t i = 0; i < h.n_pairs; ++i) {
-    Pair pair;
-    std::memcpy(&pair, pairs + size_t(i) * sizeof(Pair), sizeof(Pair));
-    if (pair.row >= h.n_rows || pair.expert >= uint32_t(check.num_experts) ||
-        !std::isfinite(pair.weight))
-      return fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
-                         pair.expert, pair.weight);
-    if (check.owned && !check.owned(h.layer, pair.expert))
-      return fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer);
-  }
+  if (std::string problem = check_pairs(pairs, h, check); !problem.empty()) return problem;
   return check_row_indices(pairs + size_t(h.n_pairs) * sizeof(Pair), h.n_rows, check.max_rows);
 }
 
@@ -186,17 +193,7 @@ std::string check_nccl_count_header(const std::byte* message, size_t bytes,
 std::string check_nccl_pairs(const std::byte* pairs, const Header& h, const RequestCheck& check) {
   if (checksum(pairs, size_t(h.n_pairs) * sizeof(Pair)) != h.checksum)
     return "pairs checksum mismatch";
-  for (uint32_t i = 0; i < h.n_pairs; ++i) {
-    Pair pair;
-    std::memcpy(&pair, pairs + size_t(i) * sizeof(Pair), sizeof(Pair));
-    if (pair.row >= h.n_rows || pair.expert >= uint32_t(check.num_experts) ||
-        !std::isfinite(pair.weight))
-      return fmt::format("pair {} = (row {}, expert {}, weight {}) is invalid", i, pair.row,
-                         pair.expert, pair.weight);
-    if (check.owned && !check.owned(h.layer, pair.expert))
-      return fmt::format("expert {} of layer {} is not owned by this rank", pair.expert, h.layer);
-  }
-  return {};
+  return check_pairs(pairs, h, check);
 }
 
 }  // namespace colibri::wire
