@@ -41,6 +41,18 @@ std::vector<int> Layout::expert_ranks() const {
   return experts;
 }
 
+bool Layout::coordinator_owns_experts() const {
+  const int c = coordinator();
+  return c >= 0 && (ranks.size() == 1 || ranks[size_t(c)].ram_gb > 0);
+}
+
+std::vector<int> Layout::owner_ranks() const {
+  std::vector<int> owners = expert_ranks();
+  if (coordinator_owns_experts()) owners.push_back(coordinator());
+  std::sort(owners.begin(), owners.end());
+  return owners;
+}
+
 namespace {
 
 constexpr int kMaxColumns = 7;  // rank role gpu numa ram_gb vram_gb host
@@ -170,6 +182,9 @@ Layout parse_layout(const std::string& text, const std::string& source, int worl
           fail("{}: rank {} is a second coordinator (rank {} at line {} already is)", at(where),
                spec.rank, layout.coordinator(), coordinator_line);
         coordinator_line = line_number;
+        if (spec.vram_gb > 0)
+          fail("{}: vram_gb is set on the coordinator; its routed experts (ram_gb) run on its CPU",
+               at(where));
         break;
       case Role::kGpuExpert:
         if (spec.gpu < 0) fail("{}: gpu is missing on gpu-expert rank {}", at(where), spec.rank);

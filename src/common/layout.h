@@ -8,6 +8,8 @@
 //   7     cpu-expert   -    1     100     -        node-b
 // '-' means unset; an unset host is the rank's MPI processor name (filled in at the handshake).
 // Roles: coordinator (exactly one), gpu-expert, cpu-expert. Ranks 0..N-1 each appear exactly once.
+// A coordinator row with a ram_gb budget makes the coordinator an expert owner too: it runs its
+// share of the routed experts on its own CPU threads while the expert ranks compute theirs.
 #pragma once
 
 #include <cereal/types/string.hpp>
@@ -47,6 +49,10 @@ struct Layout {
 
   int coordinator() const;
   std::vector<int> expert_ranks() const;  // ascending
+  // The ranks that own routed experts: the expert ranks, and the coordinator when its row has a
+  // ram_gb budget (or when it is alone); ascending.
+  std::vector<int> owner_ranks() const;
+  bool coordinator_owns_experts() const;
 
   template <class Archive>
   void serialize(Archive& ar) {

@@ -141,7 +141,13 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     // collectively below.
     try {
       if (!exchange.nccl_ranks.empty()) exchange.device = choose_gpu(spec.gpu, me.name_of(rank_));
-      dispatcher_ = make_dispatcher(exchange);
+      // Its own share of the routed experts (a ram_gb budget in its layout row), on its CPU.
+      std::unique_ptr<PartialDispatcher> local;
+      if (expert_store_) {
+        expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+        local = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+      }
+      dispatcher_ = make_dispatcher(exchange, std::move(local));
     } catch (const Error& e) {
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
@@ -242,8 +248,9 @@ Node::~Node() {
 }
 
 void Node::open_expert_store() {
-  // The coordinator of a multi-rank run owns no routed expert; alone it keeps them in weights_.
-  const bool has_store = !is_coordinator() && size_ > 1;
+  // Alone, the coordinator keeps the routed experts in weights_; in a multi-rank run it owns those
+  // the placement gives it (a ram_gb budget in its layout row) in a store, as an expert rank does.
+  const bool has_store = size_ > 1 && (!is_coordinator() || layout_.coordinator_owns_experts());
   std::vector<std::pair<int, int>> owned;
   for (int l = 0; has_store && l < config_.num_layers; ++l)
     for (int e = 0; e < config_.n_routed_experts; ++e)

@@ -110,10 +110,10 @@ class Node {
   PlacementTable placement_;
   ElemType wire_type_ = ElemType::kF32;
   ModelWeights weights_;
-  std::unique_ptr<ExpertStore> expert_store_;  // expert ranks of a multi-rank run
+  std::unique_ptr<ExpertStore> expert_store_;  // owners of a multi-rank run
   std::vector<std::pair<int, int>> owned_;     // its (layer, expert) pairs
   std::unique_ptr<Profiler> profiler_;
-  std::unique_ptr<ExpertBackend> expert_backend_;  // expert ranks, or a single process
+  std::unique_ptr<ExpertBackend> expert_backend_;  // owners of routed experts
   std::unique_ptr<Dispatcher> dispatcher_;         // coordinator
   std::unique_ptr<ExpertChannel> channel_;         // expert ranks
   std::unique_ptr<Engine> engine_;                 // coordinator

@@ -48,7 +48,7 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
   table.num_experts = config.n_routed_experts;
   table.policy = placement_policy_name(policy);
   table.owner.assign(size_t(table.num_layers) * table.num_experts, -1);
-  std::vector<int> ranks = layout.expert_ranks();
+  std::vector<int> ranks = layout.owner_ranks();
   if (ranks.empty()) ranks.push_back(layout.coordinator());
   const int r = int(ranks.size()), experts = table.num_experts;
 

@@ -35,7 +35,8 @@ struct PlacementTable {
   }
 };
 
-// Places the routed experts of every MoE layer on the layout's expert ranks.
+// Places the routed experts of every MoE layer on the layout's owner ranks (its expert ranks, and
+// the coordinator when its row has a ram_gb budget).
 //  balanced:    each expert goes to the rank with the lowest assigned bytes relative to its
 //               budget (ram_gb + vram_gb, equal when unset); the start rotates per layer so the
 //               per-layer expected load (uniform without routing statistics) spreads too.

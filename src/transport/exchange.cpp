@@ -49,22 +49,37 @@ bool nccl_built(std::string* why_not) {
 #endif
 }
 
-std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context) {
-  if (context.nccl_ranks.empty()) return make_mpi(context);
+std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
+                                            std::unique_ptr<PartialDispatcher> local) {
+  // The coordinator's own experts come first: the composite computes them after every remote
+  // request has left and before it waits for the replies.
+  std::vector<CompositeDispatcher::Part> parts;
+  if (local) parts.push_back({std::move(local), {context.coordinator}});
+  const auto compose = [&](std::unique_ptr<PartialDispatcher> remote,
+                           std::vector<int> ranks) -> std::unique_ptr<Dispatcher> {
+    if (parts.empty()) return remote;
+    parts.push_back({std::move(remote), std::move(ranks)});
+    return std::make_unique<CompositeDispatcher>(std::move(parts), context.shape.hidden);
+  };
+  int size = 0;
+  MPI_Comm_size(context.comm, &size);
+  if (context.nccl_ranks.empty()) {
+    std::vector<int> expert_ranks;
+    for (int r = 0; r < size; ++r)
+      if (r != context.coordinator) expert_ranks.push_back(r);
+    return compose(make_mpi(context), expert_ranks);
+  }
 #ifdef COLIBRI_HAVE_NCCL
   std::unique_ptr<NcclTransport> nccl = make_nccl(context);
   // The cpu-expert ranks stay on MPI; one dispatcher over both when there are any.
-  int size = 0;
-  MPI_Comm_size(context.comm, &size);
   std::vector<int> gpu_ranks, cpu_ranks;
   for (int r = 0; r < size; ++r) {
     if (r == context.coordinator) continue;
     (in(context.nccl_ranks, r) ? gpu_ranks : cpu_ranks).push_back(r);
   }
-  if (cpu_ranks.empty()) return nccl;
+  if (cpu_ranks.empty()) return compose(std::move(nccl), gpu_ranks);
   ExchangeContext mpi = context;
   mpi.options.expert_ranks = cpu_ranks;
-  std::vector<CompositeDispatcher::Part> parts;
   parts.push_back({std::move(nccl), gpu_ranks});
   parts.push_back({make_mpi(mpi), cpu_ranks});
   return std::make_unique<CompositeDispatcher>(std::move(parts), context.shape.hidden);

@@ -34,9 +34,12 @@ struct ExchangeContext {
 // Whether this build has the NCCL transport; when not, why (for --transport nccl's error).
 bool nccl_built(std::string* why_not = nullptr);
 
-// The coordinator's dispatcher to every expert rank. Collective over context.comm when
-// nccl_ranks is set (as is make_expert_channel on every other rank).
-std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context);
+// The coordinator's dispatcher to every expert rank, and to its own experts when `local` is given
+// (they are computed while the expert ranks compute theirs, the partials added in rank order).
+// Collective over context.comm when nccl_ranks is set (as is make_expert_channel on every other
+// rank).
+std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
+                                            std::unique_ptr<PartialDispatcher> local = nullptr);
 // An expert rank's channel from the coordinator.
 std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& context);
 

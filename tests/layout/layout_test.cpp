@@ -329,6 +329,34 @@ TEST(PlacementHosts, BudgetsAndUngroupedExperts) {
   EXPECT_GT(table.count_owned(3), table.count_owned(2));
 }
 
+// A ram_gb budget on the coordinator's row makes it an owner, placed like an expert rank in
+// proportion to its budget; without one it owns nothing.
+TEST(Placement, CoordinatorWithABudgetOwnsItsShare) {
+  ModelConfig config;
+  config.num_layers = 2;
+  config.layer_is_moe = {false, true};
+  config.n_routed_experts = 16;
+  const Layout owning =
+      parse_layout("0 coordinator - - 1\n1 cpu-expert - - 3\n", "owning.layout", 2);
+  EXPECT_TRUE(owning.coordinator_owns_experts());
+  EXPECT_EQ(owning.owner_ranks(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(owning.expert_ranks(), (std::vector<int>{1}));
+  const PlacementTable table = make_placement(config, owning, PlacementPolicy::kBalanced, 1);
+  EXPECT_EQ(table.count_owned(0), 4);
+  EXPECT_EQ(table.count_owned(1), 12);
+
+  const Layout plain = parse_layout("0 coordinator\n1 cpu-expert - - 3\n", "plain.layout", 2);
+  EXPECT_FALSE(plain.coordinator_owns_experts());
+  EXPECT_EQ(plain.owner_ranks(), (std::vector<int>{1}));
+  EXPECT_EQ(make_placement(config, plain, PlacementPolicy::kBalanced, 1).count_owned(0), 0);
+  EXPECT_TRUE(parse_layout("0 coordinator\n", "alone.layout", 1).coordinator_owns_experts());
+}
+
+TEST(Layout, CoordinatorExpertsRunOnItsCpu) {
+  EXPECT_TRUE(fails_with("0 coordinator 0 - 4 8\n1 cpu-expert\n", 2,
+                         {"t.layout:1:", "vram_gb is set on the coordinator"}));
+}
+
 // ---- default_layout ------------------------------------------------------------------------
 
 std::vector<Role> roles(const Layout& layout) {

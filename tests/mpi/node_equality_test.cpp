@@ -83,17 +83,21 @@ std::vector<float> run_sequence(Engine& engine, const Golden& g) {
 // Runs the parity fixture distributed and checks it against the reference, the single-process
 // engine and the transformers goldens.
 void expect_equal_to_reference(const std::string& fixture, const std::string& placement,
-                               bool host_combine) {
+                               bool host_combine, const std::string& layout_file = "") {
   NodeOptions options;
   options.model_dir = kParityDir / fixture / "model";
   options.placement = parse_placement_policy(placement);
   options.max_rows = 64;
   options.rank_timeout_s = 60;
   options.host_combine = host_combine;
+  if (!layout_file.empty()) options.layout_file = layout_file;
   Node node(MPI_COMM_WORLD, options);
   if (!node.is_coordinator()) {
     node.serve();
     return;
+  }
+  if (node.layout().coordinator_owns_experts()) {
+    EXPECT_GT(node.placement().count_owned(node.layout().coordinator()), 0);
   }
   const Golden g = read_golden(fixture);
   Engine& engine = node.engine();
@@ -128,7 +132,7 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   // With one expert owner every row sums its experts in the single-process order: bitwise
   // equal to the single-process engine. More owners reorder the sum of partials. The engine
   // attends in the absorbed form where the reference expands prefill keys: equal within 1e-5.
-  if (world_size() <= 2) {
+  if (node.layout().owner_ranks().size() == 1) {
     EXPECT_EQ(distributed, single_process);
   }
   EXPECT_LE(max_vs_reference, 1e-5f);
@@ -140,8 +144,9 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
     EXPECT_EQ(argmax(a), argmax(b)) << "position " << row;
   }
   EXPECT_EQ(greedy.tokens, g.greedy);
-  std::printf("[np %d %s %s%s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
+  std::printf("[np %d %s %s%s%s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
               world_size(), fixture.c_str(), placement.c_str(), host_combine ? " host combine" : "",
+              node.layout().coordinator_owns_experts() ? " coordinator owns experts" : "",
               max_vs_reference, max_vs_transformers);
 }
 
@@ -160,6 +165,31 @@ class NodeHostCombine : public ::testing::TestWithParam<std::string> {};
 TEST_P(NodeHostCombine, LogitsAndGreedyTokensEqualTheReference) {
   expect_equal_to_reference(GetParam(), "round-robin", true);
 }
+
+// A layout whose coordinator row has a RAM budget: the coordinator owns a share of the routed
+// experts (a third at np 2), computes it while the expert ranks compute theirs, and adds its
+// partial first.
+class NodeCoordinatorExperts : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
+  if (world_size() == 1) GTEST_SKIP() << "a single process owns every expert anyway";
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("coordinator-experts-" + std::to_string(world_size()) + ".layout");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::ofstream layout(file);
+    layout << "0 coordinator - - 1\n";
+    for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_equal_to_reference(GetParam(), "balanced", false, file.string());
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove(file);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts, ::testing::Values("glm5", "dsv3"),
+                         [](const auto& param_info) { return param_info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),
                          [](const auto& param_info) { return param_info.param; });
