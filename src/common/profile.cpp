@@ -15,9 +15,10 @@ namespace colibri {
 
 namespace {
 // Indexed by Phase.
-constexpr const char* kPhaseNames[] = {
-    "embed",   "attention", "indexer", "router",   "shared_expert", "dispatch", "wait_slowest",
-    "combine", "dense_mlp", "lm_head", "sampling", "recv_wait",     "compute",  "send"};
+constexpr const char* kPhaseNames[] = {"embed",         "attention",     "indexer",  "router",
+                                       "shared_expert", "local_experts", "dispatch", "wait_slowest",
+                                       "combine",       "dense_mlp",     "lm_head",  "sampling",
+                                       "recv_wait",     "compute",       "send"};
 static_assert(std::size(kPhaseNames) == size_t(kPhaseCount), "one name per Phase");
 }  // namespace
 

@@ -26,6 +26,7 @@ enum class Phase : int {
   kIndexer,
   kRouter,
   kSharedExpert,
+  kLocalExperts,  // the routed experts it owns itself (one process, or a ram_gb budget)
   kDispatch,
   kWaitSlowest,  // from the end of dispatch until the last owner's partial arrived
   kCombine,

@@ -132,10 +132,12 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       refuse(fmt::format("--experts gpu: {}", e.what()));
     }
     if (expert_backend_)
-      dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+      dispatcher_ =
+          std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
   } else if (size_ == 1) {
     expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
-    dispatcher_ = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+    dispatcher_ =
+        std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
   } else if (is_coordinator()) {
     // The exchange (with NCCL, the communicator) is made by every rank, a failure refused
     // collectively below.
@@ -145,7 +147,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       std::unique_ptr<PartialDispatcher> local;
       if (expert_store_) {
         expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
-        local = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size);
+        local = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size,
+                                                  profiler_.get());
       }
       dispatcher_ = make_dispatcher(exchange, std::move(local));
     } catch (const Error& e) {
@@ -277,6 +280,9 @@ void Node::open_expert_store() {
       agree_to_start(comm_, status, startup_deadline("start-up (weights loaded, memory checked)"));
   if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
   if (!has_store) return;
+  // A budget that holds every owned expert loads them all at start, as no budget does.
+  if (store_options.ram_bytes >= uint64_t(owned.size()) * expert_bytes())
+    store_options.ram_bytes = store_options.pin_bytes = 0;
   owned_ = owned;
 
   expert_store_ = std::make_unique<ExpertStore>(

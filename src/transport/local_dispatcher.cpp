@@ -40,6 +40,7 @@ void LocalDispatcher::wait_partials() {
     request.n_rows = int(n);
     request.rows = host_f32(rows, n * h);
     request.pairs = share.pairs;
+    OptionalScope scope(profiler_, Phase::kLocalExperts, plan_->layer);
     backend_.compute(request, partial.data());
     ranks_.push_back(share.rank);
   }

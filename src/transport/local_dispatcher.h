@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "common/profile.h"
 #include "rank/expert_backend.h"
 #include "transport/transport.h"
 
@@ -12,7 +13,9 @@ namespace colibri {
 
 class LocalDispatcher final : public PartialDispatcher {
  public:
-  LocalDispatcher(ExpertBackend& backend, int hidden) : backend_(backend), hidden_(hidden) {}
+  // The experts' compute is profiled as Phase::kLocalExperts when a profiler is given.
+  LocalDispatcher(ExpertBackend& backend, int hidden, Profiler* profiler = nullptr)
+      : backend_(backend), hidden_(hidden), profiler_(profiler) {}
 
   void dispatch(const DispatchPlan& plan, ConstView x) override;
   void combine(View out) override;
@@ -29,6 +32,7 @@ class LocalDispatcher final : public PartialDispatcher {
  private:
   ExpertBackend& backend_;
   int hidden_;
+  Profiler* profiler_;
   const DispatchPlan* plan_ = nullptr;
   const float* x_ = nullptr;
   std::vector<float> rows_;                   // [rows of one owner, hidden]
