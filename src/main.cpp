@@ -303,16 +303,19 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.coordinator_gpu = args.coordinator_gpu;
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
-  // The flag, else COLIBRI_ACTIVATIONS, else by the run: one sequence decodes a row per step,
-  // where the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x decode on the peer
-  // model, 0.6x prefill); batches of sequences take int8, whose cost grows little with the rows.
+  // The flag, else COLIBRI_ACTIVATIONS, else by the run and the CPU: one sequence decodes a row
+  // per step, where with AVX-512 the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x
+  // decode on the peer model, 0.6x prefill); with AVX2 only the int8 ones are (1.1x decode);
+  // batches of sequences take int8, whose cost grows little with the rows.
   try {
     const char* env = std::getenv("COLIBRI_ACTIVATIONS");
     if (app.count("--activations") > 0)
       colibri::kernels::set_quant_activations(
           colibri::kernels::quant_activations_resolve(args.activations.c_str()));
     else if (env == nullptr || *env == '\0')
-      colibri::kernels::set_quant_activations(!args.serve && args.node.max_seqs == 1
+      colibri::kernels::set_quant_activations(!args.serve && args.node.max_seqs == 1 &&
+                                                      colibri::kernels::quant_isa_selected() ==
+                                                          colibri::kernels::QuantIsa::kAvx512
                                                   ? colibri::kernels::QuantActivations::kF32
                                                   : colibri::kernels::QuantActivations::kInt8);
     args.activations =
@@ -732,8 +735,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   app.add_option("--activations", args.activations,
                  "activations of the products with int4/int8 weights: int8 (quantized per 64 "
-                 "inputs, integer dot products) or f32; default f32 for one sequence, int8 for "
-                 "batches of sequences and --serve");
+                 "inputs, integer dot products) or f32; default f32 for one sequence on a CPU with "
+                 "AVX-512, else int8");
   auto* serve = app.add_flag("--serve", args.serve,
                              "serve an OpenAI-compatible HTTP API (continuous batching) on the "
                              "coordinator until SIGINT/SIGTERM");
