@@ -70,9 +70,8 @@ template <bool Int8, int T>
   const int64_t gs = grouped ? w.group_size : kInt8Block;
   const int64_t ng = grouped ? (w.cols + gs - 1) / gs : 1;
   const float* tile_scales = grouped ? w.scales + o0 * ng : nullptr;
-  alignas(32) int32_t scale_rows[8];
-  for (int r = 0; r < 8; ++r) scale_rows[r] = int32_t(std::min(r, valid - 1) * ng);
-  const __m256i scale_index = _mm256_load_si256(reinterpret_cast<const __m256i*>(scale_rows));
+  int64_t scale_rows[8];  // offsets of the tile's rows in the scales (a gather is slow on AMD)
+  for (int r = 0; r < 8; ++r) scale_rows[r] = std::min(r, valid - 1) * ng;
   int64_t g_loaded = -1;
   __m256 s_w = _mm256_set1_ps(1.0f);
 
@@ -84,7 +83,9 @@ template <bool Int8, int T>
   for (int64_t k = 0; k < x.blocks; ++k) {
     if (grouped && k * kInt8Block / gs != g_loaded) {
       g_loaded = k * kInt8Block / gs;
-      s_w = _mm256_i32gather_ps(tile_scales + g_loaded, scale_index, 4);
+      const float* g = tile_scales + g_loaded;
+      s_w = _mm256_setr_ps(g[scale_rows[0]], g[scale_rows[1]], g[scale_rows[2]], g[scale_rows[3]],
+                           g[scale_rows[4]], g[scale_rows[5]], g[scale_rows[6]], g[scale_rows[7]]);
     }
     if (k % 2 == 0)
       for (int r = 0; r < 8; ++r)
