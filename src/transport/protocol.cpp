@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <cmath>
 #include <cstring>
 
@@ -42,20 +45,37 @@ std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows
 
 }  // namespace
 
+namespace detail {
+
+uint32_t checksum_with(SumBlocks sum_blocks, const std::byte* data, size_t bytes) {
+  uint32_t sums[2 * kLanes] = {};  // a, then b
+  const size_t blocks = bytes / kBlockBytes, tail = bytes - blocks * kBlockBytes;
+  if (blocks > 0) sum_blocks(sums, sums + kLanes, data, blocks);
+  if (tail > 0) {  // the last block, padded with zeros
+    std::byte last[kBlockBytes] = {};
+    std::memcpy(last, data + blocks * kBlockBytes, tail);
+    sum_blocks(sums, sums + kLanes, last, 1);
+  }
+  const uint64_t h = XXH3_64bits_withSeed(sums, sizeof(sums), bytes);
+  return uint32_t(h) ^ uint32_t(h >> 32);
+}
+
+}  // namespace detail
+
 uint32_t checksum(const std::byte* data, size_t bytes) {
 #if defined(__x86_64__)
-  using Fn = uint32_t (*)(const std::byte*, size_t);
-  static const Fn best = __builtin_cpu_supports("avx512f") ? detail::checksum_avx512
-                         : __builtin_cpu_supports("avx2")  ? detail::checksum_avx2
-                                                           : detail::checksum_baseline;
-  return best(data, bytes);
+  static const detail::SumBlocks best =
+      __builtin_cpu_supports("avx512f") ? detail::sum_blocks_avx512
+      : __builtin_cpu_supports("avx2")  ? detail::sum_blocks_avx2
+                                        : detail::sum_blocks_baseline;
+  return detail::checksum_with(best, data, bytes);
 #else
-  return detail::checksum_baseline(data, bytes);
+  return detail::checksum_with(detail::sum_blocks_baseline, data, bytes);
 #endif
 }
 
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
-  return detail::checksum_scalar(data, bytes);
+  return detail::checksum_with(detail::sum_blocks_scalar, data, bytes);
 }
 
 uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,
