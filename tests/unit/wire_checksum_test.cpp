@@ -1,6 +1,7 @@
 // The wire checksum (transport/protocol.h): every instruction-set build gives the scalar build's
-// value for every length and alignment, and it sees what a transport could get wrong; the checks of
-// requests (row indices, empty requests, shared segments) and host partials.
+// value for every length and alignment, added at once or in pieces, and it sees what a transport
+// could get wrong; the checks of requests (row indices, empty requests, shared segments) and host
+// partials.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +42,24 @@ TEST(WireChecksum, EveryBuildGivesTheScalarValue) {
         EXPECT_EQ(detail::checksum_with(build, data, n), reference)
             << name << ": " << n << " bytes at offset " << offset;
     }
+}
+
+// Bytes added in pieces give the value of the whole, whatever the pieces' lengths.
+TEST(WireChecksum, PiecesGiveTheValueOfTheWhole) {
+  const std::vector<std::byte> v = random_bytes(24576 * 3 + 10, 5);
+  const uint32_t whole = checksum(v.data(), v.size());
+  for (size_t piece : {1, 3, 12, 63, 64, 65, 100, 24576}) {
+    Checksum sum;
+    for (size_t at = 0; at < v.size(); at += piece)
+      sum.add(v.data() + at, std::min(piece, v.size() - at));
+    EXPECT_EQ(sum.value(), whole) << "pieces of " << piece;
+  }
+  Checksum sum;
+  sum.add(v.data(), 5);
+  sum.add(v.data() + 5, 0);
+  sum.add(v.data() + 5, v.size() - 5);
+  EXPECT_EQ(sum.value(), whole);
+  EXPECT_EQ(sum.value(), whole);  // value() leaves the sums as they were
 }
 
 // The values are part of the protocol (version 9): a change to the function shows here.
