@@ -73,9 +73,10 @@ static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 // block, the last one padded with zeros: a[l] += word l, then b[l] += a[l], mod 2^32), then
 // XXH3-64 of the 32 sums seeded with the byte count, folded to 32 bits. The same value on every
 // CPU, with the widest vectors it has (AVX-512, AVX2, else the build's). A change confined to one
-// word is always seen; changes to several words of one lane are missed only where they cancel in
-// both sums. Bytes may be added in pieces of any length (the value is that of the whole), so that
-// a pass that writes or reads the payload anyway checksums each piece while it is in cache.
+// word is always seen; changes to several words of one lane go unseen where they cancel in both
+// of its sums (the top bit of two words an even number of blocks apart). Bytes may be added in
+// pieces of any length (the value is that of the whole), so that a pass that writes or reads the
+// payload anyway checksums each piece while it is in cache.
 class Checksum {
  public:
   Checksum();
