@@ -1,5 +1,5 @@
-// The wire checksum's per-ISA builds (transport/protocol.h: checksum). XXH3-64 gives the same
-// value whatever vector width computes it; each file here builds it for one width.
+// The block sums of the wire checksum (transport/protocol.h: checksum), one build per instruction
+// set. Each gives the same sums whatever vector width computes them.
 #pragma once
 
 #include <cstddef>
@@ -7,9 +7,19 @@
 
 namespace colibri::wire::detail {
 
-uint32_t checksum_scalar(const std::byte* data, size_t bytes);    // no vector instructions
-uint32_t checksum_baseline(const std::byte* data, size_t bytes);  // the build's own flags
-uint32_t checksum_avx2(const std::byte* data, size_t bytes);      // x86-64 only
-uint32_t checksum_avx512(const std::byte* data, size_t bytes);    // x86-64 only
+constexpr size_t kLanes = 16;
+constexpr size_t kBlockBytes = kLanes * sizeof(uint32_t);
+
+// For each of `blocks` blocks of kBlockBytes at `data` (any alignment) and each lane l, with w
+// the block's l-th little-endian 32-bit word: a[l] += w, then b[l] += a[l] (mod 2^32).
+using SumBlocks = void (*)(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks);
+
+void sum_blocks_scalar(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks);
+void sum_blocks_baseline(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks);
+void sum_blocks_avx2(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks);    // x86-64
+void sum_blocks_avx512(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks);  // x86-64
+
+// The wire checksum of `bytes` at `data` with the given build of the block sums.
+uint32_t checksum_with(SumBlocks sum_blocks, const std::byte* data, size_t bytes);
 
 }  // namespace colibri::wire::detail

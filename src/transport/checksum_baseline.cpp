@@ -1,11 +1,10 @@
-// The wire checksum in the build's own instruction set (SSE2 on x86-64).
-#include "transport/checksum.h"
-#include "transport/checksum_xxh3.h"
+// The block sums in the build's own instruction set (SSE2 on x86-64).
+#include "transport/checksum_lanes.h"
 
 namespace colibri::wire::detail {
 
-uint32_t checksum_baseline(const std::byte* data, size_t bytes) {
-  return xxh3_folded(data, bytes);
+void sum_blocks_baseline(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks) {
+  sum_blocks_plain(a, b, data, blocks);
 }
 
 }  // namespace colibri::wire::detail

@@ -484,9 +484,13 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     const bool shared = peer.segment.base != nullptr;
     std::byte* payload = peer.send.data() + kHeaderBytes;
     std::byte* rows = shared ? peer.segment.request_rows() : payload;
-    for (uint32_t r = 0; r < n_rows; ++r)
+    // Each row is checksummed as it is written, while it is in cache.
+    wire::Checksum rows_sum;
+    for (uint32_t r = 0; r < n_rows; ++r) {
       from_f32(rows_f32 + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
                rows + r * row_bytes);
+      rows_sum.add(rows + r * row_bytes, row_bytes);
+    }
     std::byte* pairs = shared ? payload : payload + n_rows * row_bytes;
     for (uint32_t i = 0; i < n_pairs; ++i) {
       const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
@@ -500,6 +504,13 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     const size_t payload_bytes =
         shared ? wire::shared_request_payload_bytes(n_rows, n_pairs)
                : wire::request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes_);
+    uint32_t sum = 0;
+    if (shared) {
+      sum = wire::shared_checksum(rows_sum.value(), wire::checksum(payload, payload_bytes));
+    } else {  // the pairs and row indices follow the rows
+      rows_sum.add(pairs, payload_bytes - n_rows * row_bytes);
+      sum = rows_sum.value();
+    }
     const wire::Header header{
         wire::kMagic,
         wire::kProtocolVersion,
@@ -509,8 +520,7 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
         n_rows,
         n_pairs,
         uint32_t(payload_bytes),
-        shared ? wire::shared_checksum(rows, n_rows * row_bytes, payload, payload_bytes)
-               : wire::checksum(payload, payload_bytes)};
+        sum};
     std::memcpy(peer.send.data(), &header, kHeaderBytes);
     // The reply receive is posted before the request leaves.
     if (peer.replies)
@@ -530,15 +540,17 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
   dispatched_us_ = profiler_.now_us();
 }
 
-void MpiTransport::validate_reply(const Peer& peer, int count_bytes) {
+void MpiTransport::validate_reply(Peer& peer, int count_bytes) {
   wire::ReplyCheck check;
   check.expected_sequence = peer.sequence;
   check.layer = layer_;
   check.n_rows = uint32_t(peer.reply_rows.size());
   check.hidden = shape_.hidden;
   check.elem_bytes = elem_bytes_;
-  const std::string problem = wire::check_reply(peer.recv.data(), size_t(std::max(count_bytes, 0)),
-                                                check, peer.segment.reply_rows_or_null());
+  wire::Header h;
+  const std::string problem = wire::check_reply_header(
+      peer.recv.data(), size_t(std::max(count_bytes, 0)), check, peer.segment.base != nullptr, h);
+  peer.reply_checksum = h.checksum;
   if (!problem.empty())
     abort_job(fmt::format("corrupted reply from {} in layer {}: {}",
                           rank_identity().name_of(peer.rank), layer_, problem));
@@ -619,7 +631,11 @@ void MpiTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started)
   const std::byte* partial =
       peer->segment.base ? peer->segment.reply_rows() : peer->recv.data() + kHeaderBytes;
   const std::vector<int>& rows = peer->reply_rows;
+  // The rows are checksummed as they are added (the reply's header was checked on arrival); a
+  // mismatch found after adding ends the job all the same.
+  wire::Checksum rows_sum;
   for (size_t r = 0; r < rows.size(); ++r) {
+    rows_sum.add(partial + r * row_bytes, row_bytes);
     float* dst = sum + size_t(rows[r]) * hidden;
     const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
     if (options_.wire_type != ElemType::kF32) {
@@ -630,6 +646,9 @@ void MpiTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started)
     add_row(dst, src, hidden, !started[size_t(rows[r])]);
     started[size_t(rows[r])] = 1;
   }
+  if (rows_sum.value() != peer->reply_checksum)
+    abort_job(fmt::format("corrupted reply from {} in layer {}: payload checksum mismatch",
+                          rank_identity().name_of(peer->rank), layer_));
   const size_t reply_bytes =
       kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
   RankReport& counters = profiler_.counters();
@@ -766,10 +785,20 @@ void MpiTransport::reply(ConstView partial) {
   const bool shared = segment_.base != nullptr;
   std::byte* payload = shared ? segment_.reply_rows() : reply_buffer_.data() + kHeaderBytes;
   uint32_t n_rows = request.n_rows;
-  if (!mates_.empty())
+  uint32_t sum = 0;
+  if (!mates_.empty()) {
     n_rows = sum_host_partials(static_cast<const float*>(partial.data));
-  else
-    from_f32(static_cast<const float*>(partial.data), values, options_.wire_type, payload);
+    sum = wire::checksum(payload, wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_));
+  } else {  // each row checksummed as it is written, while it is in cache
+    const size_t row_values = size_t(shape_.hidden), one_row = row_values * elem_bytes_;
+    wire::Checksum rows_sum;
+    for (uint32_t r = 0; r < n_rows; ++r) {
+      from_f32(static_cast<const float*>(partial.data) + r * row_values, row_values,
+               options_.wire_type, payload + r * one_row);
+      rows_sum.add(payload + r * one_row, one_row);
+    }
+    sum = rows_sum.value();
+  }
   const size_t row_bytes = wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_);
   const size_t payload_bytes = shared ? 0 : row_bytes;
   const wire::Header header{
@@ -781,7 +810,7 @@ void MpiTransport::reply(ConstView partial) {
       n_rows,
       0,
       uint32_t(payload_bytes),
-      wire::checksum(payload, row_bytes)};
+      sum};
   std::memcpy(reply_buffer_.data(), &header, kHeaderBytes);
   if (request.layer == options_.corrupt_reply_at_layer && row_bytes > 0)
     payload[row_bytes / 2] ^= std::byte{0x5a};

@@ -105,13 +105,15 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
     bool replies = true;          // this exchange: its reply comes to the coordinator
     std::vector<int> reply_rows;  // this exchange: the coordinator rows its reply covers
     SharedSegment segment;        // mapped when the rows go through shared memory
+    uint32_t reply_checksum = 0;  // this exchange: its reply header's, checked in add_partial
   };
 
   // Polls until every request is complete or the deadline passes. On timeout names the peer of
   // the first incomplete request.
   void wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                 const char* what, int layer);
-  void validate_reply(const Peer& peer, int count_bytes);
+  // Checks a reply's header; its rows' checksum is checked as add_partial reads them.
+  void validate_reply(Peer& peer, int count_bytes);
   // Expert rank: the host-mate's send of its partial to its leader; the leader's sum of its own
   // and its host-mates' partials into reply_buffer_ (returns the rows of the sum).
   void send_host_partial(ConstView partial);

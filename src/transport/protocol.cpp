@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,26 +46,83 @@ std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows
 
 }  // namespace
 
-uint32_t checksum(const std::byte* data, size_t bytes) {
+namespace {
+
+detail::SumBlocks best_sum_blocks() {
 #if defined(__x86_64__)
-  using Fn = uint32_t (*)(const std::byte*, size_t);
-  static const Fn best = __builtin_cpu_supports("avx512f") ? detail::checksum_avx512
-                         : __builtin_cpu_supports("avx2")  ? detail::checksum_avx2
-                                                           : detail::checksum_baseline;
-  return best(data, bytes);
+  static const detail::SumBlocks best =
+      __builtin_cpu_supports("avx512f") ? detail::sum_blocks_avx512
+      : __builtin_cpu_supports("avx2")  ? detail::sum_blocks_avx2
+                                        : detail::sum_blocks_baseline;
+  return best;
 #else
-  return detail::checksum_baseline(data, bytes);
+  return detail::sum_blocks_baseline;
 #endif
 }
 
+}  // namespace
+
+Checksum::Checksum() : sum_blocks_(best_sum_blocks()) {}
+
+Checksum::Checksum(detail::SumBlocks sum_blocks) : sum_blocks_(sum_blocks) {}
+
+void Checksum::add(const std::byte* data, size_t bytes) {
+  if (bytes == 0) return;
+  bytes_ += bytes;
+  if (pending_bytes_ > 0) {
+    const size_t take = std::min(bytes, detail::kBlockBytes - pending_bytes_);
+    std::memcpy(pending_ + pending_bytes_, data, take);
+    pending_bytes_ += take;
+    data += take;
+    bytes -= take;
+    if (pending_bytes_ < detail::kBlockBytes) return;
+    sum_blocks_(a_, b_, pending_, 1);
+    pending_bytes_ = 0;
+  }
+  const size_t blocks = bytes / detail::kBlockBytes;
+  if (blocks > 0) sum_blocks_(a_, b_, data, blocks);
+  pending_bytes_ = bytes - blocks * detail::kBlockBytes;
+  if (pending_bytes_ > 0)
+    std::memcpy(pending_, data + blocks * detail::kBlockBytes, pending_bytes_);
+}
+
+uint32_t Checksum::value() const {
+  uint32_t sums[2 * detail::kLanes];
+  std::memcpy(sums, a_, sizeof(a_));
+  std::memcpy(sums + detail::kLanes, b_, sizeof(b_));
+  if (pending_bytes_ > 0) {  // the last block, padded with zeros
+    std::byte last[detail::kBlockBytes] = {};
+    std::memcpy(last, pending_, pending_bytes_);
+    sum_blocks_(sums, sums + detail::kLanes, last, 1);
+  }
+  const uint64_t h = XXH3_64bits_withSeed(sums, sizeof(sums), bytes_);
+  return uint32_t(h) ^ uint32_t(h >> 32);
+}
+
+uint32_t checksum(const std::byte* data, size_t bytes) {
+  Checksum sum;
+  sum.add(data, bytes);
+  return sum.value();
+}
+
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
-  return detail::checksum_scalar(data, bytes);
+  return detail::checksum_with(detail::sum_blocks_scalar, data, bytes);
+}
+
+uint32_t detail::checksum_with(SumBlocks sum_blocks, const std::byte* data, size_t bytes) {
+  Checksum sum(sum_blocks);
+  sum.add(data, bytes);
+  return sum.value();
+}
+
+uint32_t shared_checksum(uint32_t rows_checksum, uint32_t payload_checksum) {
+  const uint32_t b = payload_checksum;
+  return rows_checksum ^ (b << 1 | b >> 31);
 }
 
 uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byte* payload,
                          size_t payload_bytes) {
-  const uint32_t a = checksum(rows, row_bytes), b = checksum(payload, payload_bytes);
-  return a ^ (b << 1 | b >> 31);
+  return shared_checksum(checksum(rows, row_bytes), checksum(payload, payload_bytes));
 }
 
 std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
@@ -101,26 +162,35 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
   return check_row_indices(pairs + size_t(h.n_pairs) * sizeof(Pair), h.n_rows, check.max_rows);
 }
 
-std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check,
-                        const std::byte* shared_rows) {
+std::string check_reply_header(const std::byte* message, size_t bytes, const ReplyCheck& check,
+                               bool shared, Header& h) {
   if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
-  Header h;
   std::memcpy(&h, message, sizeof(Header));
   const size_t row_bytes = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
-  const size_t expected = shared_rows ? 0 : row_bytes;
+  const size_t expected = shared ? 0 : row_bytes;
   if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
   if (h.version != kProtocolVersion)
     return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
-  const Opcode opcode = shared_rows ? Opcode::kSharedReply : Opcode::kExpertReply;
+  const Opcode opcode = shared ? Opcode::kSharedReply : Opcode::kExpertReply;
   if (h.opcode != uint16_t(opcode))
     return fmt::format("opcode {} where {} was expected", h.opcode,
-                       shared_rows ? "a shared-segment reply" : "a reply");
+                       shared ? "a shared-segment reply" : "a reply");
   if (h.sequence != check.expected_sequence || h.layer != check.layer)
     return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
                        check.expected_sequence, check.layer);
   if (h.n_rows != check.n_rows || h.payload_bytes != expected || bytes != sizeof(Header) + expected)
     return fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, bytes,
                        check.n_rows, sizeof(Header) + expected);
+  return {};
+}
+
+std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck& check,
+                        const std::byte* shared_rows) {
+  Header h;
+  if (std::string problem = check_reply_header(message, bytes, check, shared_rows != nullptr, h);
+      !problem.empty())
+    return problem;
+  const size_t row_bytes = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
   const std::byte* rows = shared_rows ? shared_rows : message + sizeof(Header);
   if (checksum(rows, row_bytes) != h.checksum) return "payload checksum mismatch";
   return {};

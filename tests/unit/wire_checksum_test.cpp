@@ -1,8 +1,10 @@
 // The wire checksum (transport/protocol.h): every instruction-set build gives the scalar build's
-// value for every length and alignment, and it sees what a transport could get wrong; the
-// checks of requests (row indices, empty requests, shared segments) and host partials.
+// value for every length and alignment, added at once or in pieces, and it sees what a transport
+// could get wrong; the checks of requests (row indices, empty requests, shared segments) and host
+// partials.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <random>
@@ -23,22 +25,52 @@ std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
 }
 
 TEST(WireChecksum, EveryBuildGivesTheScalarValue) {
-  std::vector<std::pair<const char*, uint32_t (*)(const std::byte*, size_t)>> builds = {
-      {"dispatched", checksum}, {"baseline", detail::checksum_baseline}};
+  std::vector<std::pair<const char*, detail::SumBlocks>> builds = {
+      {"baseline", detail::sum_blocks_baseline}};
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) builds.push_back({"avx2", detail::checksum_avx2});
-  if (__builtin_cpu_supports("avx512f")) builds.push_back({"avx512", detail::checksum_avx512});
+  if (__builtin_cpu_supports("avx2")) builds.push_back({"avx2", detail::sum_blocks_avx2});
+  if (__builtin_cpu_supports("avx512f")) builds.push_back({"avx512", detail::sum_blocks_avx512});
 #endif
-  // XXH3's own size classes: 0, 1-3, 4-8, 9-16, 17-128, 129-240, then stripes of 64 and blocks
-  // of 1024.
-  for (size_t n :
-       {0, 1, 3, 4, 8, 9, 16, 17, 100, 128, 129, 240, 241, 1000, 1024, 4096, 49152, 49153, 1572864})
+  // Blocks of 64 bytes, a partial last block, and rows of 6144 fp32 values.
+  for (size_t n : {0, 1, 3, 4, 63, 64, 65, 127, 128, 129, 1000, 4096, 24576, 49153, 1572864})
     for (size_t offset : {0, 1, 3}) {
       const std::vector<std::byte> v = random_bytes(n + offset, uint32_t(n * 7 + offset));
-      for (const auto& [name, fn] : builds)
-        EXPECT_EQ(fn(v.data() + offset, n), checksum_portable(v.data() + offset, n))
+      const std::byte* data = v.data() + offset;
+      const uint32_t reference = checksum_portable(data, n);
+      EXPECT_EQ(checksum(data, n), reference) << "dispatched: " << n << " bytes at " << offset;
+      for (const auto& [name, build] : builds)
+        EXPECT_EQ(detail::checksum_with(build, data, n), reference)
             << name << ": " << n << " bytes at offset " << offset;
     }
+}
+
+// Bytes added in pieces give the value of the whole, whatever the pieces' lengths.
+TEST(WireChecksum, PiecesGiveTheValueOfTheWhole) {
+  const std::vector<std::byte> v = random_bytes(24576 * 3 + 10, 5);
+  const uint32_t whole = checksum(v.data(), v.size());
+  for (size_t piece : {1, 3, 12, 63, 64, 65, 100, 24576}) {
+    Checksum sum;
+    for (size_t at = 0; at < v.size(); at += piece)
+      sum.add(v.data() + at, std::min(piece, v.size() - at));
+    EXPECT_EQ(sum.value(), whole) << "pieces of " << piece;
+  }
+  Checksum sum;
+  sum.add(v.data(), 5);
+  sum.add(v.data() + 5, 0);
+  sum.add(v.data() + 5, v.size() - 5);
+  EXPECT_EQ(sum.value(), whole);
+  EXPECT_EQ(sum.value(), whole);  // value() leaves the sums as they were
+}
+
+// The values are part of the protocol (version 9): a change to the function shows here.
+TEST(WireChecksum, KnownValues) {
+  std::vector<std::byte> v(1000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::byte(i * 31 + 7);
+  EXPECT_EQ(checksum(v.data(), 0), 0x77f3e6d3u);
+  EXPECT_EQ(checksum(v.data(), 1), 0x72dd28d5u);
+  EXPECT_EQ(checksum(v.data(), 64), 0x3c893dc3u);
+  EXPECT_EQ(checksum(v.data(), 100), 0x831b9540u);
+  EXPECT_EQ(checksum(v.data(), 1000), 0x4ab75437u);
 }
 
 TEST(WireChecksum, SeesFlipsSwapsAndLength) {
@@ -50,11 +82,23 @@ TEST(WireChecksum, SeesFlipsSwapsAndLength) {
       EXPECT_NE(checksum(v.data(), v.size()), base) << "bit " << bit << " of byte " << at;
       v[at] ^= std::byte(1 << bit);
     }
-  // Two 8-byte words exchanged, within a run and across runs.
-  for (auto [a, b] : {std::pair<size_t, size_t>{0, 8}, {8, 16392}}) {
+  // Two 8-byte words exchanged: within a block, across blocks in other lanes and in the same
+  // lanes, and two whole rows of 6144 fp32 values.
+  for (auto [a, b] : {std::pair<size_t, size_t>{0, 8}, {8, 16400}, {8, 16392}}) {
     std::vector<std::byte> w = v;
     std::swap_ranges(w.begin() + long(a), w.begin() + long(a) + 8, w.begin() + long(b));
     EXPECT_NE(checksum(w.data(), w.size()), base) << a << " <-> " << b;
+  }
+  {
+    std::vector<std::byte> w = v;
+    std::swap_ranges(w.begin(), w.begin() + 24576, w.begin() + 24576);
+    EXPECT_NE(checksum(w.data(), w.size()), base) << "rows exchanged";
+  }
+  // Every single-byte change (the corrupt_reply_at_layer fault's) anywhere in a block.
+  for (size_t at = 0; at < 64; ++at) {
+    v[at + 4096] ^= std::byte{0x5a};
+    EXPECT_NE(checksum(v.data(), v.size()), base) << "byte " << at + 4096;
+    v[at + 4096] ^= std::byte{0x5a};
   }
   // A truncated payload, and one padded with zeros.
   EXPECT_NE(checksum(v.data(), v.size() - 8), base);
