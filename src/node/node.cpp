@@ -144,13 +144,13 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     try {
       if (!exchange.nccl_ranks.empty()) exchange.device = choose_gpu(spec.gpu, me.name_of(rank_));
       // Its own share of the routed experts (a ram_gb budget in its layout row), on its CPU.
-      std::unique_ptr<PartialDispatcher> local;
+      std::unique_ptr<PartialDispatcher> own_experts;
       if (expert_store_) {
         expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
-        local = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size,
-                                                  profiler_.get());
+        own_experts = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size,
+                                                        profiler_.get());
       }
-      dispatcher_ = make_dispatcher(exchange, std::move(local));
+      dispatcher_ = make_dispatcher(exchange, std::move(own_experts));
     } catch (const Error& e) {
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
