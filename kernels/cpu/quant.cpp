@@ -423,7 +423,7 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
 }
 
 void quant_linear(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
-  if (quant_activations_selected() == QuantActivations::kInt8 && int8_activations_supported(w))
+  if (int8_activations_for(w))
     quant_linear_int8(quant_isa_selected(), w, x, n, y);
   else
     quant_linear(quant_isa_selected(), w, x, n, y);
@@ -485,8 +485,7 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
 
 void quant_expert_ffn(const QuantMatrixView& gate, const QuantMatrixView& up,
                       const QuantMatrixView& down, const float* x, int64_t n, float* y) {
-  if (quant_activations_selected() == QuantActivations::kInt8 && int8_activations_supported(gate) &&
-      int8_activations_supported(up) && int8_activations_supported(down))
+  if (int8_activations_for(gate) && int8_activations_for(up) && int8_activations_for(down))
     quant_expert_ffn_int8(quant_isa_selected(), gate, up, down, x, n, y);
   else
     quant_expert_ffn(quant_isa_selected(), gate, up, down, x, n, y);

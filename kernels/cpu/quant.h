@@ -114,9 +114,11 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
 // magnitude. Used for every batch size, decode included, by quant_linear(w, ...) and
 // quant_expert_ffn(gate, ...) when selected and supported; otherwise those run fp32 activations.
 
-enum class QuantActivations { kF32 = 0, kInt8 = 1 };
+// kMixed: int8 activations for int4 weights, fp32 for int8 weights (with AVX2 alone, at one row,
+// each is the faster kernel for its weights).
+enum class QuantActivations { kF32 = 0, kInt8 = 1, kMixed = 2 };
 
-// "f32", "int8".
+// "f32", "int8", "mixed".
 const char* quant_activations_name(QuantActivations a);
 // Parses a name as above (nullptr or "" gives the default, kInt8); throws std::invalid_argument.
 QuantActivations quant_activations_resolve(const char* name);
@@ -127,6 +129,9 @@ void set_quant_activations(QuantActivations a);
 // True for the formats the int8 path takes: int4 and int8 per row, int4 with groups that are
 // multiples of 64 (the blocks never straddle a group).
 bool int8_activations_supported(const QuantMatrixView& w);
+// Whether quant_linear(w, ...) and quant_expert_ffn take int8 activations for w: supported, and
+// selected for its format.
+bool int8_activations_for(const QuantMatrixView& w);
 // Whether the int8 kernels on `isa` use VNNI (AVX-512 only; without it they run the AVX2 code).
 bool int8_activations_vnni(QuantIsa isa);
 

@@ -179,14 +179,24 @@ int64_t detail::int8_position(Int8Layout layout, int64_t j) {
 // ---- selection -------------------------------------------------------------------------------
 
 const char* quant_activations_name(QuantActivations a) {
-  return a == QuantActivations::kF32 ? "f32" : "int8";
+  switch (a) {
+    case QuantActivations::kF32:
+      return "f32";
+    case QuantActivations::kInt8:
+      return "int8";
+    case QuantActivations::kMixed:
+      return "mixed";
+  }
+  return "?";
 }
 
 QuantActivations quant_activations_resolve(const char* name) {
   if (name == nullptr || *name == '\0' || std::strcmp(name, "int8") == 0)
     return QuantActivations::kInt8;
   if (std::strcmp(name, "f32") == 0) return QuantActivations::kF32;
-  throw std::invalid_argument(std::string("activations '") + name + "': expected f32 or int8");
+  if (std::strcmp(name, "mixed") == 0) return QuantActivations::kMixed;
+  throw std::invalid_argument(std::string("activations '") + name +
+                              "': expected f32, int8 or mixed");
 }
 
 QuantActivations quant_activations_selected() {
@@ -204,6 +214,18 @@ void set_quant_activations(QuantActivations a) {
 
 bool int8_activations_supported(const QuantMatrixView& w) {
   return w.format != QuantFormat::kInt4Grouped || w.group_size % kInt8Block == 0;
+}
+
+bool int8_activations_for(const QuantMatrixView& w) {
+  switch (quant_activations_selected()) {
+    case QuantActivations::kF32:
+      return false;
+    case QuantActivations::kInt8:
+      return int8_activations_supported(w);
+    case QuantActivations::kMixed:
+      return w.format != QuantFormat::kInt8Row && int8_activations_supported(w);
+  }
+  return false;
 }
 
 bool int8_activations_vnni(QuantIsa isa) {

@@ -311,6 +311,10 @@ TEST(QuantLinearInt8, DispatchFollowsTheSelection) {
     set_quant_activations(QuantActivations::kF32);
     quant_linear(m.view(), x.data(), 2, got.data());
     EXPECT_EQ(got, f32) << fc.name;
+    // Mixed: int8 activations for int4 weights only.
+    set_quant_activations(QuantActivations::kMixed);
+    quant_linear(m.view(), x.data(), 2, got.data());
+    EXPECT_EQ(got, fc.format == QuantFormat::kInt8Row ? f32 : i8) << fc.name;
   }
   set_quant_activations(saved);
 }
@@ -320,6 +324,10 @@ TEST(QuantLinearInt8, ResolvesTheName) {
   EXPECT_EQ(quant_activations_resolve(""), QuantActivations::kInt8);
   EXPECT_EQ(quant_activations_resolve("int8"), QuantActivations::kInt8);
   EXPECT_EQ(quant_activations_resolve("f32"), QuantActivations::kF32);
+  EXPECT_EQ(quant_activations_resolve("mixed"), QuantActivations::kMixed);
+  for (QuantActivations a :
+       {QuantActivations::kF32, QuantActivations::kInt8, QuantActivations::kMixed})
+    EXPECT_EQ(quant_activations_resolve(quant_activations_name(a)), a);
   EXPECT_THROW(quant_activations_resolve("fp16"), std::invalid_argument);
 }
 

@@ -422,7 +422,7 @@ TEST(QuantLinear, ReadsBothNibblesAndEveryGroupScale) {
           std::vector<double> ref, abs_sum;
           exact_linear(m, x, n, ref, abs_sum);
           expect_mostly_nonzero(ref);
-          for (size_t k = 0; k < y.size(); ++k) ASSERT_EQ(double(y[k]), ref[k]) << k;
+          for (size_t i = 0; i < y.size(); ++i) ASSERT_EQ(double(y[i]), ref[i]) << i;
           if (fc.format == QuantFormat::kInt4Grouped) {
             // Guard: with every group's scale replaced by the first, the answer would change.
             QuantMatrix first_scale = m;
@@ -522,12 +522,12 @@ TEST(QuantExpertFfn, MatchesFp32OnDequantizedWeights) {
         exact_linear(up, x, n, unused, abs_u);
         const double uround = std::ldexp(1.0, -24);
         std::vector<double> e_h(h.size());
-        for (size_t k = 0; k < h.size(); ++k) {
-          const double e_g = (2 * gamma_bound(hidden + 16) + pairs) * abs_g[k];
-          const double e_u = (2 * gamma_bound(hidden + 16) + pairs) * abs_u[k];
-          const double silu_g = std::fabs(g[k] / (1.0 + std::exp(-double(g[k]))));
-          e_h[k] =
-              1.1 * e_g * (std::fabs(u[k]) + e_u) + silu_g * e_u + 8 * uround * std::fabs(h[k]);
+        for (size_t j = 0; j < h.size(); ++j) {
+          const double e_g = (2 * gamma_bound(hidden + 16) + pairs) * abs_g[j];
+          const double e_u = (2 * gamma_bound(hidden + 16) + pairs) * abs_u[j];
+          const double silu_g = std::fabs(g[j] / (1.0 + std::exp(-double(g[j]))));
+          e_h[j] =
+              1.1 * e_g * (std::fabs(u[j]) + e_u) + silu_g * e_u + 8 * uround * std::fabs(h[j]);
         }
         size_t nonzero = 0;
         for (int64_t t = 0; t < n; ++t)
@@ -540,9 +540,9 @@ TEST(QuantExpertFfn, MatchesFp32OnDequantizedWeights) {
             }
             const double bound = (1 + gamma_bound(inter + 16)) * prop +
                                  (2 * gamma_bound(inter + 16) + pairs) * abs_dh;
-            const size_t k = size_t(t * hidden + o);
-            ASSERT_LE(std::fabs(double(y[k]) - y_ref[k]), bound) << "t " << t << " o " << o;
-            nonzero += y_ref[k] != 0.0f;
+            const size_t at = size_t(t * hidden + o);
+            ASSERT_LE(std::fabs(double(y[at]) - y_ref[at]), bound) << "t " << t << " o " << o;
+            nonzero += y_ref[at] != 0.0f;
           }
         EXPECT_EQ(nonzero, y.size());
       }
