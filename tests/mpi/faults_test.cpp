@@ -225,8 +225,15 @@ TEST(MpiFaults, RanksThatDisagreeOnASettingAreRefusedNamingBothAndTheField) {
       {1, {"--seed", "7"}, {}, "--seed", "7", "0", 0},
       {2, {"--kv-tokens", "64"}, {"--kv-tokens", "128"}, "--kv-tokens", "64", "128", 0},
       {1, {"--ignore-eos"}, {}, "--ignore-eos", "on", "off", 0},
-      // Activations default to f32 for one sequence and to int8 for batches of sequences.
-      {1, {"--activations", "int8"}, {}, "--activations", "int8", "f32", 0},
+      // Activations default to int8 for batches of sequences (for one sequence the default
+      // depends on the CPU: f32 with AVX-512, else mixed).
+      {1,
+       {"--activations", "int8"},
+       {"--activations", "mixed"},
+       "--activations",
+       "int8",
+       "mixed",
+       0},
       {2, {"--activations", "f32"}, {"--sequences", "2"}, "--activations", "f32", "int8", 0},
   };
   for (const Case& c : cases) {
