@@ -100,9 +100,7 @@ uint32_t Checksum::value() const {
 }
 
 uint32_t checksum(const std::byte* data, size_t bytes) {
-  Checksum sum;
-  sum.add(data, bytes);
-  return sum.value();
+  return detail::checksum_with(best_sum_blocks(), data, bytes);
 }
 
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
