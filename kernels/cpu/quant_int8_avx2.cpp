@@ -19,7 +19,6 @@ namespace colibri::kernels::detail {
 namespace {
 
 constexpr int kMaxTile = 8;
-constexpr int64_t kPrefetchBytes = 1024;
 
 inline void transpose(__m256i z[8]) {
   __m256i t[8], u[8];
@@ -74,6 +73,13 @@ template <bool Int8, int T>
   for (int r = 0; r < 8; ++r) scale_rows[r] = std::min(r, valid - 1) * ng;
   int64_t g_loaded = -1;
   __m256 s_w = _mm256_set1_ps(1.0f);
+  // The tile's 8 rows are one contiguous span, read as 8 streams: the hardware prefetcher keeps
+  // few of them ahead. Fetch a later tile's span instead (and its group scales), swept at the
+  // rate this one is read. Two tiles ahead (1 to 8 measure alike): int4 FFN, one row, 1 thread,
+  // 6.0 to 9-10.5 GB/s.
+  constexpr int64_t kStep = 8 * (Int8 ? 64 : 32);
+  const int64_t next = (o0 + 16) * rb, end = w.rows * rb;
+  const int64_t scales_next = (o0 + 16) * ng, scales_end = w.rows * ng;  // floats
 
   __m256 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
@@ -87,10 +93,10 @@ template <bool Int8, int T>
       s_w = _mm256_setr_ps(g[scale_rows[0]], g[scale_rows[1]], g[scale_rows[2]], g[scale_rows[3]],
                            g[scale_rows[4]], g[scale_rows[5]], g[scale_rows[6]], g[scale_rows[7]]);
     }
-    if (k % 2 == 0)
-      for (int r = 0; r < 8; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + (Int8 ? 64 : 32) * k + kPrefetchBytes),
-                     _MM_HINT_T0);
+    for (int64_t at = next + kStep * k; at < std::min(next + kStep * (k + 1), end); at += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(w.data + at), _MM_HINT_T0);
+    if (grouped && k % 2 == 0 && scales_next + 8 * k < scales_end)  // 8 floats a step
+      _mm_prefetch(reinterpret_cast<const char*>(w.scales + scales_next + 8 * k), _MM_HINT_T0);
     __m256i dot[T];
     for (int t = 0; t < T; ++t)
       dot[t] =
