@@ -52,6 +52,24 @@ inline void load_tile(const uint8_t* const rows[8], int64_t at, int64_t avail, _
   transpose(z);
 }
 
+// group_scales[i][r] = scales[min(r, valid - 1) * ng + g8 + i] (0 past the last group).
+inline void load_group_scales(const float* scales, int valid, int64_t ng, int64_t g8,
+                              float group_scales[8][8]) {
+  __m256i z[8];
+  for (int r = 0; r < 8; ++r) {
+    const float* row = scales + std::min(r, valid - 1) * ng + g8;
+    if (g8 + 8 <= ng) {
+      z[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    } else {
+      alignas(32) float pad[8] = {};
+      std::memcpy(pad, row, size_t(ng - g8) * sizeof(float));
+      z[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(pad));
+    }
+  }
+  transpose(z);
+  for (int i = 0; i < 8; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(group_scales[i]), z[i]);
+}
+
 inline __m256i broadcast_word(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -69,9 +87,10 @@ template <bool Int8, int T>
   const int64_t gs = grouped ? w.group_size : kInt8Block;
   const int64_t ng = grouped ? (w.cols + gs - 1) / gs : 1;
   const float* tile_scales = grouped ? w.scales + o0 * ng : nullptr;
-  int64_t scale_rows[8];  // offsets of the tile's rows in the scales (a gather is slow on AMD)
-  for (int r = 0; r < 8; ++r) scale_rows[r] = std::min(r, valid - 1) * ng;
-  int64_t g_loaded = -1;
+  // The tile's group scales, 8 groups at a time: group_scales[i] holds the 8 rows' scales of group
+  // g8 + i (a gather, or 8 scalar loads a block, is slow on AMD).
+  alignas(32) float group_scales[8][8];
+  int64_t g8 = -1;
   __m256 s_w = _mm256_set1_ps(1.0f);
   // The tile's 8 rows are one contiguous span, read as 8 streams: the hardware prefetcher keeps
   // few of them ahead. Fetch a later tile's span instead (and its group scales), swept at the
@@ -87,11 +106,13 @@ template <bool Int8, int T>
   const __m256i ones16 = _mm256_set1_epi16(1);
 
   for (int64_t k = 0; k < x.blocks; ++k) {
-    if (grouped && k * kInt8Block / gs != g_loaded) {
-      g_loaded = k * kInt8Block / gs;
-      const float* g = tile_scales + g_loaded;
-      s_w = _mm256_setr_ps(g[scale_rows[0]], g[scale_rows[1]], g[scale_rows[2]], g[scale_rows[3]],
-                           g[scale_rows[4]], g[scale_rows[5]], g[scale_rows[6]], g[scale_rows[7]]);
+    if (grouped) {
+      const int64_t g = k * kInt8Block / gs;
+      if (g8 < 0 || g >= g8 + 8) {
+        g8 = g;
+        load_group_scales(tile_scales, valid, ng, g8, group_scales);
+      }
+      s_w = _mm256_load_ps(group_scales[g - g8]);
     }
     for (int64_t at = next + kStep * k; at < std::min(next + kStep * (k + 1), end); at += 64)
       _mm_prefetch(reinterpret_cast<const char*>(w.data + at), _MM_HINT_T0);
@@ -117,20 +138,25 @@ template <bool Int8, int T>
           }
         }
       } else {
-        __m256i lo[8], hi[8];
-        for (int j = 0; j < 8; ++j) {
-          lo[j] = _mm256_and_si256(z[j], low4);
-          hi[j] = _mm256_and_si256(_mm256_srli_epi16(z[j], 4), low4);
-        }
-        for (int t = 0; t < T; ++t) {
-          const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block;
-          for (int j = 0; j < 8; ++j) {
-            const __m256i pairs =
-                _mm256_add_epi16(_mm256_maddubs_epi16(lo[j], broadcast_word(q + 8 * j)),
-                                 _mm256_maddubs_epi16(hi[j], broadcast_word(q + 8 * j + 4)));
-            dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(pairs, ones16));
+        // Word j's pairs are at most 2 * 2 * 15 * 127 = 7620: words 0-3 and 4-7 add in 16 bits.
+        __m256i sums[T][2];
+        for (int t = 0; t < T; ++t) sums[t][0] = sums[t][1] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; ++c)
+          for (int j : {c, c + 4}) {
+            const __m256i lo = _mm256_and_si256(z[j], low4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z[j], 4), low4);
+            for (int t = 0; t < T; ++t) {
+              const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block + 8 * j;
+              const __m256i pairs =
+                  _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast_word(q)),
+                                   _mm256_maddubs_epi16(hi, broadcast_word(q + 4)));
+              sums[t][j / 4] = _mm256_add_epi16(sums[t][j / 4], pairs);
+            }
           }
-        }
+        for (int t = 0; t < T; ++t)
+          dot[t] =
+              _mm256_add_epi32(dot[t], _mm256_add_epi32(_mm256_madd_epi16(sums[t][0], ones16),
+                                                        _mm256_madd_epi16(sums[t][1], ones16)));
       }
     }
     for (int t = 0; t < T; ++t) {

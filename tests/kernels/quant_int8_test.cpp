@@ -39,7 +39,8 @@ struct Shape {
 };
 
 // Full pairs of blocks, an odd block count, short last blocks, an odd cols (padding nibble).
-// {33, 2240}: more than 16 groups of 64 (the AVX-512 kernel transposes 16 group scales at a time).
+// {33, 2240}: more than 16 groups of 64 (the AVX-512 kernel transposes 16 group scales at a time,
+// the AVX2 one 8).
 const Shape kShapes[] = {{96, 384}, {40, 320}, {37, 70}, {5, 130},
                          {3, 1},    {2, 17},   {9, 200}, {33, 2240}};
 const int64_t kBatches[] = {1, 3, 8, 11, 20};
