@@ -305,20 +305,20 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   // The flag, else COLIBRI_ACTIVATIONS, else by the run and the CPU: one sequence decodes a row
   // per step, where with AVX-512 the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x
-  // decode on the peer model, 0.6x prefill); with AVX2 alone fp32 activations are faster for
-  // int8 weights and int8 ones for int4 weights (mixed); batches of sequences take int8, whose
-  // cost grows little with the rows.
+  // decode on the peer model, 0.6x prefill); everywhere else int8, whose cost grows little with
+  // the rows (with AVX2 alone it decodes as fast as fp32 or mixed and prefills 1.6x faster).
   try {
     const char* env = std::getenv("COLIBRI_ACTIVATIONS");
     if (app.count("--activations") > 0)
       colibri::kernels::set_quant_activations(
           colibri::kernels::quant_activations_resolve(args.activations.c_str()));
-    else if (env == nullptr || *env == '\0')
-      colibri::kernels::set_quant_activations(
-          args.serve || args.node.max_seqs > 1 ? colibri::kernels::QuantActivations::kInt8
-          : colibri::kernels::quant_isa_selected() == colibri::kernels::QuantIsa::kAvx512
-              ? colibri::kernels::QuantActivations::kF32
-              : colibri::kernels::QuantActivations::kMixed);
+    else if (env == nullptr || *env == '\0') {
+      namespace k = colibri::kernels;
+      const bool one_sequence_avx512 =
+          !args.serve && args.node.max_seqs == 1 && k::quant_isa_selected() == k::QuantIsa::kAvx512;
+      k::set_quant_activations(one_sequence_avx512 ? k::QuantActivations::kF32
+                                                   : k::QuantActivations::kInt8);
+    }
     args.activations =
         colibri::kernels::quant_activations_name(colibri::kernels::quant_activations_selected());
   } catch (const std::invalid_argument& e) {
@@ -738,8 +738,7 @@ int main(int argc, char** argv) {
       "--activations", args.activations,
       "activations of the products with int4/int8 weights: int8 (quantized per 64 "
       "inputs, integer dot products), f32, or mixed (int8 for int4 weights, f32 for int8 "
-      "weights); default for one sequence f32 on a CPU with AVX-512, else mixed; int8 "
-      "for batches of sequences and --serve");
+      "weights); default f32 for one sequence on a CPU with AVX-512, else int8");
   auto* serve = app.add_flag("--serve", args.serve,
                              "serve an OpenAI-compatible HTTP API (continuous batching) on the "
                              "coordinator until SIGINT/SIGTERM");

@@ -114,8 +114,7 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
 // magnitude. Used for every batch size, decode included, by quant_linear(w, ...) and
 // quant_expert_ffn(gate, ...) when selected and supported; otherwise those run fp32 activations.
 
-// kMixed: int8 activations for int4 weights, fp32 for int8 weights (with AVX2 alone, at one row,
-// each is the faster kernel for its weights).
+// kMixed: int8 activations for int4 weights, fp32 for int8 weights.
 enum class QuantActivations { kF32 = 0, kInt8 = 1, kMixed = 2 };
 
 // "f32", "int8", "mixed".
