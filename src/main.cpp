@@ -306,7 +306,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   // The flag, else COLIBRI_ACTIVATIONS, else by the run and the CPU: one sequence decodes a row
   // per step, where with AVX-512 the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x
   // decode on the peer model, 0.6x prefill); everywhere else int8, whose cost grows little with
-  // the rows (with AVX2 alone it decodes as fast as fp32 or mixed and prefills 1.6x faster).
+  // the rows (with AVX2 alone it decodes as fast as mixed and prefills 1.2-1.6x faster).
   try {
     const char* env = std::getenv("COLIBRI_ACTIVATIONS");
     if (app.count("--activations") > 0)
