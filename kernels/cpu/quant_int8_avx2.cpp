@@ -95,7 +95,7 @@ template <bool Int8, int T>
   // The tile's 8 rows are one contiguous span, read as 8 streams: the hardware prefetcher keeps
   // few of them ahead. Fetch a later tile's span instead (and its group scales), swept at the
   // rate this one is read. Two tiles ahead (1 to 8 measure alike): int4 FFN, one row, 1 thread,
-  // 6.0 to 9-10.5 GB/s.
+  // 6.0 to 8.7-10.6 GB/s (bench/RESULTS.md).
   constexpr int64_t kStep = 8 * (Int8 ? 64 : 32);
   const int64_t next = (o0 + 16) * rb, end = w.rows * rb;
   const int64_t scales_next = (o0 + 16) * ng, scales_end = w.rows * ng;  // floats
@@ -142,7 +142,7 @@ template <bool Int8, int T>
         __m256i sums[T][2];
         for (int t = 0; t < T; ++t) sums[t][0] = sums[t][1] = _mm256_setzero_si256();
         for (int c = 0; c < 4; ++c)
-          for (int j : {c, c + 4}) {
+          for (int j : {c, c + 4}) {  // the two sums alternate: ~10 % faster at 8 rows than 0..7
             const __m256i lo = _mm256_and_si256(z[j], low4);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(z[j], 4), low4);
             for (int t = 0; t < T; ++t) {
