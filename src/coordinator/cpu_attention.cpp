@@ -45,6 +45,8 @@ float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
 
 using kernels::dot_f32;
 
+constexpr int kHeadBlock = 8;
+
 namespace {
 
 template <typename T>
@@ -197,43 +199,56 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   const float* latent = kv_.latent(layer);
   const float* k_rope = kv_.k_rope(layer);
   grow(heads_out_, size_t(n) * heads * dv);
-  // Per thread: q_abs [n, r], probabilities [max_keys], o_latent [r].
-  const size_t per_thread = size_t(n) * r + size_t(max_keys_) + size_t(r);
+  // Heads in blocks of up to 8, a block per thread: each key's latent row is read once per block,
+  // not once per head (at 1024 keys a layer's latent rows are 2.4 MB, beyond L2).
   const int threads = omp_get_max_threads();
-  grow(scratch_, size_t(threads) * per_thread);
+  const int block = std::min(kHeadBlock, (heads + threads - 1) / threads);
+  const int blocks = (heads + block - 1) / block;
+  // Per thread and head of the block: q_abs [n, r], probabilities [max_keys], o_latent [r].
+  const size_t per_head = size_t(n) * r + size_t(max_keys_) + size_t(r);
+  grow(scratch_, size_t(threads) * size_t(block) * per_head);
 
-  // Head outer: a head's absorbed W_UK and W_UV (dn and dv rows of kv_b_proj) are read from memory
-  // once per call; W_UK's product takes every row of the batch in one pass (axpy_rows).
+  // A head's absorbed W_UK and W_UV (dn and dv rows of kv_b_proj) are read from memory once per
+  // call; W_UK's product takes every row of the batch in one pass (axpy_rows). Each head's sums
+  // run in the same order as one head at a time.
 #pragma omp parallel for schedule(static)
-  for (int head = 0; head < heads; ++head) {
-    float* q_abs_all = &scratch_[size_t(omp_get_thread_num()) * per_thread];
-    float* p = q_abs_all + size_t(n) * r;
-    float* o_latent = p + max_keys_;
-    // Rows of W_UK [dn, r] then W_UV [dv, r] for this head in kv_b_proj.
-    const int64_t uk_row = int64_t(head) * (dn + dv), uv_row = uk_row + dn;
-    // q_abs = W_UK^T q_nope for every row: the queries in latent space.
-    std::fill_n(q_abs_all, size_t(n) * r, 0.0f);
-    kv_b_axpy_rows(w.kv_b_proj, uk_row, dn, &q_[size_t(head) * dq], int64_t(heads) * dq, n,
-                   q_abs_all);
+  for (int b = 0; b < blocks; ++b) {
+    const int h0 = b * block, nh = std::min(block, heads - h0);
+    float* base = &scratch_[size_t(omp_get_thread_num()) * size_t(block) * per_head];
+    float* q_abs_all = base;                               // [nh][n][r]
+    float* p_all = q_abs_all + size_t(nh) * n * r;         // [nh][max_keys]
+    float* o_latent_all = p_all + size_t(nh) * max_keys_;  // [nh][r]
+    // q_abs = W_UK^T q_nope for every row and head: the queries in latent space.
+    std::fill_n(q_abs_all, size_t(nh) * n * r, 0.0f);
+    for (int h = 0; h < nh; ++h)
+      kv_b_axpy_rows(w.kv_b_proj, int64_t(h0 + h) * (dn + dv), dn, &q_[size_t(h0 + h) * dq],
+                     int64_t(heads) * dq, n, q_abs_all + size_t(h) * n * r);
     for (int t = 0; t < n; ++t) {
-      const float* q_abs = q_abs_all + size_t(t) * r;
       const BatchRow& row = batch_->rows[size_t(t)];
       const int* selected = nullptr;
       const int count = keys_of(t, &selected);
-      const float* q_head = &q_[(size_t(t) * heads + head) * dq];
+      const float* q = &q_[(size_t(t) * heads + h0) * dq];
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
-        p[i] =
-            scale * (dot_f32(q_abs, latent + s * r, r) + dot_f32(q_head + dn, k_rope + s * dr, dr));
+        for (int h = 0; h < nh; ++h)
+          p_all[size_t(h) * max_keys_ + i] =
+              scale * (dot_f32(q_abs_all + (size_t(h) * n + t) * r, latent + s * r, r) +
+                       dot_f32(q + size_t(h) * dq + dn, k_rope + s * dr, dr));
       }
-      kernels::softmax(p, count);
-      std::fill_n(o_latent, r, 0.0f);
+      for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys_, count);
+      std::fill_n(o_latent_all, size_t(nh) * r, 0.0f);
       for (int i = 0; i < count; ++i) {
-        kernels::axpy_f32(p[i], latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r,
-                          o_latent, r);
+        const float* key = latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r;
+        for (int h = 0; h < nh; ++h)
+          kernels::axpy_f32(p_all[size_t(h) * max_keys_ + i], key, o_latent_all + size_t(h) * r, r);
       }
-      float* o = &heads_out_[(size_t(t) * heads + head) * dv];
-      for (int j = 0; j < dv; ++j) o[j] = kv_b_dot(w.kv_b_proj, uv_row + j, o_latent);
+      for (int h = 0; h < nh; ++h) {
+        // Rows of W_UV [dv, r] for this head in kv_b_proj.
+        const int64_t uv_row = int64_t(h0 + h) * (dn + dv) + dn;
+        float* o = &heads_out_[(size_t(t) * heads + h0 + h) * dv];
+        for (int j = 0; j < dv; ++j)
+          o[j] = kv_b_dot(w.kv_b_proj, uv_row + j, o_latent_all + size_t(h) * r);
+      }
     }
   }
 }

@@ -2,6 +2,7 @@
 // KV manager's pool: exhaustion, reuse after free, a sequence longer than the pool, the context.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,6 +136,34 @@ void expect_equal_logits(LocalModel& a, LocalModel& b) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     ASSERT_FALSE(ra.logits[i].empty());
     EXPECT_EQ(ra.logits[i], rb.logits[i]) << "sequence " << i;
+  }
+}
+
+// The thread count changes how the work is split, not one bit of the logits: attention takes its
+// heads in blocks (4 heads: one block of 4 at 1 thread, 2 + 2 at 2 and 3), and decode runs each
+// routed expert on one thread at 2 (4 experts a row: 2 each), splitting every matrix at 1 and 3.
+TEST(Engine, LogitsDoNotDependOnTheThreadCount) {
+  for (const char* fixture : {"glm52", "dsv3"}) {
+    LocalModel m(fixture);
+    EngineOptions options;
+    options.max_rows = 64;
+    options.max_seqs = 4;
+    const std::vector<testing::ScriptedSequence> seqs =
+        testing::make_sequences(3, m.config.vocab_size, 12);  // prompts of 4, 11, 18
+    const int saved = omp_get_max_threads();
+    std::vector<testing::ScheduleRun> runs;
+    for (const int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      runs.push_back(testing::run_schedule(*m.engine(options), seqs, 5));
+    }
+    omp_set_num_threads(saved);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      ASSERT_FALSE(runs[0].logits[i].empty());
+      EXPECT_EQ(runs[1].logits[i], runs[0].logits[i])
+          << fixture << " sequence " << i << ", 2 threads";
+      EXPECT_EQ(runs[2].logits[i], runs[0].logits[i])
+          << fixture << " sequence " << i << ", 3 threads";
+    }
   }
 }
 
