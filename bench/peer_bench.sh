@@ -19,6 +19,8 @@
 #   prefill; and the memory read bandwidth (quant_bench's read loop). Medians per engine and
 #   thread count, the ratios, and colibri's decode weight bytes per token / time against the read
 #   bandwidth. The machine's load average is printed with every round.
+#   DEPTH=N (default 0: not measured) adds decode at depth: llama-bench tg32 after N context
+#   tokens (-d N) against colibri-node's decode of 32 tokens after an N-token prompt.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,6 +29,7 @@ work=${PEER_WORK:-/tmp/colibri-peer}
 version=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
 rounds=${ROUNDS:-3}
 threads_list=${THREADS:-1 2}
+depth=${DEPTH:-0}
 stage=${1:-all}
 node=$build/src/colibri-node
 convert=$build/src/colibri-convert
@@ -95,6 +98,8 @@ run() {
   [[ -f $gguf && -f $ours/config.json ]] || { say "run setup first"; exit 2; }
   local prompt
   prompt=$(seq 11 138 | paste -sd, -)  # 128 token ids
+  local deep_prompt
+  deep_prompt=$(seq 0 $((depth - 1)) | awk '{print 11 + $1 % 4000}' | paste -sd, -)  # DEPTH ids
   local cores
   cores=$(getconf _NPROCESSORS_ONLN)
   echo "peer_bench: colibri-node $(git -C "$root" rev-parse --short HEAD 2>/dev/null) vs llama.cpp (vendored in the llama-cpp-python $version sdist)"
@@ -116,9 +121,18 @@ run() {
       line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 1 \
                --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
       pre=$(sed -n 's/.*prefill \([0-9]*\) tok in \([0-9.]*\) s.*/\1 \2/p' <<<"$line" | awk '{printf "%.2f", $1 / $2}')
+      local tgd=nan decd=nan
+      if ((depth > 0)); then
+        tgd=$("$llama/build/bin/llama-bench" -m "$gguf" -t "$t" -p 0 -n 32 -d "$depth" -r 1 -o csv 2>/dev/null |
+                awk -F, 'NR > 1 {gsub(/"/, "", $0); print $(NF-1)}' | head -n 1)
+        line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$deep_prompt" \
+                 --ngen 33 --ignore-eos --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
+        decd=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
+      fi
       bw=$("$quant_bench" --experts 2 --batch 1 --threads "$t" --activations int8 --reps 3 \
              --read-mib 1024 2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" | tee -a "$results" >&2
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" "$tgd" "$decd" |
+        tee -a "$results" >&2
     done
   done
   # Decode weight bytes per token: every tensor but the routed experts and the embeddings, plus
@@ -156,6 +170,18 @@ PY
       printf "%7s  %12.2f %12.2f %6.2f  %12.2f %12.2f %6.2f  %9.2f %9.2f\n", t, tg, dec, dec / tg, pp, pre, pre / pp, bw, dec * b / 1e9 / bw }'
     printf '{"bench":"peer","threads":%s,"llama_tg":%s,"colibri_tg":%s,"llama_pp":%s,"colibri_pp":%s,"read_gbps":%s,"decode_bytes_per_token":%s,"rounds":%s}\n' \
       "$t" "$tg" "$dec" "$pp" "$pre" "$bw" "$bytes" "$rounds"
+  done
+  ((depth > 0)) || return 0
+  echo
+  echo "decode at depth $depth: medians over $rounds rounds (tok/s)"
+  printf '%7s  %14s %14s %6s\n' threads "llama tg32@d" "colibri tg@d" ratio
+  for t in $threads_list; do
+    local tgd decd
+    tgd=$(awk -F'\t' -v t="$t" '$2 == t {print $8}' "$results" | median)
+    decd=$(awk -F'\t' -v t="$t" '$2 == t {print $9}' "$results" | median)
+    awk -v t="$t" -v a="$tgd" -v b="$decd" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
+    printf '{"bench":"peer_depth","threads":%s,"depth":%s,"llama_tg":%s,"colibri_tg":%s,"rounds":%s}\n' \
+      "$t" "$depth" "$tgd" "$decd" "$rounds"
   done
 }
 
