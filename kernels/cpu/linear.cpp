@@ -242,6 +242,7 @@ void axpy_rows_by_calls(const AxpyRows& a, const X* x, Axpy axpy) {
 void axpy_rows_f32(const AxpyRows& a, const float* x) {
 #if COLIBRI_VEC_X86
   if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_f32_avx512(a, x);
+  if (quant_isa_selected() == QuantIsa::kAvx2 && a.n > 1) return detail::axpy_rows_f32_avx2(a, x);
 #endif
   axpy_rows_by_calls(
       a, x, [](float al, const float* xr, float* y, int64_t m) { axpy_f32(al, xr, y, m); });
@@ -249,6 +250,7 @@ void axpy_rows_f32(const AxpyRows& a, const float* x) {
 void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x) {
 #if COLIBRI_VEC_X86
   if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_bf16_avx512(a, x);
+  if (quant_isa_selected() == QuantIsa::kAvx2 && a.n > 1) return detail::axpy_rows_bf16_avx2(a, x);
 #endif
   axpy_rows_by_calls(
       a, x, [](float al, const uint16_t* xr, float* y, int64_t m) { axpy_bf16(al, xr, y, m); });
@@ -256,6 +258,7 @@ void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x) {
 void axpy_rows_i8(const AxpyRows& a, const int8_t* x) {
 #if COLIBRI_VEC_X86
   if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_i8_avx512(a, x);
+  if (quant_isa_selected() == QuantIsa::kAvx2 && a.n > 1) return detail::axpy_rows_i8_avx2(a, x);
 #endif
   axpy_rows_by_calls(
       a, x, [](float al, const int8_t* xr, float* y, int64_t m) { axpy_i8(al, xr, y, m); });

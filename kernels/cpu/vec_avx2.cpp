@@ -1,6 +1,8 @@
 // AVX2 + FMA fp32 vector primitives (compiled with -mavx2 -mfma; called only after CPUID).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu/vec_detail.h"
 
 namespace colibri::kernels::detail {
@@ -116,6 +118,93 @@ void axpy_i8_avx2(float alpha, const int8_t* x, float* y, int64_t n) {
 }
 float dot_i8_avx2(const int8_t* a, const float* b, int64_t n) {
   return dot(b, a, n);
+}
+
+namespace {
+
+constexpr int64_t kAxpyAhead = 4;  // rows
+
+// Rows [t0, t0 + T) of y, columns [c0, c0 + 8 C): each element one fused multiply-add per k in
+// order, as axpy does. Against one axpy call per row and term (tests/kernels' shapes, one thread):
+// 128 rows of y, 128 of x, 512 wide: int8 1.5x, fp32 2x faster; 8 by 16: 1.3x and 2x. One row of
+// y is slower (6.0 against 4.0 us at 128 by 512, int8): linear.cpp calls axpy then.
+template <int T, int C, typename X>
+void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0) {
+  __m256 acc[T][C];
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c)
+      acc[t][c] = _mm256_loadu_ps(a.y + (t0 + t) * a.y_stride + c0 + 8 * c);
+  for (int64_t k = 0; k < a.k; ++k) {
+    // The first strip walks the rows down a column: it fetches each row whole a few rows ahead,
+    // so that the later strips find them in cache.
+    if (c0 == 0 && k + kAxpyAhead < a.k) {
+      const char* ahead = reinterpret_cast<const char*>(x + (k + kAxpyAhead) * a.m);
+      for (int64_t b = 0; b < a.m * int64_t(sizeof(X)); b += 64)
+        _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
+    __m256 w[C];
+    for (int c = 0; c < C; ++c) w[c] = load(x + k * a.m + c0 + 8 * c);
+    const float s = a.x_scale ? a.x_scale[k] : 1.0f;
+    for (int t = 0; t < T; ++t) {
+      const float alpha =
+          a.x_scale ? a.alpha[(t0 + t) * a.a_stride + k] * s : a.alpha[(t0 + t) * a.a_stride + k];
+      const __m256 av = _mm256_set1_ps(alpha);
+      for (int c = 0; c < C; ++c) acc[t][c] = _mm256_fmadd_ps(av, w[c], acc[t][c]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c)
+      _mm256_storeu_ps(a.y + (t0 + t) * a.y_stride + c0 + 8 * c, acc[t][c]);
+}
+
+template <int T, typename X>
+void axpy_rows_strips(const AxpyRows& a, const X* x, int64_t t0) {
+  int64_t c0 = 0;
+  for (; c0 + 16 <= a.m; c0 += 16) axpy_rows_tile<T, 2>(a, x, t0, c0);
+  for (; c0 + 8 <= a.m; c0 += 8) axpy_rows_tile<T, 1>(a, x, t0, c0);
+  for (int t = 0; t < T; ++t)  // the last m % 8 columns, one element at a time
+    for (int64_t j = c0; j < a.m; ++j) {
+      float* y = a.y + (t0 + t) * a.y_stride + j;
+      __m128 v = _mm_set_ss(*y);
+      for (int64_t k = 0; k < a.k; ++k) {
+        const float alpha = a.x_scale ? a.alpha[(t0 + t) * a.a_stride + k] * a.x_scale[k]
+                                      : a.alpha[(t0 + t) * a.a_stride + k];
+        v = _mm_fmadd_ss(_mm_set_ss(alpha), _mm_set_ss(value(x + k * a.m + j)), v);
+      }
+      *y = _mm_cvtss_f32(v);
+    }
+}
+
+template <typename X>
+void axpy_rows(const AxpyRows& a, const X* x) {
+  for (int64_t t0 = 0; t0 < a.n; t0 += 4) {
+    switch (std::min<int64_t>(4, a.n - t0)) {
+      case 4:
+        axpy_rows_strips<4>(a, x, t0);
+        break;
+      case 3:
+        axpy_rows_strips<3>(a, x, t0);
+        break;
+      case 2:
+        axpy_rows_strips<2>(a, x, t0);
+        break;
+      default:
+        axpy_rows_strips<1>(a, x, t0);
+        break;
+    }
+  }
+}
+
+}  // namespace
+
+void axpy_rows_f32_avx2(const AxpyRows& a, const float* x) {
+  axpy_rows(a, x);
+}
+void axpy_rows_bf16_avx2(const AxpyRows& a, const uint16_t* x) {
+  axpy_rows(a, x);
+}
+void axpy_rows_i8_avx2(const AxpyRows& a, const int8_t* x) {
+  axpy_rows(a, x);
 }
 
 }  // namespace colibri::kernels::detail

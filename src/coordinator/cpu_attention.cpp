@@ -46,6 +46,9 @@ float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
 using kernels::dot_f32;
 
 constexpr int kHeadBlock = 8;
+// Keys per axpy_rows call: their latent rows (2 KiB each at rank 512) stay in L1 across its
+// column strips.
+constexpr int kKeysPerAxpy = 16;
 
 namespace {
 
@@ -236,11 +239,18 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
                        dot_f32(q + size_t(h) * dq + dn, k_rope + s * dr, dr));
       }
       for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys_, count);
+      // o_latent = sum of p * latent over the keys, up to kKeysPerAxpy consecutive slots in one
+      // axpy_rows (the bits of one axpy per head and key, in key order).
       std::fill_n(o_latent_all, size_t(nh) * r, 0.0f);
-      for (int i = 0; i < count; ++i) {
-        const float* key = latent + size_t(kv_.slot(row.seq, selected ? selected[i] : i)) * r;
-        for (int h = 0; h < nh; ++h)
-          kernels::axpy_f32(p_all[size_t(h) * max_keys_ + i], key, o_latent_all + size_t(h) * r, r);
+      for (int i = 0; i < count;) {
+        const int first = kv_.slot(row.seq, selected ? selected[i] : i);
+        int end = i + 1;
+        while (end < count && end - i < kKeysPerAxpy &&
+               kv_.slot(row.seq, selected ? selected[end] : end) == first + end - i)
+          ++end;
+        const kernels::AxpyRows a{p_all + i, max_keys_, nh, end - i, r, nullptr, o_latent_all, r};
+        kernels::axpy_rows_f32(a, latent + size_t(first) * r);
+        i = end;
       }
       for (int h = 0; h < nh; ++h) {
         // Rows of W_UV [dv, r] for this head in kv_b_proj.
