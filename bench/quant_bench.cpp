@@ -2,7 +2,8 @@
 // bandwidth measured in the same run.
 //
 //   quant_bench [--experts 64] [--batch 1,8] [--threads 1,N] [--isa avx512,avx2,scalar]
-//               [--format int4-g64] [--activations f32,int8] [--reps 7] [--read-mib 1024]
+//               [--format int4-g64] [--activations f32,int8] [--layout rows,tiles] [--reps 7]
+//               [--read-mib 1024]
 //
 // The working set is `experts` GLM-5.2-shaped experts (gate/up [2048, 6144], down [6144, 2048];
 // int4 g64 is 21.2 MB per expert, 1.36 GB for 64), called round-robin so that every call reads
@@ -11,6 +12,8 @@
 // vectorised read of a buffer of `read-mib` MiB, alternated so that both see the same machine
 // state; the figure of merit is weight bytes read per second (packed nibbles + f32 scales) and
 // its ratio to the read bandwidth. Without --isa: every ISA this CPU has, or only COLIBRI_ISA's.
+// --layout: the same bytes read as kRows or as kTiles (kernels/cpu/quant.h; the bytes are random,
+// so either reading is a valid matrix), where the shape allows tiles.
 #include <fmt/format.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -47,6 +50,7 @@ struct BenchOptions {
   std::vector<std::string> isas;  // default: every available one (or COLIBRI_ISA's)
   std::string format = "int4-g64";
   std::vector<std::string> activations = {"f32", "int8"};
+  std::vector<std::string> layouts = {"rows", "tiles"};
   int64_t hidden = 6144, inter = 2048;
   int reps = 7;
   double rep_seconds = 1.0;  // a slow configuration's repetition covers fewer calls than a cycle
@@ -216,7 +220,7 @@ struct ExpertSet {
 // ---- one configuration -----------------------------------------------------------------------
 
 struct Result {
-  std::string isa, activations;
+  std::string isa, activations, layout;
   int threads = 0, batch = 0;
   int calls_per_rep = 0;
   Stats kernel_gbps, read_gbps;
@@ -224,8 +228,9 @@ struct Result {
 };
 
 Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffer& read_buffer,
-                  QuantIsa isa, kernels::QuantActivations acts, bool bf16_pairs, int threads,
-                  int batch, size_t& cursor, uint64_t& sink) {
+                  QuantIsa isa, kernels::QuantActivations acts, bool bf16_pairs,
+                  kernels::QuantLayout layout, int threads, int batch, size_t& cursor,
+                  uint64_t& sink) {
   omp_set_num_threads(threads);
   kernels::set_bf16_pairs(bf16_pairs);
   const int64_t hidden = options.hidden;
@@ -233,8 +238,9 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
   const int count = int(set.experts.size());
   const auto call = [&] {
-    const Expert& e = set.experts[cursor];
+    Expert e = set.experts[cursor];
     cursor = (cursor + 1) % size_t(count);
+    e.gate.layout = e.up.layout = e.down.layout = layout;
     if (acts == kernels::QuantActivations::kInt8)
       kernels::quant_expert_ffn_int8(isa, e.gate, e.up, e.down, x.data(), batch, y.data());
     else
@@ -271,6 +277,7 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   Result res;
   res.isa = kernels::quant_isa_name(isa);
   res.activations = kernels::quant_activations_name(acts);
+  res.layout = layout == kernels::QuantLayout::kTiles ? "tiles" : "rows";
   if (acts == kernels::QuantActivations::kInt8 && kernels::int8_activations_vnni(isa))
     res.isa += "+vnni";
   if (bf16_pairs) res.isa += "+bf16";
@@ -332,8 +339,8 @@ int run(BenchOptions options) {
                                             {"load_average", colibri::bench::load_average()}}
                          .dump());
 
-  fmt::print("\n{:>11} {:>5} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "act", "threads",
-             "batch", "calls", "expert FFN GB/s", "memory read GB/s", "ratio");
+  fmt::print("\n{:>11} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "act",
+             "layout", "threads", "batch", "calls", "expert FFN GB/s", "memory read GB/s", "ratio");
   size_t cursor = 0;
   uint64_t sink = 0;
   std::vector<Result> results;
@@ -341,31 +348,42 @@ int run(BenchOptions options) {
     for (const std::string& act_name : options.activations)
       for (int threads : options.threads)
         for (int batch : options.batches)
-          for (bool pairs : {false, true}) {
-            // BF16 pairs: fp32 activations, one row, AVX-512 with BF16 (kernels/cpu/quant.h).
-            const kernels::QuantActivations acts =
-                kernels::quant_activations_resolve(act_name.c_str());
-            if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
-                           batch == 1 && kernels::bf16_pairs_available()))
-              continue;
-            const Result r = run_config(options, set, read_buffer, isa, acts, pairs, threads, batch,
-                                        cursor, sink);
-            fmt::print(
-                "{:>11} {:>5} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} "
-                "[{:>6.2f}, "
-                "{:>6.2f}]  {:>6.3f}\n",
-                r.isa, r.activations, r.threads, r.batch, r.calls_per_rep, r.kernel_gbps.median,
-                r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median, r.read_gbps.min,
-                r.read_gbps.max, r.ratio);
-            std::fflush(stdout);
-            results.push_back(r);
-          }
+          for (const std::string& layout_name : options.layouts)
+            for (bool pairs : {false, true}) {
+              // BF16 pairs: fp32 activations, one row, AVX-512 with BF16 (kernels/cpu/quant.h).
+              const kernels::QuantActivations acts =
+                  kernels::quant_activations_resolve(act_name.c_str());
+              if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
+                             batch == 1 && kernels::bf16_pairs_available()))
+                continue;
+              const kernels::QuantLayout layout = layout_name == "tiles"
+                                                      ? kernels::QuantLayout::kTiles
+                                                      : kernels::QuantLayout::kRows;
+              if (layout == kernels::QuantLayout::kTiles &&
+                  !(kernels::tiles_supported(fc.format, options.inter, options.hidden,
+                                             fc.group_size) &&
+                    kernels::tiles_supported(fc.format, options.hidden, options.inter,
+                                             fc.group_size)))
+                continue;
+              const Result r = run_config(options, set, read_buffer, isa, acts, pairs, layout,
+                                          threads, batch, cursor, sink);
+              fmt::print(
+                  "{:>11} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} "
+                  "[{:>6.2f}, "
+                  "{:>6.2f}]  {:>6.3f}\n",
+                  r.isa, r.activations, r.layout, r.threads, r.batch, r.calls_per_rep,
+                  r.kernel_gbps.median, r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median,
+                  r.read_gbps.min, r.read_gbps.max, r.ratio);
+              std::fflush(stdout);
+              results.push_back(r);
+            }
   fmt::print("\n");
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   for (const Result& r : results) {
     nlohmann::ordered_json line = {{"bench", "quant_expert_ffn"},
                                    {"isa", r.isa},
                                    {"activations", r.activations},
+                                   {"layout", r.layout},
                                    {"threads", r.threads},
                                    {"batch", r.batch},
                                    {"format", options.format},
@@ -413,6 +431,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--activations", options.activations, "f32 and/or int8, one configuration each")
       ->delimiter(',');
+  app.add_option("--layout", options.layouts, "rows and/or tiles, one configuration each")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"rows", "tiles"}));
   app.add_option("--format", options.format, "int4-gN (N a group size), int4-row or int8-row")
       ->capture_default_str();
   app.add_option("--hidden", options.hidden, "hidden size (gate/up cols, down rows)")

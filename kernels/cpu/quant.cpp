@@ -287,6 +287,84 @@ void check_view(const QuantMatrixView& w) {
     fail("per-row formats take group size 0");
   if (w.rows > 0 && w.cols > 0 && (w.data == nullptr || w.scales == nullptr))
     fail("null data or scales");
+  if (w.layout != QuantLayout::kRows && w.layout != QuantLayout::kTiles) fail("unknown layout");
+  if (w.layout == QuantLayout::kTiles && !tiles_supported(w.format, w.rows, w.cols, w.group_size))
+    fail(
+        "tiles need rows a multiple of 8, cols a multiple of 64 and groups a multiple of 64 "
+        "inputs");
+}
+
+bool tiles_supported(QuantFormat format, int64_t rows, int64_t cols, int group_size) {
+  return rows % kTileRows == 0 && cols % 64 == 0 &&
+         (format != QuantFormat::kInt4Grouped || group_size % 64 == 0);
+}
+
+int64_t detail::byte_at(const QuantMatrixView& w, int64_t rb, int64_t o, int64_t b) {
+  if (w.layout == QuantLayout::kRows) return o * rb + b;
+  return o / kTileRows * kTileRows * rb + b / 32 * 256 + b % 32 / 4 * 32 + o % kTileRows * 4 +
+         b % 4;
+}
+
+int64_t detail::scale_at(const QuantMatrixView& w, int64_t ng, int64_t o, int64_t g) {
+  if (w.format != QuantFormat::kInt4Grouped) return o;
+  if (w.layout == QuantLayout::kRows) return o * ng + g;
+  return (o / kTileRows * ng + g) * kTileRows + o % kTileRows;
+}
+
+void relayout(const QuantMatrixView& w, QuantLayout layout, uint8_t* data, float* scales) {
+  check_view(w);
+  const QuantMatrixView to{w.format, w.rows, w.cols, w.group_size, data, scales, layout};
+  check_view(to);
+  const int64_t rb = row_bytes(w.format, w.cols);
+  const int64_t ng = w.format == QuantFormat::kInt4Grouped ? n_groups(w.cols, w.group_size) : 1;
+  if (w.layout == layout || rb % 4 != 0) {  // kTiles has rb % 32 == 0, so both are kRows here
+    std::memcpy(data, w.data, size_t(packed_bytes(w.format, w.rows, w.cols)));
+    std::memcpy(scales, w.scales,
+                size_t(scale_count(w.format, w.rows, w.cols, w.group_size)) * sizeof(float));
+    return;
+  }
+  for (int64_t o = 0; o < w.rows; ++o) {
+    for (int64_t b = 0; b < rb; b += 4)
+      std::memcpy(data + detail::byte_at(to, rb, o, b), w.data + detail::byte_at(w, rb, o, b), 4);
+    for (int64_t g = 0; g < ng; ++g)
+      scales[detail::scale_at(to, ng, o, g)] = w.scales[detail::scale_at(w, ng, o, g)];
+  }
+}
+
+namespace {
+
+// Per calling thread: one tile copied back to rows (tile_as_rows).
+struct TileScratch {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+};
+thread_local TileScratch tile_scratch;
+
+}  // namespace
+
+QuantMatrixView detail::tile_as_rows(const QuantMatrixView& w, int64_t o0) {
+  const int64_t rb = row_bytes(w.format, w.cols);
+  const int64_t per_row =
+      w.format == QuantFormat::kInt4Grouped ? n_groups(w.cols, w.group_size) : 1;
+  const QuantMatrixView tile{w.format,           kTileRows,        w.cols,
+                             w.group_size,       w.data + o0 * rb, w.scales + o0 * per_row,
+                             QuantLayout::kTiles};
+  TileScratch& s = tile_scratch;
+  if (int64_t(s.data.size()) < kTileRows * rb) s.data.resize(size_t(kTileRows * rb));
+  if (int64_t(s.scales.size()) < kTileRows * per_row) s.scales.resize(size_t(kTileRows * per_row));
+  relayout(tile, QuantLayout::kRows, s.data.data(), s.scales.data());
+  return {w.format, kTileRows, w.cols, w.group_size, s.data.data(), s.scales.data()};
+}
+
+void detail::run_rows(RowsKernel kernel, const QuantMatrixView& w, const float* xp, int64_t n,
+                      float* y, int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  if (w.layout == QuantLayout::kRows) return kernel(w, xp, n, y, y_stride, row_begin, row_end);
+  for (int64_t o0 = row_begin; o0 < row_end; o0 += kTileRows)
+    kernel(tile_as_rows(w, o0), xp, n, y + o0, y_stride, 0, kTileRows);
+}
+
+int64_t detail::row_unit(const QuantMatrixView& w) {
+  return w.layout == QuantLayout::kTiles ? kTileRows : kRowAlignment;
 }
 
 void quantize(QuantFormat format, int group_size, const float* w, int64_t rows, int64_t cols,
@@ -333,15 +411,15 @@ void dequantize(const QuantMatrixView& w, float* out) {
   const int64_t rb = row_bytes(w.format, w.cols);
   const int64_t ng = w.format == QuantFormat::kInt4Grouped ? n_groups(w.cols, w.group_size) : 1;
   for (int64_t o = 0; o < w.rows; ++o) {
-    const uint8_t* row = w.data + o * rb;
     for (int64_t i = 0; i < w.cols; ++i) {
-      const float s =
-          w.format == QuantFormat::kInt4Grouped ? w.scales[o * ng + i / w.group_size] : w.scales[o];
+      const int64_t g = w.format == QuantFormat::kInt4Grouped ? i / w.group_size : 0;
+      const float s = w.scales[detail::scale_at(w, ng, o, g)];
       int q;
       if (w.format == QuantFormat::kInt8Row) {
-        q = int8_t(row[i]);
+        q = int8_t(w.data[detail::byte_at(w, rb, o, i)]);
       } else {
-        q = int((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 15) - 8;
+        const uint8_t b = w.data[detail::byte_at(w, rb, o, i >> 1)];
+        q = int((i & 1) ? b >> 4 : b & 15) - 8;
       }
       out[o * w.cols + i] = float(q) * s;
     }
@@ -417,8 +495,9 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
 #pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
   {
     int64_t begin, end;
-    detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end);
-    kernel(w, xp, n, y, w.rows, begin, end);
+    detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end,
+                         detail::row_unit(w));
+    detail::run_rows(kernel, w, xp, n, y, w.rows, begin, end);
   }
 }
 
@@ -464,9 +543,10 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
   {
     const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
     int64_t begin, end;
-    detail::static_range(inter, nth, tid, begin, end);
-    kernel_gate(gate, x_gate, n, gate_out, inter, begin, end);
-    kernel_up(up, x_up, n, up_out, inter, begin, end);
+    detail::static_range(inter, nth, tid, begin, end,
+                         std::max(detail::row_unit(gate), detail::row_unit(up)));
+    detail::run_rows(kernel_gate, gate, x_gate, n, gate_out, inter, begin, end);
+    detail::run_rows(kernel_up, up, x_up, n, up_out, inter, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
@@ -478,8 +558,8 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
 #pragma omp single
       permute_activations(h, n, inter, layout_down, h);
     }
-    detail::static_range(hidden, nth, tid, begin, end);
-    kernel_down(down, h, n, y, hidden, begin, end);
+    detail::static_range(hidden, nth, tid, begin, end, detail::row_unit(down));
+    detail::run_rows(kernel_down, down, h, n, y, hidden, begin, end);
   }
 }
 

@@ -24,6 +24,19 @@ namespace colibri::kernels {
 
 enum class QuantFormat { kInt4Row, kInt4Grouped, kInt8Row };
 
+// Where the bytes and scales of a matrix lie in memory (same sizes either way):
+//   kRows: as in the container above.
+//   kTiles: rows in tiles of kTileRows = 8, each tile one contiguous span. Within tile t (rows
+//     8t..8t+7), the bytes of each row are taken 32 at a time (chunk c: bytes [32c, 32c + 32) of
+//     the row) and 4 at a time within a chunk (word j): byte b of word j of chunk c of row r sits
+//     at data[t * 8 * row_bytes + c * 256 + j * 32 + r * 4 + b]. Grouped scales are
+//     [tile][group][row]: s[(t * n_groups + g) * 8 + r]; per-row scales stay [rows]. This is the
+//     order in which the AVX2 int8-activation kernel reads a tile (one 32-byte load per word of 8
+//     rows, no transpose, one stream per tile). Only for matrices with tiles_supported().
+enum class QuantLayout { kRows, kTiles };
+
+inline constexpr int64_t kTileRows = 8;
+
 // A quantized [rows, cols] matrix, not owned. group_size is 0 for the per-row formats.
 struct QuantMatrixView {
   QuantFormat format;
@@ -31,6 +44,7 @@ struct QuantMatrixView {
   int group_size;
   const uint8_t* data;  // [rows, row_bytes(format, cols)]
   const float* scales;  // [scale_count(format, rows, cols, group_size)]
+  QuantLayout layout = QuantLayout::kRows;
 };
 
 inline constexpr int kDefaultGroupSize = 64;
@@ -48,6 +62,19 @@ int64_t scale_count(QuantFormat format, int64_t rows, int64_t cols, int group_si
 // Throws std::invalid_argument when the view is inconsistent (shape, group size for the format,
 // null pointers). Every kernel below calls it once per call.
 void check_view(const QuantMatrixView& w);
+
+// Whether a matrix of this format and shape can be held as kTiles: rows a multiple of 8, cols a
+// multiple of 64, and for int4-grouped a group size that is a multiple of 64.
+bool tiles_supported(QuantFormat format, int64_t rows, int64_t cols, int group_size);
+// Whether the dispatching kernels read w's bytes in the kTiles order natively: tiles_supported,
+// int8 activations for w (int8_activations_for), and the selected ISA's int8 kernel is the AVX2
+// one (AVX2, or AVX-512 without VNNI). Every kernel accepts both layouts; the others copy one tile
+// at a time back to rows, which costs a copy of the weights per call. COLIBRI_TILES=0 in the
+// environment turns it off (benchmarks compare both).
+bool tiles_preferred(const QuantMatrixView& w);
+// Copies w (either layout) into data / scales (packed_bytes / scale_count) in `layout`. The
+// destination must not overlap w. Throws std::invalid_argument when kTiles is not supported.
+void relayout(const QuantMatrixView& w, QuantLayout layout, uint8_t* data, float* scales);
 
 // Quantises w [rows, cols] (f32, row-major) into data [packed_bytes] and scales [scale_count] with
 // the container's rule. group_size is ignored (pass 0) for the per-row formats.

@@ -56,6 +56,23 @@ inline constexpr int64_t kRowAlignment = 4;
 void static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,
                   int64_t unit = kRowAlignment);
 
+// The offset in w.data of byte b of row o, and in w.scales of group g of row o (g = 0 for the
+// per-row formats), in w's layout (quant.h).
+int64_t byte_at(const QuantMatrixView& w, int64_t row_bytes, int64_t o, int64_t b);
+int64_t scale_at(const QuantMatrixView& w, int64_t n_groups, int64_t o, int64_t g);
+
+// The kTiles tile holding rows [o0, o0 + 8) (o0 a multiple of 8) as an 8-row kRows matrix, copied
+// into the calling thread's scratch; valid until its next call on this thread.
+QuantMatrixView tile_as_rows(const QuantMatrixView& w, int64_t o0);
+
+// kernel on rows [row_begin, row_end) of w: directly for kRows; for kTiles (row_begin a multiple
+// of 8) one tile at a time through tile_as_rows, for the kernels that read rows only.
+void run_rows(RowsKernel kernel, const QuantMatrixView& w, const float* xp, int64_t n, float* y,
+              int64_t y_stride, int64_t row_begin, int64_t row_end);
+
+// The unit of rows a thread's range is made of for w: kRowAlignment, or kTileRows for kTiles.
+int64_t row_unit(const QuantMatrixView& w);
+
 // Throws std::invalid_argument unless gate and up are [inter, hidden] and down [hidden, inter].
 void check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
                       const QuantMatrixView& down);

@@ -145,6 +145,21 @@ detail::Int8RowsKernel int8_kernel(QuantIsa isa) {
   return int8_rows_scalar;
 }
 
+// kernel on rows [row_begin, row_end) of w; a kTiles matrix one tile at a time through
+// tile_as_rows, except for the AVX2 kernel, which reads tiles as they are.
+void run_int8(detail::Int8RowsKernel kernel, const QuantMatrixView& w, const Int8Rows& x, float* y,
+              int64_t y_stride, int64_t row_begin, int64_t row_end) {
+#if COLIBRI_QUANT_X86
+  const bool native = kernel == detail::int8_rows_avx2;
+#else
+  const bool native = false;
+#endif
+  if (w.layout == QuantLayout::kRows || native)
+    return kernel(w, x, y, y_stride, row_begin, row_end);
+  for (int64_t o0 = row_begin; o0 < std::min(row_end, w.rows); o0 += kTileRows)
+    kernel(detail::tile_as_rows(w, o0), x, y + o0, y_stride, 0, kTileRows);
+}
+
 void require(QuantIsa isa, const QuantMatrixView& w) {
   check_view(w);
   if (!quant_isa_available(isa))
@@ -228,6 +243,19 @@ bool int8_activations_for(const QuantMatrixView& w) {
   return false;
 }
 
+bool tiles_preferred(const QuantMatrixView& w) {
+#if COLIBRI_QUANT_X86
+  static const bool allowed = [] {
+    const char* value = std::getenv("COLIBRI_TILES");
+    return value == nullptr || std::strcmp(value, "0") != 0;
+  }();
+  return allowed && tiles_supported(w.format, w.rows, w.cols, w.group_size) && int8_activations_for(w) &&
+         int8_kernel(quant_isa_selected()) == detail::int8_rows_avx2;
+#else
+  return false;
+#endif
+}
+
 bool int8_activations_vnni(QuantIsa isa) {
   return isa == QuantIsa::kAvx512 && quant_isa_available(isa) && cpu_has_vnni();
 }
@@ -260,7 +288,7 @@ void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, i
     int64_t begin, end;
     detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end,
                          kInt8TileRows);
-    kernel(w, xq, y, w.rows, begin, end);
+    run_int8(kernel, w, xq, y, w.rows, begin, end);
   }
 }
 
@@ -292,8 +320,8 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
     const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
     int64_t begin, end;
     detail::static_range(inter, nth, tid, begin, end, kInt8TileRows);
-    kernel(gate, x_gate, gate_out, inter, begin, end);
-    kernel(up, x_up, up_out, inter, begin, end);
+    run_int8(kernel, gate, x_gate, gate_out, inter, begin, end);
+    run_int8(kernel, up, x_up, up_out, inter, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
@@ -306,7 +334,7 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
       quantize_block(quantize, h, h_q, u / h_q.blocks, u % h_q.blocks);
 #pragma omp barrier
     detail::static_range(hidden, nth, tid, begin, end, kInt8TileRows);
-    kernel(down, h_q, y, hidden, begin, end);
+    run_int8(kernel, down, h_q, y, hidden, begin, end);
   }
 }
 

@@ -2,7 +2,8 @@
 // used on AVX-512 CPUs without VNNI. The operations: quant_int8_detail.h.
 //
 // A tile is 8 output rows, lane r of every vector is row r. Per 64-input block, 32 bytes of each
-// row (int4: the whole block; int8: half of it) are transposed as an 8x8 table of 32-bit words.
+// row (int4: the whole block; int8: half of it) are transposed as an 8x8 table of 32-bit words;
+// a kTiles matrix (quant.h) stores them so, and 8 loads take the place of the transpose.
 // pmaddubsw multiplies unsigned by signed bytes into saturating 16-bit pairs and pmaddwd with ones
 // widens them to the lanes. int4: nibbles 0-15 against |q| <= 127, so the low- and high-nibble
 // pairs (each at most 2 * 15 * 127) are added in 16 bits, from the bias correction. int8: |w|
@@ -76,7 +77,8 @@ inline __m256i broadcast_word(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
-template <bool Int8, int T>
+// Tiled: w is kTiles (quant.h), whose 8 rows of a 32-byte chunk are already the transposed z.
+template <bool Int8, bool Tiled, int T>
 [[gnu::flatten]] void tile(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0,
                            float* y, int64_t y_stride) {
   const int64_t rb = row_bytes(w.format, w.cols);
@@ -108,11 +110,15 @@ template <bool Int8, int T>
   for (int64_t k = 0; k < x.blocks; ++k) {
     if (grouped) {
       const int64_t g = k * kInt8Block / gs;
-      if (g8 < 0 || g >= g8 + 8) {
-        g8 = g;
-        load_group_scales(tile_scales, valid, ng, g8, group_scales);
+      if constexpr (Tiled) {
+        s_w = _mm256_loadu_ps(tile_scales + 8 * g);
+      } else {
+        if (g8 < 0 || g >= g8 + 8) {
+          g8 = g;
+          load_group_scales(tile_scales, valid, ng, g8, group_scales);
+        }
+        s_w = _mm256_load_ps(group_scales[g - g8]);
       }
-      s_w = _mm256_load_ps(group_scales[g - g8]);
     }
     for (int64_t at = next + kStep * k; at < std::min(next + kStep * (k + 1), end); at += 64)
       _mm_prefetch(reinterpret_cast<const char*>(w.data + at), _MM_HINT_T0);
@@ -125,7 +131,13 @@ template <bool Int8, int T>
     for (int half = 0; half < (Int8 ? 2 : 1); ++half) {
       const int64_t at = Int8 ? 64 * k + 32 * half : 32 * k;
       __m256i z[8];
-      load_tile(rows, at, rb - at, z);
+      if constexpr (Tiled) {
+        const uint8_t* chunk = w.data + o0 * rb + at / 32 * 256;
+        for (int j = 0; j < 8; ++j)
+          z[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 32 * j));
+      } else {
+        load_tile(rows, at, rb - at, z);
+      }
       if constexpr (Int8) {
         __m256i a[8];
         for (int j = 0; j < 8; ++j) a[j] = _mm256_abs_epi8(z[j]);
@@ -174,10 +186,17 @@ template <bool Int8, int T>
 template <int T>
 void tile_for(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0, float* y,
               int64_t y_stride) {
-  if (w.format == QuantFormat::kInt8Row)
-    tile<true, T>(w, o0, x, t0, y, y_stride);
-  else
-    tile<false, T>(w, o0, x, t0, y, y_stride);
+  const bool tiled = w.layout == QuantLayout::kTiles;
+  if (w.format == QuantFormat::kInt8Row) {
+    if (tiled)
+      tile<true, true, T>(w, o0, x, t0, y, y_stride);
+    else
+      tile<true, false, T>(w, o0, x, t0, y, y_stride);
+  } else if (tiled) {
+    tile<false, true, T>(w, o0, x, t0, y, y_stride);
+  } else {
+    tile<false, false, T>(w, o0, x, t0, y, y_stride);
+  }
 }
 
 }  // namespace

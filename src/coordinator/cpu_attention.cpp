@@ -15,8 +15,8 @@ namespace colibri {
 namespace {
 
 // For t < n: y[t * r ..] += sum over i < count of alpha[t * a_stride + i] * kv_b_proj[row0 + i, :],
-// in the rows' stored form (fp32, BF16, or int8 with its row scale): axpy_rows, the same bits as
-// one axpy per row and term.
+// in the rows' stored form (fp32, BF16, or int8 with its row scale; the loader keeps its rows):
+// axpy_rows, the same bits as one axpy per row and term.
 void kv_b_axpy_rows(const Matrix& w, int64_t row0, int64_t count, const float* alpha,
                     int64_t a_stride, int64_t n, float* y) {
   const int64_t r = w.cols;

@@ -21,15 +21,23 @@ struct QuantMatrix {
   kernels::QuantFormat format = kernels::QuantFormat::kInt8Row;
   int64_t rows = 0, cols = 0;
   int group_size = 0;         // 0 for the per-row formats
-  std::vector<uint8_t> data;  // [rows, row_bytes(format, cols)]
-  std::vector<float> scales;  // [scale_count(format, rows, cols, group_size)]
+  std::vector<uint8_t> data;  // [rows, row_bytes(format, cols)] in `layout`
+  std::vector<float> scales;  // [scale_count(format, rows, cols, group_size)] in `layout`
+  kernels::QuantLayout layout = kernels::QuantLayout::kRows;  // as stored: kRows
 
   bool empty() const { return data.empty(); }
   uint64_t bytes() const { return data.size() + 4 * scales.size(); }
   kernels::QuantMatrixView view() const {
-    return {format, rows, cols, group_size, data.data(), scales.data()};
+    return {format, rows, cols, group_size, data.data(), scales.data(), layout};
   }
 };
+
+// Rearranges q's bytes and scales into `layout`, in place (no change when it is q's already);
+// std::invalid_argument when q's shape does not allow it (kernels::tiles_supported).
+void set_layout(QuantMatrix& q, kernels::QuantLayout layout);
+// Into the layout the CPU kernels read fastest here (kernels::tiles_preferred): for a matrix that
+// only the quantized kernels read, never by rows.
+void use_cpu_layout(QuantMatrix& q);
 
 // A format with its group size (0 for per-row).
 struct QuantSpec {

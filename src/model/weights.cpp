@@ -107,13 +107,17 @@ class Loader {
   }
   // A projection: kept as stored, when stored weights are kept, if it is a container weight or
   // BF16; fp32 otherwise.
-  Matrix projection(const std::string& name, int64_t rows, int64_t cols) const {
+  // by_rows: the caller reads the matrix row by row itself, so a container weight keeps its rows;
+  // otherwise only the quantized kernels read it, in the layout they prefer.
+  Matrix projection(const std::string& name, int64_t rows, int64_t cols,
+                    bool by_rows = false) const {
     Matrix m;
     m.rows = rows;
     m.cols = cols;
     if (keep_stored_ && checkpoint_.is_quantized(name)) {
       m.quant = checkpoint_.load_quant(name, rows, cols);
       check_finite(m.quant.scales, where(name + kQuantScaleSuffix));
+      if (!by_rows) use_cpu_layout(m.quant);
     } else if (keep_stored_ && checkpoint_.is_bf16(name)) {
       m.bf16 = checkpoint_.load_bf16(name, {rows, cols});
       // Exponent all ones: NaN or Inf; the error is check_finite's on the widened values.
@@ -177,6 +181,7 @@ class Loader {
     check_finite(w.quant.gate.scales, where(names[0] + kQuantScaleSuffix));
     check_finite(w.quant.up.scales, where(names[1] + kQuantScaleSuffix));
     check_finite(w.quant.down.scales, where(names[2] + kQuantScaleSuffix));
+    for (QuantMatrix* q : {&w.quant.gate, &w.quant.up, &w.quant.down}) use_cpu_layout(*q);
     return w;
   }
 
@@ -197,7 +202,7 @@ class Loader {
     // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
     // or int8 per row, fp32 otherwise.
     const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
-    a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
+    a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank, /*by_rows=*/true);
     if (a.kv_b_proj.stored_fp8() ||
         (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
       a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);

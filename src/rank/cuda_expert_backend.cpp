@@ -40,6 +40,7 @@ struct HostMatrix {
   uint64_t data_bytes;
   const float* scales;
   uint64_t scale_bytes;
+  const QuantMatrix* quant = nullptr;  // set for a container matrix (the GPU reads its rows)
 };
 
 HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
@@ -51,13 +52,15 @@ HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
             quant.data.data(),
             quant.data.size(),
             quant.scales.data(),
-            4 * quant.scales.size()};
+            4 * quant.scales.size(),
+            &quant};
   if (dense.stored_bf16())
     return {cuda::WeightFormat::kBF16, 0,       dense.rows, dense.cols, dense.bf16.data(),
             2 * dense.bf16.size(),     nullptr, 0};
   if (dense.stored_fp8())
-    fail("FP8 routed experts have no CUDA kernel yet: convert the checkpoint to a container "
-         "(colibri-convert) or run the experts on the CPU");
+    fail(
+        "FP8 routed experts have no CUDA kernel yet: convert the checkpoint to a container "
+        "(colibri-convert) or run the experts on the CPU");
   return {cuda::WeightFormat::kF32, 0,       dense.rows, dense.cols, dense.data.data(),
           4 * dense.data.size(),    nullptr, 0};
 }
@@ -232,6 +235,12 @@ void CudaExpertBackend::upload(int layer, int expert, int slot) {
           "expert ({}, group {}); a rank's experts share one format",
           layer, expert, kMatrixNames[m], device_, cuda::weight_format_name(h.format), h.group_size,
           cuda::weight_format_name(l.format), l.group_size);
+    if (h.quant != nullptr && h.quant->layout != kernels::QuantLayout::kRows) {
+      kernels::relayout(h.quant->view(), kernels::QuantLayout::kRows,
+                        reinterpret_cast<uint8_t*>(staging + l.data_at),
+                        reinterpret_cast<float*>(staging + l.scales_at));
+      continue;
+    }
     std::memcpy(staging + l.data_at, h.data, h.data_bytes);
     if (h.scale_bytes) std::memcpy(staging + l.scales_at, h.scales, h.scale_bytes);
   }

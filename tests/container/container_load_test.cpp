@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,6 +62,33 @@ TEST(QuantizeMatrix, RefusesAGroupingTheReaderCannotTellApart) {
   // One group per row is written as int4-row.
   const QuantMatrix q = quantize_matrix("w", {QuantFormat::kInt4Grouped, 64}, w.data(), 8, 64);
   EXPECT_EQ(q.format, QuantFormat::kInt4Row);
+}
+
+// In place, tile by tile: the same bytes as kernels::relayout, and back to the stored ones.
+TEST(QuantMatrixLayout, SetLayoutInPlaceAndBack) {
+  std::vector<float> w(24 * 192);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(float(i) * 0.37f);
+  for (QuantSpec spec :
+       {QuantSpec{QuantFormat::kInt4Grouped, 64}, QuantSpec{QuantFormat::kInt8Row, 0},
+        QuantSpec{QuantFormat::kInt4Grouped, 192}}) {
+    SCOPED_TRACE(quant_spec_name(spec));
+    const QuantMatrix stored = quantize_matrix("w", spec, w.data(), 24, 192);
+    QuantMatrix q = stored;
+    set_layout(q, kernels::QuantLayout::kTiles);
+    EXPECT_EQ(q.layout, kernels::QuantLayout::kTiles);
+    std::vector<uint8_t> data(stored.data.size());
+    std::vector<float> scales(stored.scales.size());
+    kernels::relayout(stored.view(), kernels::QuantLayout::kTiles, data.data(), scales.data());
+    EXPECT_EQ(q.data, data);
+    EXPECT_EQ(q.scales, scales);
+    EXPECT_NE(q.data, stored.data);
+    set_layout(q, kernels::QuantLayout::kRows);
+    EXPECT_EQ(q.data, stored.data);
+    EXPECT_EQ(q.scales, stored.scales);
+  }
+  QuantMatrix odd = quantize_matrix("w", {QuantFormat::kInt8Row, 0}, w.data(), 20, 192);
+  EXPECT_THROW(set_layout(odd, kernels::QuantLayout::kTiles), std::invalid_argument);
+  EXPECT_EQ(odd.layout, kernels::QuantLayout::kRows);
 }
 
 struct Container {
