@@ -323,12 +323,29 @@ void relayout(const QuantMatrixView& w, QuantLayout layout, uint8_t* data, float
                 size_t(scale_count(w.format, w.rows, w.cols, w.group_size)) * sizeof(float));
     return;
   }
-  for (int64_t o = 0; o < w.rows; ++o) {
-    for (int64_t b = 0; b < rb; b += 4)
-      std::memcpy(data + detail::byte_at(to, rb, o, b), w.data + detail::byte_at(w, rb, o, b), 4);
+  // Tile by tile (the same span in either layout), word by word: byte_at and scale_at unrolled.
+  const bool to_tiles = layout == QuantLayout::kTiles;
+  const bool grouped = w.format == QuantFormat::kInt4Grouped;
+  for (int64_t o0 = 0; o0 < w.rows; o0 += kTileRows) {
+    const uint8_t* src = w.data + o0 * rb;
+    uint8_t* dst = data + o0 * rb;
+    for (int64_t c = 0; c < rb / 32; ++c)
+      for (int64_t j = 0; j < 8; ++j)
+        for (int64_t r = 0; r < kTileRows; ++r) {
+          const int64_t at_rows = r * rb + c * 32 + j * 4, at_tiles = c * 256 + j * 32 + r * 4;
+          std::memcpy(dst + (to_tiles ? at_tiles : at_rows), src + (to_tiles ? at_rows : at_tiles),
+                      4);
+        }
+    if (!grouped) continue;
+    const float* s_src = w.scales + o0 * ng;
+    float* s_dst = scales + o0 * ng;
     for (int64_t g = 0; g < ng; ++g)
-      scales[detail::scale_at(to, ng, o, g)] = w.scales[detail::scale_at(w, ng, o, g)];
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const int64_t at_rows = r * ng + g, at_tiles = g * kTileRows + r;
+        s_dst[to_tiles ? at_tiles : at_rows] = s_src[to_tiles ? at_rows : at_tiles];
+      }
   }
+  if (!grouped) std::memcpy(scales, w.scales, size_t(w.rows) * sizeof(float));
 }
 
 namespace {
