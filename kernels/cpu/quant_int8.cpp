@@ -133,6 +133,7 @@ bool cpu_has_vnni() {
 detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 #if COLIBRI_QUANT_X86
   if (isa == QuantIsa::kAvx512) return detail::quantize_block_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::quantize_block_avx2;
 #endif
   return quantize_values;
 }

@@ -215,6 +215,29 @@ TEST(QuantLinearInt8, EveryIsaEqualsTheScalarReferenceBitForBit) {
         }
 }
 
+// Activations at the edges of the quantization rule: values whose scaled product is a tie
+// (k + 0.5, rounded to even), zeros of both signs, subnormals, the largest finite float, and a
+// short last block. Every ISA's quantizer gives the scalar reference's codes, so the products
+// agree bit for bit (int8 weights: each code meets its own weight).
+TEST(QuantLinearInt8, EveryIsaQuantizesEdgeValuesAlike) {
+  const Shape s{16, 200};
+  const QuantMatrix m = quantized_normal(kFormats[4], s, 31);
+  std::vector<float> x(size_t(3 * s.cols));
+  for (int64_t i = 0; i < s.cols; ++i) {
+    // Row 0: amax 127 in every block, so x * 127 / amax = x: ties at k + 0.5.
+    x[size_t(i)] = i % 64 == 0 ? 127.0f : float(i % 50) - 24.5f;
+    // Row 1: signed zeros and subnormals beside a normal value.
+    x[size_t(s.cols + i)] = i % 3 == 0 ? -0.0f : (i % 3 == 1 ? 1e-40f : -3e-39f);
+    // Row 2: the largest finite float and its neighbours.
+    x[size_t(2 * s.cols + i)] = i % 5 == 0 ? 3.4028235e38f : float(i) * 1e36f;
+  }
+  x[size_t(s.cols + 70)] = 0.75f;
+  for (QuantIsa isa : available_isas()) {
+    SCOPED_TRACE(isa_label(isa));
+    ASSERT_EQ(run_int8(isa, m, x, 3), run_int8(QuantIsa::kScalar, m, x, 3));
+  }
+}
+
 // Codes at the ends of their ranges, where a 16-bit pair sum could saturate: int4 nibbles 0 and
 // 15 against +-127, int8 weights -128 (never written by the quantizer, but readable) and 127.
 TEST(QuantLinearInt8, ExtremeCodesDoNotSaturate) {
