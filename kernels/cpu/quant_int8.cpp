@@ -250,8 +250,8 @@ bool tiles_preferred(const QuantMatrixView& w) {
     const char* value = std::getenv("COLIBRI_TILES");
     return value == nullptr || std::strcmp(value, "0") != 0;
   }();
-  return allowed && tiles_supported(w.format, w.rows, w.cols, w.group_size) && int8_activations_for(w) &&
-         int8_kernel(quant_isa_selected()) == detail::int8_rows_avx2;
+  return allowed && tiles_supported(w.format, w.rows, w.cols, w.group_size) &&
+         int8_activations_for(w) && int8_kernel(quant_isa_selected()) == detail::int8_rows_avx2;
 #else
   return false;
 #endif

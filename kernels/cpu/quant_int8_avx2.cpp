@@ -223,8 +223,8 @@ float quantize_block_avx2(const float* x, int64_t cols, int64_t k, int q[kInt8Bl
   const __m256 inv = _mm256_set1_ps(127.0f / a);
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   for (int c = 0; c < 8; ++c) {
-    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v[c], inv),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 r =
+        _mm256_round_ps(_mm256_mul_ps(v[c], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 8 * c),
                         _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi)));
   }

@@ -52,8 +52,9 @@ using Int8RowsKernel = void (*)(const QuantMatrixView& w, const Int8Rows& x, flo
                                 int64_t y_stride, int64_t row_begin, int64_t row_end);
 
 // Quantizes block k of one row x [cols] into q[j], j < 64 (0 past cols), and returns its scale, by
-// the rule above; the AVX2 and AVX-512 versions give the same values (every step is exact or one IEEE
-// operation in the same order: the largest magnitude, 127 / amax, the product, rint, the clamp).
+// the rule above; the AVX2 and AVX-512 versions give the same values (every step is exact or one
+// IEEE operation in the same order: the largest magnitude, 127 / amax, the product, rint, the
+// clamp).
 using QuantizeBlockFn = float (*)(const float* x, int64_t cols, int64_t k, int q[kInt8Block]);
 float quantize_block_avx2(const float* x, int64_t cols, int64_t k, int q[kInt8Block]);
 float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8Block]);
