@@ -18,15 +18,14 @@
 #include <vector>
 
 #include "cpu/quant.h"
+#include "quant_fixtures.h"
 
 namespace colibri::kernels {
 namespace {
 
-struct FormatCase {
-  const char* name;
-  QuantFormat format;
-  int group_size;
-};
+using test::available_isas;
+using test::FormatCase;
+using test::normal;
 
 const FormatCase kFormats[] = {{"int4-row", QuantFormat::kInt4Row, 0},
                                {"int4-g64", QuantFormat::kInt4Grouped, 64},
@@ -44,13 +43,6 @@ struct Shape {
 const Shape kShapes[] = {{96, 384}, {40, 320}, {37, 70}, {5, 130},
                          {3, 1},    {2, 17},   {9, 200}, {33, 2240}};
 const int64_t kBatches[] = {1, 3, 8, 11, 20};
-
-std::vector<QuantIsa> available_isas() {
-  std::vector<QuantIsa> isas;
-  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
-    if (quant_isa_available(isa)) isas.push_back(isa);
-  return isas;
-}
 
 std::string isa_label(QuantIsa isa) {
   return std::string(quant_isa_name(isa)) + (int8_activations_vnni(isa) ? "+vnni" : "");
@@ -74,14 +66,6 @@ struct QuantMatrix {
     return {format, rows, cols, group_size, data.data(), scales.data()};
   }
 };
-
-std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& e : v) e = dist(rng);
-  return v;
-}
 
 QuantMatrix quantized_normal(const FormatCase& fc, Shape s, uint32_t seed) {
   QuantMatrix m(fc, s);

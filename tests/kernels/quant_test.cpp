@@ -26,17 +26,16 @@
 #include "cpu/elementwise.h"
 #include "cpu/linear.h"
 #include "cpu/quant.h"
+#include "quant_fixtures.h"
 
 namespace colibri::kernels {
 namespace {
 
-// ---- fixtures ---------------------------------------------------------------------------------
+using test::available_isas;
+using test::FormatCase;
+using test::normal;
 
-struct FormatCase {
-  const char* name;
-  QuantFormat format;
-  int group_size;
-};
+// ---- fixtures ---------------------------------------------------------------------------------
 
 // g16 and g48 take the AVX-512 kernel's 16-input blocks; the others its 32-input blocks.
 const FormatCase kFormats[] = {
@@ -54,13 +53,6 @@ struct Shape {
 const Shape kShapes[] = {{128, 384}, {384, 128}, {37, 70}, {5, 130}, {3, 1}, {2, 17}};
 
 const int64_t kBatches[] = {1, 3, 8, 11, 64};
-
-std::vector<QuantIsa> available_isas() {
-  std::vector<QuantIsa> isas;
-  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
-    if (quant_isa_available(isa)) isas.push_back(isa);
-  return isas;
-}
 
 // An ISA's kernels, with or without BF16 pairs (quant.h) for one activation row.
 struct Kernels {
@@ -120,14 +112,6 @@ struct QuantMatrix {
   }
   int64_t groups_per_row() const { return scales.size() / std::max<int64_t>(rows, 1); }
 };
-
-std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& e : v) e = dist(rng);
-  return v;
-}
 
 QuantMatrix quantized_normal(const FormatCase& fc, Shape s, uint32_t seed) {
   QuantMatrix m(fc.format, fc.group_size, s.rows, s.cols);

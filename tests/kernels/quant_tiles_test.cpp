@@ -12,28 +12,20 @@
 #include <vector>
 
 #include "cpu/quant.h"
+#include "quant_fixtures.h"
 
 namespace colibri::kernels {
 namespace {
 
-struct FormatCase {
-  const char* name;
-  QuantFormat format;
-  int group_size;
-};
+using test::available_isas;
+using test::FormatCase;
+using test::normal;
 
 const FormatCase kFormats[] = {{"int4-row", QuantFormat::kInt4Row, 0},
                                {"int4-g64", QuantFormat::kInt4Grouped, 64},
                                {"int4-g128", QuantFormat::kInt4Grouped, 128},
                                {"int4-g192", QuantFormat::kInt4Grouped, 192},
                                {"int8-row", QuantFormat::kInt8Row, 0}};
-
-std::vector<QuantIsa> available_isas() {
-  std::vector<QuantIsa> isas;
-  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
-    if (quant_isa_available(isa)) isas.push_back(isa);
-  return isas;
-}
 
 // A matrix that owns its bytes, in either layout.
 struct Owned {
@@ -56,14 +48,6 @@ struct Owned {
     return out;
   }
 };
-
-std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(static_cast<size_t>(count));
-  for (float& e : v) e = dist(rng);
-  return v;
-}
 
 Owned quantized_normal(const FormatCase& fc, int64_t rows, int64_t cols, uint32_t seed) {
   Owned m(fc, rows, cols);
