@@ -285,6 +285,30 @@ void axpy_f32(float alpha, const float* x, float* y, int64_t n) {
   selected_axpy()(alpha, x, y, n);
 }
 
+namespace {
+
+void dot_rows(QuantIsa isa, const float* const* a, int64_t count, const float* b, int64_t n,
+              float* out) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx2) return detail::dot_rows_avx2(a, count, b, n, out);
+#endif
+  const DotFn dot = dot_kernel(isa);
+  for (int64_t j = 0; j < count; ++j) out[j] = dot(a[j], b, n);
+}
+
+}  // namespace
+
+void dot_f32_rows(QuantIsa isa, const float* const* a, int64_t count, const float* b, int64_t n,
+                  float* out) {
+  require_available(isa);
+  dot_rows(isa, a, count, b, n, out);
+}
+
+void dot_f32_rows(const float* const* a, int64_t count, const float* b, int64_t n, float* out) {
+  static const QuantIsa isa = quant_isa_selected();
+  dot_rows(isa, a, count, b, n, out);
+}
+
 float dot_f32(QuantIsa isa, const float* a, const float* b, int64_t n) {
   require_available(isa);
   return dot_kernel(isa)(a, b, n);

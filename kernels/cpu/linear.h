@@ -77,6 +77,11 @@ void axpy_rows_i8(const AxpyRows& a, const int8_t* x);
 
 // Dot product of two fp32 vectors on the selected ISA.
 float dot_f32(const float* a, const float* b, int64_t n);
+// out[j] = dot_f32(a[j], b, n) for j < count, bit for bit: on AVX2, b is loaded once for three
+// rows of a at a time (attention scores: several heads against one key).
+void dot_f32_rows(const float* const* a, int64_t count, const float* b, int64_t n, float* out);
+void dot_f32_rows(QuantIsa isa, const float* const* a, int64_t count, const float* b, int64_t n,
+                  float* out);
 // y[i] += alpha * x[i] on the selected ISA.
 void axpy_f32(float alpha, const float* x, float* y, int64_t n);
 

@@ -20,6 +20,7 @@ struct Fp8Row {
 };
 
 float dot_avx2(const float* a, const float* b, int64_t n);
+void dot_rows_avx2(const float* const* a, int64_t count, const float* b, int64_t n, float* out);
 float dot_avx512(const float* a, const float* b, int64_t n);
 float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n);
 float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n);

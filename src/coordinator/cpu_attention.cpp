@@ -231,12 +231,21 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
       const int* selected = nullptr;
       const int count = keys_of(t, &selected);
       const float* q = &q_[(size_t(t) * heads + h0) * dq];
+      // Each key's latent and rope rows against the block's heads (dot_f32_rows: one dot_f32 per
+      // head, bit for bit, reading the key's rows once for several heads).
+      const float* q_latent[kHeadBlock];
+      const float* q_rope[kHeadBlock];
+      for (int h = 0; h < nh; ++h) {
+        q_latent[h] = q_abs_all + (size_t(h) * n + t) * r;
+        q_rope[h] = q + size_t(h) * dq + dn;
+      }
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
+        float by_latent[kHeadBlock], by_rope[kHeadBlock];
+        kernels::dot_f32_rows(q_latent, nh, latent + s * r, r, by_latent);
+        kernels::dot_f32_rows(q_rope, nh, k_rope + s * dr, dr, by_rope);
         for (int h = 0; h < nh; ++h)
-          p_all[size_t(h) * max_keys_ + i] =
-              scale * (dot_f32(q_abs_all + (size_t(h) * n + t) * r, latent + s * r, r) +
-                       dot_f32(q + size_t(h) * dq + dn, k_rope + s * dr, dr));
+          p_all[size_t(h) * max_keys_ + i] = scale * (by_latent[h] + by_rope[h]);
       }
       for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys_, count);
       // o_latent = sum of p * latent over the keys, up to kKeysPerAxpy consecutive slots in one

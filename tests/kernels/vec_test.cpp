@@ -58,6 +58,36 @@ TEST(Vec, DotAndAxpyMatchTheScalarReferenceOnEveryIsa) {
   EXPECT_GE(checked, 18);  // at least the scalar ISA ran every length
 }
 
+// Several rows of a against one b: each result is that ISA's dot_f32, bit for bit, for every
+// row count (groups of three and the remainders) and length (every tail).
+TEST(Vec, DotRowsEqualsOneDotPerRow) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (QuantIsa isa : available_isas())
+    for (int64_t n : {0, 1, 7, 8, 31, 32, 33, 64, 65, 512, 576, 1031})
+      for (int64_t count : {0, 1, 2, 3, 4, 5, 7, 8}) {
+        std::vector<std::vector<float>> rows(static_cast<size_t>(count),
+                                             std::vector<float>(static_cast<size_t>(n)));
+        std::vector<const float*> a;
+        for (auto& row : rows) {
+          for (float& v : row) v = normal(rng);
+          a.push_back(row.data());
+        }
+        std::vector<float> b(static_cast<size_t>(n)),
+            out(static_cast<size_t>(count), std::nanf(""));
+        for (float& v : b) v = normal(rng);
+        dot_f32_rows(isa, a.data(), count, b.data(), n, out.data());
+        for (int64_t j = 0; j < count; ++j)
+          EXPECT_EQ(out[size_t(j)], dot_f32(isa, a[size_t(j)], b.data(), n))
+              << quant_isa_name(isa) << " n " << n << " rows " << count << " row " << j;
+        if (isa == quant_isa_selected()) {
+          std::vector<float> selected(size_t(count), std::nanf(""));
+          dot_f32_rows(a.data(), count, b.data(), n, selected.data());
+          EXPECT_EQ(selected, out) << "n " << n << " rows " << count;
+        }
+      }
+}
+
 TEST(Vec, LinearIsOneDotPerOutput) {
   const int64_t n = 3, rows = 5, cols = 37;
   std::vector<float> x(size_t(n * cols)), w(size_t(rows * cols)), y(size_t(n * rows));
