@@ -63,8 +63,8 @@ float quantize_values(const float* x, int64_t cols, int64_t k, int q[kInt8Block]
   }
   std::fill(q, q + kInt8Block, 0);
   if (nan || !std::isfinite(amax)) return std::numeric_limits<float>::quiet_NaN();
-  if (amax == 0.0f) return 0.0f;
   const float inv = 127.0f / amax;
+  if (!(inv <= std::numeric_limits<float>::max())) return 0.0f;  // zero, or below ~3.7e-37
   for (int64_t i = i0; i < i1; ++i)
     q[i - i0] = int(std::clamp(std::rint(x[i] * inv), -127.0f, 127.0f));
   return amax / 127.0f;

@@ -219,8 +219,9 @@ float quantize_block_avx2(const float* x, int64_t cols, int64_t k, int q[kInt8Bl
   const float a = _mm_cvtss_f32(m4);
   for (int j = 0; j < kInt8Block; ++j) q[j] = 0;
   if (_mm256_movemask_ps(nan) != 0 || !(a <= 3.4028235e38f)) return __builtin_nanf("");
-  if (a == 0.0f) return 0.0f;
-  const __m256 inv = _mm256_set1_ps(127.0f / a);
+  const float inv_a = 127.0f / a;
+  if (!(inv_a <= 3.4028235e38f)) return 0.0f;  // zero, or below ~3.7e-37
+  const __m256 inv = _mm256_set1_ps(inv_a);
   const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   for (int c = 0; c < 8; ++c) {
     const __m256 r =

@@ -243,8 +243,9 @@ float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8
   const float a = _mm512_reduce_max_ps(amax);
   for (int j = 0; j < kInt8Block; ++j) q[j] = 0;
   if (nan != 0 || !(a <= 3.4028235e38f)) return __builtin_nanf("");
-  if (a == 0.0f) return 0.0f;
-  const __m512 inv = _mm512_set1_ps(127.0f / a);
+  const float inv_a = 127.0f / a;
+  if (!(inv_a <= 3.4028235e38f)) return 0.0f;  // zero, or below ~3.7e-37
+  const __m512 inv = _mm512_set1_ps(inv_a);
   const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
   for (int c = 0; c < 4; ++c) {
     const __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(v[c], inv),

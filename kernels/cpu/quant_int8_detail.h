@@ -3,10 +3,12 @@
 // Declarations only, for the reason given in quant_detail.h.
 //
 // Activations: a row is quantized in blocks of 64 inputs (block k: inputs [64k, 64k + 64), the
-// last one may be short): s_k = amax_k / 127, q_i = clip(rint(x_i * 127 / amax_k), -127, 127); an
-// all-zero block has s_k = 0, a block with a non-finite input s_k = NaN (q = 0), so the outputs it
-// feeds are NaN. Per block the kernels also read sum_k = sum of its q. Inputs past cols are q = 0.
-// Within a block the bytes are ordered for the weights they meet:
+// last one may be short): s_k = amax_k / 127, q_i = clip(rint(x_i * (127 / amax_k)), -127, 127); a
+// block where 127 / amax_k is not finite (all zero, or amax_k below ~3.7e-37: subnormals, whose
+// products are far below any normal sum) counts as zero, s_k = 0 and q = 0; a block with a
+// non-finite input has s_k = NaN (q = 0), so the outputs it feeds are NaN. Per block the kernels
+// also read sum_k = sum of its q. Inputs past cols are q = 0. Within a block the bytes are ordered
+// for the weights they meet:
 //   int4: each 8 inputs as [0 2 4 6 1 3 5 7], so that the low nibbles of 4 packed bytes meet one
 //     32-bit word of activations and the high nibbles the next;
 //   int8: natural order.

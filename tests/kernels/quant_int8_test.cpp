@@ -216,6 +216,14 @@ TEST(QuantLinearInt8, EveryIsaQuantizesEdgeValuesAlike) {
     x[size_t(2 * s.cols + i)] = i % 5 == 0 ? 3.4028235e38f : float(i) * 1e36f;
   }
   x[size_t(s.cols + 70)] = 0.75f;
+  // A block of subnormals counts as zero (127 / amax overflows); the block beside it does not.
+  std::vector<int8_t> q(size_t(s.cols));
+  std::vector<float> scales(4);
+  quantize_activations_int8(x.data() + s.cols, s.cols, q.data(), scales.data());
+  EXPECT_EQ(scales[0], 0.0f);
+  EXPECT_TRUE(std::all_of(q.begin(), q.begin() + 64, [](int8_t v) { return v == 0; }));
+  EXPECT_EQ(scales[1], 0.75f / 127.0f);
+  EXPECT_EQ(q[70], 127);
   for (QuantIsa isa : available_isas()) {
     SCOPED_TRACE(isa_label(isa));
     ASSERT_EQ(run_int8(isa, m, x, 3), run_int8(QuantIsa::kScalar, m, x, 3));
