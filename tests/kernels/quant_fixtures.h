@@ -16,6 +16,14 @@ struct FormatCase {
   int group_size;
 };
 
+// Every format the int8-activation kernels take (groups of multiples of 64, the last one short
+// where 192 does not divide the columns).
+inline constexpr FormatCase kInt8Formats[] = {{"int4-row", QuantFormat::kInt4Row, 0},
+                                              {"int4-g64", QuantFormat::kInt4Grouped, 64},
+                                              {"int4-g128", QuantFormat::kInt4Grouped, 128},
+                                              {"int4-g192", QuantFormat::kInt4Grouped, 192},
+                                              {"int8-row", QuantFormat::kInt8Row, 0}};
+
 inline std::vector<QuantIsa> available_isas() {
   std::vector<QuantIsa> isas;
   for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})

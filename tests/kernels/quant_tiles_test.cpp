@@ -21,11 +21,7 @@ using test::available_isas;
 using test::FormatCase;
 using test::normal;
 
-const FormatCase kFormats[] = {{"int4-row", QuantFormat::kInt4Row, 0},
-                               {"int4-g64", QuantFormat::kInt4Grouped, 64},
-                               {"int4-g128", QuantFormat::kInt4Grouped, 128},
-                               {"int4-g192", QuantFormat::kInt4Grouped, 192},
-                               {"int8-row", QuantFormat::kInt8Row, 0}};
+const auto& kFormats = test::kInt8Formats;
 
 // A matrix that owns its bytes, in either layout.
 struct Owned {
