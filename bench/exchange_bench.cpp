@@ -183,11 +183,9 @@ int run(const BenchOptions& options) {
         int(std::find(me.hosts.begin(), me.hosts.end(), host) - me.hosts.begin()));
   MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do: see set_poll_spin_us
-  int local_ranks = 1;
   CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
-  CHECK_MPI(MPI_Comm_size(local, &local_ranks));
+  set_poll_spin_us(host_poll_spin_us(local, 1));
   CHECK_MPI(MPI_Comm_free(&local));
-  set_poll_spin_us(choose_poll_spin_us(local_ranks, 1));
   CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
 
   if (rank != 0) {

@@ -41,15 +41,14 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   me.host = std::string(host, size_t(host_length));
 
   HandshakeInput input;
-  // Node-local rank, for the default layout's GPU assignment. MPI_Comm_split_type blocks without
-  // a deadline: it comes first, while every rank is at the same point, before any file is read.
+  // Node-local rank, for the default layout's GPU assignment, and how waits poll on this host.
+  // MPI_Comm_split_type and host_poll_spin_us block without a deadline: they come first, while
+  // every rank is at the same point, before any file is read.
   MPI_Comm local;
   CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
   CHECK_MPI(MPI_Comm_rank(local, &input.local_rank));
-  int local_ranks = 1;
-  CHECK_MPI(MPI_Comm_size(local, &local_ranks));
+  set_poll_spin_us(host_poll_spin_us(local, omp_get_max_threads()));
   CHECK_MPI(MPI_Comm_free(&local));
-  set_poll_spin_us(choose_poll_spin_us(local_ranks, omp_get_max_threads()));
 
   // A model this rank cannot open is reported by the handshake, so that the other ranks learn
   // it instead of waiting.

@@ -14,6 +14,14 @@
 namespace colibri {
 namespace {
 
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 std::string join_names(const std::vector<int>& ranks) {
   std::string names;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -56,12 +64,24 @@ void set_poll_spin_us(int us) {
   spin_us.store(std::max(us, 0), std::memory_order_relaxed);
 }
 
-int choose_poll_spin_us(int local_ranks, int threads) {
-  cpu_set_t set;
-  const int cores = sched_getaffinity(0, sizeof(set), &set) == 0
-                        ? CPU_COUNT(&set)
-                        : int(std::thread::hardware_concurrency());
-  return int64_t(local_ranks) * std::max(threads, 1) <= cores ? 2000 : 0;
+int choose_poll_spin_us(int64_t host_threads, int host_cpus) {
+  return host_threads <= host_cpus ? 2000 : 0;
+}
+
+int host_poll_spin_us(MPI_Comm local, int threads) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) {
+    const int cpus = int(std::thread::hardware_concurrency());
+    for (int c = 0; c < std::min(cpus, CPU_SETSIZE); ++c) CPU_SET(c, &mine);
+  }
+  // Ranks bound to one core each share nothing; ranks that inherited one CPU set share it.
+  cpu_set_t all;
+  CHECK_MPI(MPI_Allreduce(&mine, &all, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, local));
+  const int64_t mine_threads = std::max(threads, 1);
+  int64_t host_threads = 0;
+  CHECK_MPI(MPI_Allreduce(&mine_threads, &host_threads, 1, MPI_INT64_T, MPI_SUM, local));
+  return choose_poll_spin_us(host_threads, CPU_COUNT(&all));
 }
 
 void Backoff::pause() {
@@ -69,9 +89,20 @@ void Backoff::pause() {
   static thread_local const bool precise_naps = prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0;
   (void)precise_naps;
   const auto now = std::chrono::steady_clock::now();
-  if (polls_++ == 0) start_ = now;
+  if (polls_++ == 0) start_ = last_yield_ = now;
   const int spin = poll_spin_us();
-  if (polls_ <= 64 || (spin > 0 && now - start_ < std::chrono::microseconds(spin))) {
+  if (spin > 0 && now - start_ < std::chrono::microseconds(spin)) {
+    // Busy, with a yield every 50 us: should another process run on this core after all, it
+    // gets it within that.
+    if (now - last_yield_ < std::chrono::microseconds(50)) {
+      for (int i = 0; i < 8; ++i) cpu_relax();
+    } else {
+      sched_yield();
+      last_yield_ = now;
+    }
+    return;
+  }
+  if (polls_ <= 64) {
     sched_yield();
     return;
   }

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -21,11 +22,13 @@ struct Deadline {
   std::string stage;                       // e.g. "start-up (handshake)"
 };
 
-// Polling pause: yielding polls while the wait is young, then naps growing up to
-// `max_sleep_us`, so that waiting ranks do not starve the ranks that compute on an
-// oversubscribed machine. "Young" is the first 64 polls, or the first poll_spin_us() of the wait
-// when that is longer: a rank with a core of its own answers a request at once instead of
-// finishing a nap (an expert rank waits through the coordinator's attention at every layer).
+// Polling pause. While the wait is young it polls at once: busy (a few pause instructions, and a
+// yield every 50 us all the same) for poll_spin_us() when every thread on the host has a CPU of
+// its own, else with a sched_yield for each of the first 64 polls, so that ranks sharing a core
+// let each other run. Then naps growing up to `max_sleep_us`. A rank with a core of its own
+// answers a request at once (an expert rank waits through the coordinator's attention at every
+// layer), and on a virtual machine a yield costs microseconds: two processes handing 24 KB back
+// and forth took 17.5 us a round trip with a yield per poll, 4.9 polling busy.
 // Past 100 ms the naps may grow to 1 ms: an idle rank wakes a thousand times a second at most.
 class Backoff {
  public:
@@ -35,16 +38,19 @@ class Backoff {
  private:
   int polls_ = 0;
   int naps_ = 0;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_, last_yield_;
   int max_sleep_us_;
 };
 
-// The yielding part of every Backoff in this process, in microseconds (0: 64 polls only).
+// The busy part of every Backoff in this process, in microseconds (0: 64 yielding polls).
 int poll_spin_us();
 void set_poll_spin_us(int us);
-// The spin window for a rank that shares its host with `local_ranks` ranks of `threads` threads
-// each: 2 ms when every thread has a core of its own, else 0.
-int choose_poll_spin_us(int local_ranks, int threads);
+// The spin window on a host whose ranks run `host_threads` threads in all on `host_cpus` CPUs
+// (the union of their CPU sets): 2 ms when every thread has a CPU of its own, else 0.
+int choose_poll_spin_us(int64_t host_threads, int host_cpus);
+// The same decided over `local`, the ranks of this host (MPI_COMM_TYPE_SHARED), each running
+// `threads` threads: a blocking collective, for start-up before any rank can fail.
+int host_poll_spin_us(MPI_Comm local, int threads);
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 
