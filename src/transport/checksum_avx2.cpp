@@ -26,4 +26,54 @@ void sum_blocks_avx2(uint32_t* a, uint32_t* b, const std::byte* data, size_t blo
   _mm256_storeu_si256(vb + 1, b1);
 }
 
+void copy_sum_blocks_avx2(uint32_t* a, uint32_t* b, std::byte* dst, const std::byte* src,
+                          size_t blocks) {
+  auto* va = reinterpret_cast<__m256i*>(a);
+  auto* vb = reinterpret_cast<__m256i*>(b);
+  __m256i a0 = _mm256_loadu_si256(va), a1 = _mm256_loadu_si256(va + 1);
+  __m256i b0 = _mm256_loadu_si256(vb), b1 = _mm256_loadu_si256(vb + 1);
+#pragma GCC unroll 4
+  for (size_t k = 0; k < blocks; ++k, src += kBlockBytes, dst += kBlockBytes) {
+    const auto* w = reinterpret_cast<const __m256i*>(src);
+    auto* d = reinterpret_cast<__m256i*>(dst);
+    const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+    _mm256_storeu_si256(d, w0);
+    _mm256_storeu_si256(d + 1, w1);
+    a0 = _mm256_add_epi32(a0, w0);
+    a1 = _mm256_add_epi32(a1, w1);
+    b0 = _mm256_add_epi32(b0, a0);
+    b1 = _mm256_add_epi32(b1, a1);
+  }
+  _mm256_storeu_si256(va, a0);
+  _mm256_storeu_si256(va + 1, a1);
+  _mm256_storeu_si256(vb, b0);
+  _mm256_storeu_si256(vb + 1, b1);
+}
+
+void add_sum_blocks_avx2(uint32_t* a, uint32_t* b, float* dst, const std::byte* src, size_t blocks,
+                         bool first) {
+  auto* va = reinterpret_cast<__m256i*>(a);
+  auto* vb = reinterpret_cast<__m256i*>(b);
+  __m256i a0 = _mm256_loadu_si256(va), a1 = _mm256_loadu_si256(va + 1);
+  __m256i b0 = _mm256_loadu_si256(vb), b1 = _mm256_loadu_si256(vb + 1);
+  const __m256 zero = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (size_t k = 0; k < blocks; ++k, src += kBlockBytes, dst += kLanes) {
+    const auto* w = reinterpret_cast<const __m256i*>(src);
+    const __m256i w0 = _mm256_loadu_si256(w), w1 = _mm256_loadu_si256(w + 1);
+    const __m256 d0 = first ? zero : _mm256_loadu_ps(dst);
+    const __m256 d1 = first ? zero : _mm256_loadu_ps(dst + 8);
+    _mm256_storeu_ps(dst, _mm256_add_ps(d0, _mm256_castsi256_ps(w0)));
+    _mm256_storeu_ps(dst + 8, _mm256_add_ps(d1, _mm256_castsi256_ps(w1)));
+    a0 = _mm256_add_epi32(a0, w0);
+    a1 = _mm256_add_epi32(a1, w1);
+    b0 = _mm256_add_epi32(b0, a0);
+    b1 = _mm256_add_epi32(b1, a1);
+  }
+  _mm256_storeu_si256(va, a0);
+  _mm256_storeu_si256(va + 1, a1);
+  _mm256_storeu_si256(vb, b0);
+  _mm256_storeu_si256(vb + 1, b1);
+}
+
 }  // namespace colibri::wire::detail

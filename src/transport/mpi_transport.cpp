@@ -40,6 +40,18 @@ int64_t now_ns() {
       .count();
 }
 
+// Writes `values` floats at src to dst in the wire type and adds the bytes written to `sum`: an
+// fp32 wire copies and sums in one pass (Checksum::add_copy), without reading dst back.
+void write_summed(const float* src, size_t values, ElemType wire_type, std::byte* dst,
+                  wire::Checksum& sum) {
+  if (wire_type == ElemType::kF32) {
+    sum.add_copy(dst, reinterpret_cast<const std::byte*>(src), values * sizeof(float));
+    return;
+  }
+  from_f32(src, values, wire_type, dst);
+  sum.add(dst, values * elem_bytes(wire_type));
+}
+
 // dst += src, or dst = 0 + src for a row's first partial: the bits of a sum that starts at zero
 // (0 + -0 is +0), without a pass that zeroes the rows first.
 // Vectorised on request: -O2's cost model leaves loops of unknown length scalar.
@@ -487,13 +499,11 @@ void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     const bool shared = peer.segment.base != nullptr;
     std::byte* payload = peer.send.data() + kHeaderBytes;
     std::byte* rows = shared ? peer.segment.request_rows() : payload;
-    // Each row is checksummed as it is written, while it is in cache.
+    // Each row is checksummed as it is written (write_summed).
     wire::Checksum rows_sum;
-    for (uint32_t r = 0; r < n_rows; ++r) {
-      from_f32(rows_f32 + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
-               rows + r * row_bytes);
-      rows_sum.add(rows + r * row_bytes, row_bytes);
-    }
+    for (uint32_t r = 0; r < n_rows; ++r)
+      write_summed(rows_f32 + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
+                   rows + r * row_bytes, rows_sum);
     std::byte* pairs = shared ? payload : payload + n_rows * row_bytes;
     for (uint32_t i = 0; i < n_pairs; ++i) {
       const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
@@ -638,15 +648,16 @@ void MpiTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started)
   // mismatch found after adding ends the job all the same.
   wire::Checksum rows_sum;
   for (size_t r = 0; r < rows.size(); ++r) {
-    rows_sum.add(partial + r * row_bytes, row_bytes);
     float* dst = sum + size_t(rows[r]) * hidden;
-    const float* src = reinterpret_cast<const float*>(partial + r * row_bytes);
-    if (options_.wire_type != ElemType::kF32) {
+    const bool first = !started[size_t(rows[r])];
+    if (options_.wire_type == ElemType::kF32) {  // one pass
+      rows_sum.add_accumulate(dst, partial + r * row_bytes, size_t(hidden), first);
+    } else {
+      rows_sum.add(partial + r * row_bytes, row_bytes);
       to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
              row_f32_.data());
-      src = row_f32_.data();
+      add_row(dst, row_f32_.data(), hidden, first);
     }
-    add_row(dst, src, hidden, !started[size_t(rows[r])]);
     started[size_t(rows[r])] = 1;
   }
   if (rows_sum.value() != peer->reply_checksum)
@@ -792,14 +803,12 @@ void MpiTransport::reply(ConstView partial) {
   if (!mates_.empty()) {
     n_rows = sum_host_partials(static_cast<const float*>(partial.data));
     sum = wire::checksum(payload, wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_));
-  } else {  // each row checksummed as it is written, while it is in cache
+  } else {  // each row checksummed as it is written (write_summed)
     const size_t row_values = size_t(shape_.hidden), one_row = row_values * elem_bytes_;
     wire::Checksum rows_sum;
-    for (uint32_t r = 0; r < n_rows; ++r) {
-      from_f32(static_cast<const float*>(partial.data) + r * row_values, row_values,
-               options_.wire_type, payload + r * one_row);
-      rows_sum.add(payload + r * one_row, one_row);
-    }
+    for (uint32_t r = 0; r < n_rows; ++r)
+      write_summed(static_cast<const float*>(partial.data) + r * row_values, row_values,
+                   options_.wire_type, payload + r * one_row, rows_sum);
     sum = rows_sum.value();
   }
   const size_t row_bytes = wire::reply_payload_bytes(n_rows, shape_.hidden, elem_bytes_);

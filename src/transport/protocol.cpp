@@ -60,11 +60,103 @@ detail::SumBlocks best_sum_blocks() {
 #endif
 }
 
+detail::CopySumBlocks best_copy_sum_blocks() {
+#if defined(__x86_64__)
+  static const detail::CopySumBlocks best =
+      __builtin_cpu_supports("avx512f") ? detail::copy_sum_blocks_avx512
+      : __builtin_cpu_supports("avx2")  ? detail::copy_sum_blocks_avx2
+                                        : detail::copy_sum_blocks_baseline;
+  return best;
+#else
+  return detail::copy_sum_blocks_baseline;
+#endif
+}
+
+detail::AddSumBlocks best_add_sum_blocks() {
+#if defined(__x86_64__)
+  static const detail::AddSumBlocks best =
+      __builtin_cpu_supports("avx512f") ? detail::add_sum_blocks_avx512
+      : __builtin_cpu_supports("avx2")  ? detail::add_sum_blocks_avx2
+                                        : detail::add_sum_blocks_baseline;
+  return best;
+#else
+  return detail::add_sum_blocks_baseline;
+#endif
+}
+
+// dst[i] = 0 + src[i] (first) or dst[i] += src[i] for `count` fp32 values at src (any alignment).
+void add_values(float* dst, const std::byte* src, size_t count, bool first) {
+  for (size_t i = 0; i < count; ++i) {
+    float v;
+    std::memcpy(&v, src + i * sizeof(float), sizeof(float));
+    dst[i] = (first ? 0.0f : dst[i]) + v;
+  }
+}
+
 }  // namespace
 
-Checksum::Checksum() : sum_blocks_(best_sum_blocks()) {}
+Checksum::Checksum()
+    : sum_blocks_(best_sum_blocks()),
+      copy_sum_blocks_(best_copy_sum_blocks()),
+      add_sum_blocks_(best_add_sum_blocks()) {}
 
-Checksum::Checksum(detail::SumBlocks sum_blocks) : sum_blocks_(sum_blocks) {}
+Checksum::Checksum(detail::SumBlocks sum_blocks, detail::CopySumBlocks copy_sum_blocks,
+                   detail::AddSumBlocks add_sum_blocks)
+    : sum_blocks_(sum_blocks), copy_sum_blocks_(copy_sum_blocks), add_sum_blocks_(add_sum_blocks) {}
+
+void Checksum::add_accumulate(float* dst, const std::byte* src, size_t count, bool first) {
+  // As add_copy: a pending block's rest and the tail apart, the whole blocks in one pass.
+  size_t bytes = count * sizeof(float);
+  size_t head =
+      pending_bytes_ > 0 ? std::min(bytes, detail::kBlockBytes - pending_bytes_) : size_t{0};
+  head -= head % sizeof(float);  // whole values; the pending bytes go on in the tail then
+  if (head > 0) {
+    add(src, head);
+    add_values(dst, src, head / sizeof(float), first);
+    dst += head / sizeof(float);
+    src += head;
+    bytes -= head;
+  }
+  const size_t blocks =
+      add_sum_blocks_ && pending_bytes_ == 0 ? bytes / detail::kBlockBytes : size_t{0};
+  if (blocks > 0) {
+    add_sum_blocks_(a_, b_, dst, src, blocks, first);
+    bytes_ += blocks * detail::kBlockBytes;
+    dst += blocks * detail::kLanes;
+    src += blocks * detail::kBlockBytes;
+    bytes -= blocks * detail::kBlockBytes;
+  }
+  if (bytes > 0) {
+    add(src, bytes);
+    add_values(dst, src, bytes / sizeof(float), first);
+  }
+}
+
+void Checksum::add_copy(std::byte* dst, const std::byte* src, size_t bytes) {
+  // Up to the end of a pending block, and the tail, as memcpy then add; the blocks between in one
+  // pass.
+  const size_t head =
+      pending_bytes_ > 0 ? std::min(bytes, detail::kBlockBytes - pending_bytes_) : 0;
+  if (head > 0) {
+    std::memcpy(dst, src, head);
+    add(src, head);
+    dst += head;
+    src += head;
+    bytes -= head;
+  }
+  const size_t blocks = copy_sum_blocks_ ? bytes / detail::kBlockBytes : 0;
+  if (blocks > 0) {
+    copy_sum_blocks_(a_, b_, dst, src, blocks);
+    bytes_ += blocks * detail::kBlockBytes;
+    dst += blocks * detail::kBlockBytes;
+    src += blocks * detail::kBlockBytes;
+    bytes -= blocks * detail::kBlockBytes;
+  }
+  if (bytes > 0) {
+    std::memcpy(dst, src, bytes);
+    add(src, bytes);
+  }
+}
 
 void Checksum::add(const std::byte* data, size_t bytes) {
   if (bytes == 0) return;

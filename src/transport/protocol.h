@@ -80,12 +80,23 @@ static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 class Checksum {
  public:
   Checksum();
-  explicit Checksum(detail::SumBlocks sum_blocks);  // one build of the sums (the tests')
-  void add(const std::byte* data, size_t bytes);    // the next `bytes` of the payload
-  uint32_t value() const;                           // of the bytes added so far
+  // One build of the sums (the tests'); without the others, add_copy and add_accumulate make two
+  // passes.
+  explicit Checksum(detail::SumBlocks sum_blocks, detail::CopySumBlocks copy_sum_blocks = nullptr,
+                    detail::AddSumBlocks add_sum_blocks = nullptr);
+  void add(const std::byte* data, size_t bytes);  // the next `bytes` of the payload
+  // memcpy(dst, src, bytes) and add(src, bytes), each block of src loaded once: a sender that
+  // writes the payload checksums it without reading it back.
+  void add_copy(std::byte* dst, const std::byte* src, size_t bytes);
+  // add(src, 4 * count) and, for the `count` fp32 values at src, dst[i] = 0 + src[i] when
+  // `first`, else dst[i] += src[i]: a receiver that adds the payload checksums it as it adds.
+  void add_accumulate(float* dst, const std::byte* src, size_t count, bool first);
+  uint32_t value() const;  // of the bytes added so far
 
  private:
   detail::SumBlocks sum_blocks_;
+  detail::CopySumBlocks copy_sum_blocks_;
+  detail::AddSumBlocks add_sum_blocks_;
   uint32_t a_[detail::kLanes] = {}, b_[detail::kLanes] = {};
   std::byte pending_[detail::kBlockBytes] = {};  // the start of a block not yet summed
   size_t pending_bytes_ = 0;

@@ -62,6 +62,84 @@ TEST(WireChecksum, PiecesGiveTheValueOfTheWhole) {
   EXPECT_EQ(sum.value(), whole);  // value() leaves the sums as they were
 }
 
+struct SumBuild {
+  const char* name;
+  detail::SumBlocks sum;
+  detail::CopySumBlocks copy_sum;
+  detail::AddSumBlocks add_sum;
+};
+
+// Every build of the one-pass sums this CPU runs, and the sums alone (two passes).
+std::vector<SumBuild> one_pass_builds() {
+  std::vector<SumBuild> builds = {
+      {"two passes", detail::sum_blocks_baseline, nullptr, nullptr},
+      {"baseline", detail::sum_blocks_baseline, detail::copy_sum_blocks_baseline,
+       detail::add_sum_blocks_baseline}};
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx2"))
+    builds.push_back({"avx2", detail::sum_blocks_avx2, detail::copy_sum_blocks_avx2,
+                      detail::add_sum_blocks_avx2});
+  if (__builtin_cpu_supports("avx512f"))
+    builds.push_back({"avx512", detail::sum_blocks_avx512, detail::copy_sum_blocks_avx512,
+                      detail::add_sum_blocks_avx512});
+#endif
+  return builds;
+}
+
+// add_copy is memcpy then add: the same bytes and the same value, in any pieces and alignment.
+TEST(WireChecksum, CopyingGivesTheBytesAndTheValue) {
+  for (const SumBuild& build : one_pass_builds())
+    for (size_t n : {0, 1, 63, 64, 65, 1000, 24576, 24576 * 3 + 10})
+      for (size_t offset : {0, 1})
+        for (size_t first_piece : {0, 3, 64, 100}) {
+          const std::vector<std::byte> v = random_bytes(n + offset, uint32_t(n + offset));
+          const std::byte* src = v.data() + offset;
+          std::vector<std::byte> dst(n + 3, std::byte{0x5a});
+          Checksum sum(build.sum, build.copy_sum, build.add_sum);
+          const size_t head = std::min(first_piece, n);
+          sum.add_copy(dst.data() + 1, src, head);
+          sum.add_copy(dst.data() + 1 + head, src + head, n - head);
+          EXPECT_EQ(sum.value(), checksum_portable(src, n))
+              << build.name << ": " << n << " bytes at " << offset << ", first " << head;
+          EXPECT_EQ(std::memcmp(dst.data() + 1, src, n), 0) << build.name << ": " << n;
+          EXPECT_EQ(dst[0], std::byte{0x5a});
+          EXPECT_EQ(dst[n + 1], std::byte{0x5a}) << build.name << ": written past the end";
+        }
+}
+
+// add_accumulate is add, then 0 + src or dst + src value by value: the same value, and the sums
+// with the bits of that loop, in any pieces (whole values) and alignment.
+TEST(WireChecksum, AccumulatingGivesTheSumsAndTheValue) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  for (const SumBuild& build : one_pass_builds())
+    for (size_t count : {1, 15, 16, 17, 40, 6144, 6144 * 2 + 5})
+      for (size_t offset : {0, 4, 1})
+        for (size_t first_piece : {0, 3, 16, 33})
+          for (bool first : {true, false}) {
+            std::vector<float> values(count), before(count + 1);
+            for (float& x : values) x = normal(rng);
+            for (float& x : before) x = normal(rng);
+            values[0] = -0.0f;  // 0 + -0 is +0: the bits of a sum that starts at zero
+            std::vector<std::byte> src(count * sizeof(float) + offset);
+            std::memcpy(src.data() + offset, values.data(), count * sizeof(float));
+            std::vector<float> dst = before;
+            Checksum sum(build.sum, build.copy_sum, build.add_sum);
+            const size_t head = std::min(first_piece, count);
+            sum.add_accumulate(dst.data(), src.data() + offset, head, first);
+            sum.add_accumulate(dst.data() + head, src.data() + offset + head * sizeof(float),
+                               count - head, first);
+            EXPECT_EQ(sum.value(), checksum_portable(src.data() + offset, count * sizeof(float)))
+                << build.name << ": " << count << " values at " << offset;
+            for (size_t i = 0; i < count; ++i) {
+              const float expected = (first ? 0.0f : before[i]) + values[i];
+              ASSERT_EQ(std::memcmp(&dst[i], &expected, sizeof(float)), 0)
+                  << build.name << ": value " << i << " of " << count << (first ? ", first" : "");
+            }
+            EXPECT_EQ(dst[count], before[count]) << build.name << ": written past the end";
+          }
+}
+
 // The values are part of the protocol (version 9): a change to the function shows here.
 TEST(WireChecksum, KnownValues) {
   std::vector<std::byte> v(1000);
