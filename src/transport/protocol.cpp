@@ -48,40 +48,27 @@ std::string check_row_indices(const std::byte* indices, uint32_t n, int max_rows
 
 namespace {
 
-detail::SumBlocks best_sum_blocks() {
-#if defined(__x86_64__)
-  static const detail::SumBlocks best =
-      __builtin_cpu_supports("avx512f") ? detail::sum_blocks_avx512
-      : __builtin_cpu_supports("avx2")  ? detail::sum_blocks_avx2
-                                        : detail::sum_blocks_baseline;
-  return best;
-#else
-  return detail::sum_blocks_baseline;
-#endif
-}
+// The widest builds of the block sums this CPU runs (AVX-512, AVX2, else the build's).
+struct SumBuilds {
+  detail::SumBlocks sum;
+  detail::CopySumBlocks copy_sum;
+  detail::AddSumBlocks add_sum;
+};
 
-detail::CopySumBlocks best_copy_sum_blocks() {
+const SumBuilds& widest() {
+  static const SumBuilds builds =
 #if defined(__x86_64__)
-  static const detail::CopySumBlocks best =
-      __builtin_cpu_supports("avx512f") ? detail::copy_sum_blocks_avx512
-      : __builtin_cpu_supports("avx2")  ? detail::copy_sum_blocks_avx2
-                                        : detail::copy_sum_blocks_baseline;
-  return best;
-#else
-  return detail::copy_sum_blocks_baseline;
+      __builtin_cpu_supports("avx512f")
+          ? SumBuilds{detail::sum_blocks_avx512, detail::copy_sum_blocks_avx512,
+                      detail::add_sum_blocks_avx512}
+      : __builtin_cpu_supports("avx2")
+          ? SumBuilds{detail::sum_blocks_avx2, detail::copy_sum_blocks_avx2,
+                      detail::add_sum_blocks_avx2}
+          :
 #endif
-}
-
-detail::AddSumBlocks best_add_sum_blocks() {
-#if defined(__x86_64__)
-  static const detail::AddSumBlocks best =
-      __builtin_cpu_supports("avx512f") ? detail::add_sum_blocks_avx512
-      : __builtin_cpu_supports("avx2")  ? detail::add_sum_blocks_avx2
-                                        : detail::add_sum_blocks_baseline;
-  return best;
-#else
-  return detail::add_sum_blocks_baseline;
-#endif
+          SumBuilds{detail::sum_blocks_baseline, detail::copy_sum_blocks_baseline,
+                    detail::add_sum_blocks_baseline};
+  return builds;
 }
 
 // dst[i] = 0 + src[i] (first) or dst[i] += src[i] for `count` fp32 values at src (any alignment).
@@ -96,9 +83,9 @@ void add_values(float* dst, const std::byte* src, size_t count, bool first) {
 }  // namespace
 
 Checksum::Checksum()
-    : sum_blocks_(best_sum_blocks()),
-      copy_sum_blocks_(best_copy_sum_blocks()),
-      add_sum_blocks_(best_add_sum_blocks()) {}
+    : sum_blocks_(widest().sum),
+      copy_sum_blocks_(widest().copy_sum),
+      add_sum_blocks_(widest().add_sum) {}
 
 Checksum::Checksum(detail::SumBlocks sum_blocks, detail::CopySumBlocks copy_sum_blocks,
                    detail::AddSumBlocks add_sum_blocks)
@@ -192,7 +179,7 @@ uint32_t Checksum::value() const {
 }
 
 uint32_t checksum(const std::byte* data, size_t bytes) {
-  return detail::checksum_with(best_sum_blocks(), data, bytes);
+  return detail::checksum_with(widest().sum, data, bytes);
 }
 
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
