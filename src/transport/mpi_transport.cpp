@@ -71,27 +71,36 @@ void require_host_f32(ConstView v, const char* what) {
 }
 
 // Polls the requests until all are complete; past limit_s names the peer of the first one that
-// is not, with `what` and the option that sets the limit.
-void wait_within(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
-                 double limit_s, const char* what, const char* flag) {
+// is not: "<peer> is silent: no <what> within <limit_s> s<where> (<flag>)".
+void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                 double limit_s, const char* what, const std::string& where, const char* flag) {
   WaitClock clock;
   Backoff backoff;
   for (;;) {
     bool all_done = true;
-    for (MPI_Request& request : requests) {
-      if (request == MPI_REQUEST_NULL) continue;
+    for (MPI_Request* request : requests) {
+      if (*request == MPI_REQUEST_NULL) continue;
       int done = 0;
-      CHECK_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+      CHECK_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE));
       if (!done) all_done = false;
     }
     if (all_done) return;
     if (clock.elapsed() > limit_s)
       for (size_t i = 0; i < requests.size(); ++i)
-        if (requests[i] != MPI_REQUEST_NULL)
-          abort_job(fmt::format("{} is silent: no {} within {:.1f} s ({})",
-                                rank_identity().name_of(peer_ranks[i]), what, limit_s, flag));
+        if (*requests[i] != MPI_REQUEST_NULL)
+          abort_job(fmt::format("{} is silent: no {} within {:.1f} s{} ({})",
+                                rank_identity().name_of(peer_ranks[i]), what, limit_s, where,
+                                flag));
     backoff.pause();
   }
+}
+
+// The same at start-up, over an array of requests.
+void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
+                   double limit_s, const char* what) {
+  std::vector<MPI_Request*> pointers;
+  for (MPI_Request& request : requests) pointers.push_back(&request);
+  wait_within(pointers, peer_ranks, limit_s, what, "", "--startup-timeout");
 }
 
 size_t round_up_64(size_t bytes) {
@@ -126,8 +135,8 @@ void MpiTransport::share_segments(const std::vector<bool>& sharing) {
                         comm_, &requests[0]));
     CHECK_MPI(MPI_Irecv(&answer, 1, MPI_BYTE, coordinator_, wire::kTagSharedSegment, comm_,
                         &requests[1]));
-    wait_within(requests, {coordinator_, coordinator_}, options_.setup_timeout_s,
-                "answer to this rank's shared segment", "--startup-timeout");
+    wait_at_setup(requests, {coordinator_, coordinator_}, options_.setup_timeout_s,
+                  "answer to this rank's shared segment");
     if (fd >= 0) ::close(fd);  // the mappings keep the memory
     if (base == MAP_FAILED) return;
     if (answer == 1)
@@ -145,8 +154,7 @@ void MpiTransport::share_segments(const std::vector<bool>& sharing) {
       CHECK_MPI(MPI_Irecv(&offers[i], int(sizeof(wire::SharedSegmentOffer)), MPI_BYTE,
                           peers_[i].rank, wire::kTagSharedSegment, comm_, &receives[i]));
   }
-  wait_within(receives, ranks, options_.setup_timeout_s, "shared segment offer",
-              "--startup-timeout");
+  wait_at_setup(receives, ranks, options_.setup_timeout_s, "shared segment offer");
   std::vector<uint8_t> answers(peers_.size(), 0);
   std::vector<MPI_Request> sends(peers_.size(), MPI_REQUEST_NULL);
   for (size_t i = 0; i < peers_.size(); ++i) {
@@ -172,8 +180,7 @@ void MpiTransport::share_segments(const std::vector<bool>& sharing) {
     CHECK_MPI(MPI_Isend(&answers[i], 1, MPI_BYTE, peers_[i].rank, wire::kTagSharedSegment, comm_,
                         &sends[i]));
   }
-  wait_within(sends, ranks, options_.setup_timeout_s, "receipt of its shared segment answer",
-              "--startup-timeout");
+  wait_at_setup(sends, ranks, options_.setup_timeout_s, "receipt of its shared segment answer");
 }
 
 MpiTransport::MpiTransport(MPI_Comm comm, const PlacementTable& placement,
@@ -414,26 +421,8 @@ bool MpiTransport::take_heartbeats() {
 
 void MpiTransport::wait_all(std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                             const char* what, int layer) {
-  WaitClock clock;
-  Backoff backoff;
-  for (;;) {
-    bool all_done = true;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      if (*requests[i] == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      CHECK_MPI(MPI_Test(requests[i], &done, MPI_STATUS_IGNORE));
-      if (!done) all_done = false;
-    }
-    if (all_done) return;
-    if (clock.elapsed() > options_.rank_timeout_s) {
-      for (size_t i = 0; i < requests.size(); ++i)
-        if (*requests[i] != MPI_REQUEST_NULL)
-          abort_job(fmt::format(
-              "{} is silent: no {} within {:.1f} s in the layer {} exchange (--rank-timeout)",
-              rank_identity().name_of(peer_ranks[i]), what, options_.rank_timeout_s, layer));
-    }
-    backoff.pause();
-  }
+  wait_within(requests, peer_ranks, options_.rank_timeout_s, what,
+              fmt::format(" in the layer {} exchange", layer), "--rank-timeout");
 }
 
 void MpiTransport::dispatch(const DispatchPlan& plan, ConstView x) {
@@ -731,17 +720,8 @@ bool MpiTransport::receive(ExpertRequest& request) {
   }
   int count = 0;
   CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-  wire::RequestCheck check;
-  check.expected_sequence = sequence_ + 1;
-  check.num_layers = placement_.num_layers;
-  check.max_rows = shape_.max_rows;
-  check.top_k = shape_.top_k;
-  check.hidden = shape_.hidden;
-  check.num_experts = placement_.num_experts;
-  check.elem_bytes = elem_bytes_;
-  check.owned = [this](int layer, uint32_t expert) {
-    return placement_.owner_of(layer, int(expert)) == rank_;
-  };
+  const wire::RequestCheck check =
+      expert_request_check(placement_, shape_, elem_bytes_, rank_, sequence_ + 1);
   wire::Header& h = request_header_;
   const std::string problem =
       wire::check_request(request_buffer_.data(), size_t(count), check, h, segment_.base);

@@ -435,17 +435,8 @@ bool NcclTransport::receive(ExpertRequest& request) {
     // Idle until the next request: no deadline (see the header).
     wait_event(done_, "request", -1, coordinator_);
   }
-  wire::RequestCheck check;
-  check.expected_sequence = sequence_ + 1;
-  check.num_layers = placement_.num_layers;
-  check.max_rows = shape_.max_rows;
-  check.top_k = shape_.top_k;
-  check.hidden = shape_.hidden;
-  check.num_experts = placement_.num_experts;
-  check.elem_bytes = elem_bytes_;
-  check.owned = [this](int layer, uint32_t expert) {
-    return placement_.owner_of(layer, int(expert)) == rank_;
-  };
+  const wire::RequestCheck check =
+      expert_request_check(placement_, shape_, elem_bytes_, rank_, sequence_ + 1);
   wire::Header& h = request_header_;
   std::string problem = wire::check_nccl_count_header(headers_host_, kHeaderBytes, check, h);
   if (!problem.empty())

@@ -15,6 +15,7 @@
 #include "common/buffer.h"
 #include "coordinator/router.h"
 #include "rank/placement.h"
+#include "transport/protocol.h"
 
 namespace colibri {
 
@@ -24,6 +25,25 @@ struct ExchangeShape {
   int top_k = 0;
   int num_experts = 0;
 };
+
+// What expert rank `rank` checks its next request against: the sequence number it expects, the
+// exchange's shape, and the experts it owns in `placement` (which must outlive the check).
+inline wire::RequestCheck expert_request_check(const PlacementTable& placement,
+                                               const ExchangeShape& shape, size_t elem_bytes,
+                                               int rank, uint32_t expected_sequence) {
+  wire::RequestCheck check;
+  check.expected_sequence = expected_sequence;
+  check.num_layers = placement.num_layers;
+  check.max_rows = shape.max_rows;
+  check.top_k = shape.top_k;
+  check.hidden = shape.hidden;
+  check.num_experts = placement.num_experts;
+  check.elem_bytes = elem_bytes;
+  check.owned = [&placement, rank](int layer, uint32_t expert) {
+    return placement.owner_of(layer, int(expert)) == rank;
+  };
+  return check;
+}
 
 // One owner's share of a layer: the rows routed to it (each once) and its (row, expert, weight)
 // pairs, `row` indexing `rows`.
