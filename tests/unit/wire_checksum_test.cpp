@@ -101,7 +101,7 @@ TEST(WireChecksum, CopyingGivesTheBytesAndTheValue) {
           sum.add_copy(dst.data() + 1 + head, src + head, n - head);
           EXPECT_EQ(sum.value(), checksum_portable(src, n))
               << build.name << ": " << n << " bytes at " << offset << ", first " << head;
-          EXPECT_EQ(std::memcmp(dst.data() + 1, src, n), 0) << build.name << ": " << n;
+          EXPECT_TRUE(std::equal(src, src + n, dst.data() + 1)) << build.name << ": " << n;
           EXPECT_EQ(dst[0], std::byte{0x5a});
           EXPECT_EQ(dst[n + 1], std::byte{0x5a}) << build.name << ": written past the end";
         }
