@@ -12,58 +12,53 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "the lanes are little-endian words");
 
-inline void sum_blocks_plain(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks) {
+// The 16 lanes' sums a and b, copied in from and back out to the caller's arrays.
+struct PlainLanes {
+  uint32_t* a;
+  uint32_t* b;
   uint32_t sa[kLanes], sb[kLanes];
-  std::memcpy(sa, a, sizeof(sa));
-  std::memcpy(sb, b, sizeof(sb));
-  for (size_t k = 0; k < blocks; ++k, data += kBlockBytes) {
+
+  PlainLanes(uint32_t* a_out, uint32_t* b_out) : a(a_out), b(b_out) {
+    std::memcpy(sa, a, sizeof(sa));
+    std::memcpy(sb, b, sizeof(sb));
+  }
+  ~PlainLanes() {
+    std::memcpy(a, sa, sizeof(sa));
+    std::memcpy(b, sb, sizeof(sb));
+  }
+  void add(const std::byte* block) {
     uint32_t w[kLanes];
-    std::memcpy(w, data, kBlockBytes);
+    std::memcpy(w, block, kBlockBytes);
     for (size_t l = 0; l < kLanes; ++l) {
       sa[l] += w[l];
       sb[l] += sa[l];
     }
   }
-  std::memcpy(a, sa, sizeof(sa));
-  std::memcpy(b, sb, sizeof(sb));
+};
+
+inline void sum_blocks_plain(uint32_t* a, uint32_t* b, const std::byte* data, size_t blocks) {
+  PlainLanes lanes(a, b);
+  for (size_t k = 0; k < blocks; ++k, data += kBlockBytes) lanes.add(data);
 }
 
 inline void copy_sum_blocks_plain(uint32_t* a, uint32_t* b, std::byte* dst, const std::byte* src,
                                   size_t blocks) {
-  uint32_t sa[kLanes], sb[kLanes];
-  std::memcpy(sa, a, sizeof(sa));
-  std::memcpy(sb, b, sizeof(sb));
+  PlainLanes lanes(a, b);
   for (size_t k = 0; k < blocks; ++k, src += kBlockBytes, dst += kBlockBytes) {
-    uint32_t w[kLanes];
-    std::memcpy(w, src, kBlockBytes);
-    std::memcpy(dst, w, kBlockBytes);
-    for (size_t l = 0; l < kLanes; ++l) {
-      sa[l] += w[l];
-      sb[l] += sa[l];
-    }
+    std::memcpy(dst, src, kBlockBytes);
+    lanes.add(src);
   }
-  std::memcpy(a, sa, sizeof(sa));
-  std::memcpy(b, sb, sizeof(sb));
 }
 
 inline void add_sum_blocks_plain(uint32_t* a, uint32_t* b, float* dst, const std::byte* src,
                                  size_t blocks, bool first) {
-  uint32_t sa[kLanes], sb[kLanes];
-  std::memcpy(sa, a, sizeof(sa));
-  std::memcpy(sb, b, sizeof(sb));
+  PlainLanes lanes(a, b);
   for (size_t k = 0; k < blocks; ++k, src += kBlockBytes, dst += kLanes) {
-    uint32_t w[kLanes];
     float v[kLanes];
-    std::memcpy(w, src, kBlockBytes);
     std::memcpy(v, src, kBlockBytes);
-    for (size_t l = 0; l < kLanes; ++l) {
-      sa[l] += w[l];
-      sb[l] += sa[l];
-      dst[l] = (first ? 0.0f : dst[l]) + v[l];
-    }
+    for (size_t l = 0; l < kLanes; ++l) dst[l] = (first ? 0.0f : dst[l]) + v[l];
+    lanes.add(src);
   }
-  std::memcpy(a, sa, sizeof(sa));
-  std::memcpy(b, sb, sizeof(sb));
 }
 
 }  // namespace
