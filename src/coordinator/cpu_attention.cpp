@@ -155,36 +155,65 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   const int threads = omp_get_max_threads();
   grow(scratch_, size_t(threads) * size_t(max_keys_));
   grow(order_, size_t(threads) * size_t(max_keys_));
+  grow(index_qk_, size_t(threads) * size_t(heads));
+  grow(index_heads_, size_t(n) * size_t(heads));
+  for (int i = 0; i < n * heads; ++i) index_heads_[size_t(i)] = &index_q_[size_t(i) * dim];
   const float score_scale = 1.0f / std::sqrt(float(dim));
-#pragma omp parallel for schedule(dynamic)
-  for (int t = 0; t < n; ++t) {
-    const BatchRow& row = batch_->rows[size_t(t)];
-    if (row.pos + 1 <= topk) {  // every visible key is selected
-      selected_count_[size_t(t)] = 0;
-      continue;
+  // Row t's index scores of positions [begin, end): dot_f32_rows reads each key once for
+  // several heads, one dot_f32 per head bit for bit, summed in head order.
+  const auto score = [&](int t, int begin, int end, float* scores) {
+    const int seq = batch_->rows[size_t(t)].seq;
+    float* qk = &index_qk_[size_t(omp_get_thread_num()) * heads];
+    const float* weights = &index_w_[size_t(t) * heads];
+    for (int s = begin; s < end; ++s) {
+      kernels::dot_f32_rows(&index_heads_[size_t(t) * heads], heads,
+                            keys + size_t(kv_.slot(seq, s)) * dim, dim, qk);
+      float sum = 0.0f;
+      for (int head = 0; head < heads; ++head)
+        sum += weights[head] * std::max(qk[head] * score_scale, 0.0f);
+      scores[s] = sum;
     }
-    const int thread = omp_get_thread_num();
-    float* scores = &scratch_[size_t(thread) * max_keys_];
-    int* order = &order_[size_t(thread) * max_keys_];
-    const int visible = row.pos + 1;
-    for (int s = 0; s < visible; ++s) {
-      const float* key = keys + size_t(kv_.slot(row.seq, s)) * dim;
-      float score = 0.0f;
-      for (int head = 0; head < heads; ++head) {
-        const float qk = dot_f32(&index_q_[(size_t(t) * heads + head) * dim], key, dim);
-        score += index_w_[size_t(t) * heads + head] * std::max(qk * score_scale, 0.0f);
-      }
-      scores[s] = score;
-    }
+  };
+  // The top-k set under a strict order (score, then position) is unique: selecting it in linear
+  // time gives what a partial sort would, then it is sorted by position.
+  const auto choose = [&](int t, const float* scores, int* order) {
+    const int visible = batch_->rows[size_t(t)].pos + 1;
     std::iota(order, order + visible, 0);
-    // The top-k set under a strict order (score, then position) is unique: selecting it in
-    // linear time gives what a partial sort would, then it is sorted by position.
     std::nth_element(order, order + (topk - 1), order + visible, [&](int a, int b) {
       return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
     });
     std::sort(order, order + topk);
     std::copy_n(order, topk, &selected_[size_t(t) * topk]);
     selected_count_[size_t(t)] = topk;
+  };
+  const auto selects = [&](int t) { return batch_->rows[size_t(t)].pos + 1 > topk; };
+  if (n >= threads) {  // a row per thread
+#pragma omp parallel for schedule(dynamic)
+    for (int t = 0; t < n; ++t) {
+      if (!selects(t)) {  // every visible key is selected
+        selected_count_[size_t(t)] = 0;
+        continue;
+      }
+      const int thread = omp_get_thread_num();
+      float* scores = &scratch_[size_t(thread) * max_keys_];
+      score(t, 0, batch_->rows[size_t(t)].pos + 1, scores);
+      choose(t, scores, &order_[size_t(thread) * max_keys_]);
+    }
+    return;
+  }
+  // Fewer rows than threads (decode): each row's keys are split across the threads.
+  for (int t = 0; t < n; ++t) {
+    selected_count_[size_t(t)] = 0;
+    if (!selects(t)) continue;
+    const int visible = batch_->rows[size_t(t)].pos + 1;
+#pragma omp parallel
+    {
+      const int parts = omp_get_num_threads(), part = omp_get_thread_num();
+      const int64_t begin = int64_t(visible) * part / parts;
+      const int64_t end = int64_t(visible) * (part + 1) / parts;
+      score(t, int(begin), int(end), scratch_.data());
+    }
+    choose(t, scratch_.data(), order_.data());
   }
 }
 

@@ -70,20 +70,26 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineVsOracle,
                          });
 
 // Decode rows of one sequence are bitwise the oracle's decode: the same absorbed attention, the
-// same kernels, the same expert order.
+// same kernels, the same expert order. With more threads than rows the indexer splits each row's
+// keys across the threads.
 TEST(Engine, DecodeRowsAreBitwiseTheOracles) {
   LocalModel m("glm52");
   EngineOptions options;
   options.max_rows = 8;
-  const auto engine = m.engine(options);
-  ReferenceModel oracle(m.config, m.weights);
-  KvCache cache(m.config);
-  const int seq = engine->open_sequence();
-  for (int token : {5, 17, 3, 99, 250, 7, 1, 42, 8, 8, 13, 77}) {  // past index_topk 8
-    const int one[] = {token};
-    EXPECT_EQ(engine->forward(seq, one), oracle.forward(one, cache))
-        << "position " << engine->length(seq);
+  const int saved = omp_get_max_threads();
+  for (const int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    const auto engine = m.engine(options);
+    ReferenceModel oracle(m.config, m.weights);
+    KvCache cache(m.config);
+    const int seq = engine->open_sequence();
+    for (int token : {5, 17, 3, 99, 250, 7, 1, 42, 8, 8, 13, 77}) {  // past index_topk 8
+      const int one[] = {token};
+      EXPECT_EQ(engine->forward(seq, one), oracle.forward(one, cache))
+          << threads << " threads, position " << engine->length(seq);
+    }
   }
+  omp_set_num_threads(saved);
 }
 
 TEST(Engine, RefusesBadBatchesWithoutChangingState) {
