@@ -52,14 +52,8 @@ void LocalDispatcher::add_partial(size_t i, float* sum, std::span<uint8_t> start
   const float* partial = partials_[i].data();
   for (size_t r = 0; r < share.rows.size(); ++r) {
     const auto row = size_t(share.rows[r]);
-    float* dst = sum + row * h;
-    const float* src = partial + r * h;
-    if (!started[row]) {
-      for (size_t j = 0; j < h; ++j) dst[j] = 0.0f + src[j];
-      started[row] = 1;
-    } else {
-      for (size_t j = 0; j < h; ++j) dst[j] += src[j];
-    }
+    wire::add_row(sum + row * h, partial + r * h, h, !started[row]);
+    started[row] = 1;
   }
 }
 

@@ -52,19 +52,6 @@ void write_summed(const float* src, size_t values, ElemType wire_type, std::byte
   sum.add(dst, values * elem_bytes(wire_type));
 }
 
-// dst += src, or dst = 0 + src for a row's first partial: the bits of a sum that starts at zero
-// (0 + -0 is +0), without a pass that zeroes the rows first.
-// Vectorised on request: -O2's cost model leaves loops of unknown length scalar.
-void add_row(float* __restrict dst, const float* __restrict src, int n, bool first) {
-  if (first) {
-#pragma omp simd
-    for (int j = 0; j < n; ++j) dst[j] = 0.0f + src[j];
-  } else {
-#pragma omp simd
-    for (int j = 0; j < n; ++j) dst[j] += src[j];
-  }
-}
-
 void require_host_f32(ConstView v, const char* what) {
   if (v.device != Device::kHost || v.type != ElemType::kF32)
     fail("the MPI transport takes {} as fp32 host memory", what);
@@ -645,7 +632,7 @@ void MpiTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started)
       rows_sum.add(partial + r * row_bytes, row_bytes);
       to_f32({partial + r * row_bytes, options_.wire_type, Device::kHost, size_t(hidden)},
              row_f32_.data());
-      add_row(dst, row_f32_.data(), hidden, first);
+      wire::add_row(dst, row_f32_.data(), size_t(hidden), first);
     }
     started[size_t(rows[r])] = 1;
   }

@@ -28,15 +28,6 @@ T* pinned_alloc(size_t bytes) {
   return static_cast<T*>(p);
 }
 
-// dst += src, or dst = 0 + src for a row's first partial: as MpiTransport adds them.
-void add_row(float* __restrict dst, const float* __restrict src, int n, bool first) {
-  if (first) {
-    for (int j = 0; j < n; ++j) dst[j] = 0.0f + src[j];
-  } else {
-    for (int j = 0; j < n; ++j) dst[j] += src[j];
-  }
-}
-
 std::string names(const std::vector<int>& ranks) {
   std::string text;
   for (int r : ranks) text += (text.empty() ? "" : ", ") + rank_identity().name_of(r);
@@ -369,7 +360,7 @@ void NcclTransport::add_partial(size_t i, float* sum, std::span<uint8_t> started
              row_f32_.data());
       src = row_f32_.data();
     }
-    add_row(dst, src, hidden, !started[size_t(rows[r])]);
+    wire::add_row(dst, src, size_t(hidden), !started[size_t(rows[r])]);
     started[size_t(rows[r])] = 1;
   }
   profiler_.counters().bytes_in += rows.size() * row_bytes;

@@ -77,6 +77,11 @@ static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 // of its sums (the top bit of two words an even number of blocks apart). Bytes may be added in
 // pieces of any length (the value is that of the whole), so that a pass that writes or reads the
 // payload anyway checksums each piece while it is in cache.
+// dst[i] = 0 + src[i] for a row's first partial (the bits of a sum that starts at zero: 0 + -0
+// is +0, with no pass that zeroes the rows first), else dst[i] += src[i]: how a combine adds a
+// partial row.
+void add_row(float* __restrict dst, const float* __restrict src, size_t count, bool first);
+
 class Checksum {
  public:
   Checksum();

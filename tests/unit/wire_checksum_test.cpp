@@ -140,6 +140,28 @@ TEST(WireChecksum, AccumulatingGivesTheSumsAndTheValue) {
           }
 }
 
+// add_row, the combines' add of a partial row: 0 + src for a row's first partial (so -0 becomes
+// +0, as in a sum that starts at zero), dst + src after; nothing written past the row.
+TEST(WireAddRow, FirstPartialStartsAtZeroLaterOnesAdd) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (size_t count : {1, 7, 8, 33, 6144})
+    for (bool first : {true, false}) {
+      std::vector<float> src(count), before(count + 1);
+      for (float& x : src) x = normal(rng);
+      for (float& x : before) x = normal(rng);
+      src[0] = -0.0f;
+      std::vector<float> dst = before;
+      add_row(dst.data(), src.data(), count, first);
+      for (size_t i = 0; i < count; ++i) {
+        const float expected = (first ? 0.0f : before[i]) + src[i];
+        ASSERT_EQ(std::memcmp(&dst[i], &expected, sizeof(float)), 0)
+            << "value " << i << " of " << count << (first ? ", first" : "");
+      }
+      EXPECT_EQ(dst[count], before[count]) << "written past the end";
+    }
+}
+
 // The values are part of the protocol (version 9): a change to the function shows here.
 TEST(WireChecksum, KnownValues) {
   std::vector<std::byte> v(1000);
