@@ -69,6 +69,11 @@ struct Pair {
 };
 static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 
+// dst[i] = 0 + src[i] for a row's first partial (the bits of a sum that starts at zero: 0 + -0
+// is +0, with no pass that zeroes the rows first), else dst[i] += src[i]: how a combine adds a
+// partial row.
+void add_row(float* __restrict dst, const float* __restrict src, size_t count, bool first);
+
 // The payload check: a Fletcher-style pair of sums in 16 lanes of 32-bit words (for each 64-byte
 // block, the last one padded with zeros: a[l] += word l, then b[l] += a[l], mod 2^32), then
 // XXH3-64 of the 32 sums seeded with the byte count, folded to 32 bits. The same value on every
@@ -77,11 +82,6 @@ static_assert(sizeof(Pair) == 12, "pairs are part of the protocol");
 // of its sums (the top bit of two words an even number of blocks apart). Bytes may be added in
 // pieces of any length (the value is that of the whole), so that a pass that writes or reads the
 // payload anyway checksums each piece while it is in cache.
-// dst[i] = 0 + src[i] for a row's first partial (the bits of a sum that starts at zero: 0 + -0
-// is +0, with no pass that zeroes the rows first), else dst[i] += src[i]: how a combine adds a
-// partial row.
-void add_row(float* __restrict dst, const float* __restrict src, size_t count, bool first);
-
 class Checksum {
  public:
   Checksum();
