@@ -43,8 +43,6 @@ float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
 
 }  // namespace
 
-using kernels::dot_f32;
-
 constexpr int kHeadBlock = 8;
 // Keys per axpy_rows call: their latent rows (2 KiB each at rank 512) stay in L1 across its
 // column strips.
