@@ -157,6 +157,7 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   grow(index_heads_, size_t(n) * size_t(heads));
   for (int i = 0; i < n * heads; ++i) index_heads_[size_t(i)] = &index_q_[size_t(i) * dim];
   const float score_scale = 1.0f / std::sqrt(float(dim));
+  const auto visible = [&](int t) { return batch_->rows[size_t(t)].pos + 1; };
   // Row t's index scores of positions [begin, end): dot_f32_rows reads each key once for
   // several heads, one dot_f32 per head bit for bit, summed in head order.
   const auto score = [&](int t, int begin, int end, float* scores) {
@@ -175,26 +176,24 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   // The top-k set under a strict order (score, then position) is unique: selecting it in linear
   // time gives what a partial sort would, then it is sorted by position.
   const auto choose = [&](int t, const float* scores, int* order) {
-    const int visible = batch_->rows[size_t(t)].pos + 1;
-    std::iota(order, order + visible, 0);
-    std::nth_element(order, order + (topk - 1), order + visible, [&](int a, int b) {
+    std::iota(order, order + visible(t), 0);
+    std::nth_element(order, order + (topk - 1), order + visible(t), [&](int a, int b) {
       return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
     });
     std::sort(order, order + topk);
     std::copy_n(order, topk, &selected_[size_t(t) * topk]);
     selected_count_[size_t(t)] = topk;
   };
-  const auto selects = [&](int t) { return batch_->rows[size_t(t)].pos + 1 > topk; };
   if (n >= threads) {  // a row per thread
 #pragma omp parallel for schedule(dynamic)
     for (int t = 0; t < n; ++t) {
-      if (!selects(t)) {  // every visible key is selected
+      if (visible(t) <= topk) {  // every visible key is selected
         selected_count_[size_t(t)] = 0;
         continue;
       }
       const int thread = omp_get_thread_num();
       float* scores = &scratch_[size_t(thread) * max_keys_];
-      score(t, 0, batch_->rows[size_t(t)].pos + 1, scores);
+      score(t, 0, visible(t), scores);
       choose(t, scores, &order_[size_t(thread) * max_keys_]);
     }
     return;
@@ -202,13 +201,12 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   // Fewer rows than threads (decode): each row's keys are split across the threads.
   for (int t = 0; t < n; ++t) {
     selected_count_[size_t(t)] = 0;
-    if (!selects(t)) continue;
-    const int visible = batch_->rows[size_t(t)].pos + 1;
+    if (visible(t) <= topk) continue;
 #pragma omp parallel
     {
       const int parts = omp_get_num_threads(), part = omp_get_thread_num();
-      const int64_t begin = int64_t(visible) * part / parts;
-      const int64_t end = int64_t(visible) * (part + 1) / parts;
+      const int64_t begin = int64_t(visible(t)) * part / parts;
+      const int64_t end = int64_t(visible(t)) * (part + 1) / parts;
       score(t, int(begin), int(end), scratch_.data());
     }
     choose(t, scratch_.data(), order_.data());
