@@ -233,7 +233,7 @@ void axpy_rows_by_calls(const AxpyRows& a, const X* x, Axpy axpy) {
     for (int64_t k = 0; k < a.k; ++k) {
       const float alpha =
           a.x_scale ? a.alpha[t * a.a_stride + k] * a.x_scale[k] : a.alpha[t * a.a_stride + k];
-      axpy(alpha, x + k * a.m, a.y + t * a.y_stride, a.m);
+      axpy(alpha, x + a.row(k) * a.m, a.y + t * a.y_stride, a.m);
     }
 }
 

@@ -58,8 +58,9 @@ void axpy_i8(QuantIsa isa, float alpha, const int8_t* x, float* y, int64_t n);
 float dot_i8(QuantIsa isa, const int8_t* a, const float* b, int64_t n);
 
 // Many rows at once: for t < n, for k = 0 .. K-1 in order,
-//   y[t * y_stride + 0 .. m) += alpha[t * a_stride + k] * x_scale[k] * x[k * m + 0 .. m)
-// with x fp32, BF16 or int8 (x_scale: the int8 rows' scales, nullptr for 1). Each row's result is
+//   y[t * y_stride + 0 .. m) += alpha[t * a_stride + k] * x_scale[k] * x[row(k) * m + 0 .. m)
+// with x fp32, BF16 or int8 (x_scale: the int8 rows' scales, nullptr for 1) and row(k) = k, or
+// x_rows[k] when given (keys gathered from a cache). Each row's result is
 // bit for bit that of K axpy calls (the product alpha * x_scale rounded first, then one fused
 // multiply-add per element), but X's rows are read once for every t: on AVX-512, 4 rows of y by
 // 64 columns stay in registers across k.
@@ -70,6 +71,8 @@ struct AxpyRows {
   const float* x_scale;
   float* y;
   int64_t y_stride;
+  const int32_t* x_rows = nullptr;
+  int64_t row(int64_t term) const { return x_rows ? x_rows[term] : term; }
 };
 void axpy_rows_f32(const AxpyRows& a, const float* x);
 void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x);

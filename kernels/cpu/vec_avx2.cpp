@@ -181,12 +181,12 @@ void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0) {
     // The first strip walks the rows down a column: it fetches each row whole a few rows ahead,
     // so that the later strips find them in cache.
     if (c0 == 0 && k + kAxpyAhead < a.k) {
-      const char* ahead = reinterpret_cast<const char*>(x + (k + kAxpyAhead) * a.m);
+      const char* ahead = reinterpret_cast<const char*>(x + a.row(k + kAxpyAhead) * a.m);
       for (int64_t b = 0; b < a.m * int64_t(sizeof(X)); b += 64)
         _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
     __m256 w[C];
-    for (int c = 0; c < C; ++c) w[c] = load(x + k * a.m + c0 + 8 * c);
+    for (int c = 0; c < C; ++c) w[c] = load(x + a.row(k) * a.m + c0 + 8 * c);
     const float s = a.x_scale ? a.x_scale[k] : 1.0f;
     for (int t = 0; t < T; ++t) {
       const float alpha =
@@ -212,7 +212,7 @@ void axpy_rows_strips(const AxpyRows& a, const X* x, int64_t t0) {
       for (int64_t k = 0; k < a.k; ++k) {
         const float alpha = a.x_scale ? a.alpha[(t0 + t) * a.a_stride + k] * a.x_scale[k]
                                       : a.alpha[(t0 + t) * a.a_stride + k];
-        v = _mm_fmadd_ss(_mm_set_ss(alpha), _mm_set_ss(value(x + k * a.m + j)), v);
+        v = _mm_fmadd_ss(_mm_set_ss(alpha), _mm_set_ss(value(x + a.row(k) * a.m + j)), v);
       }
       *y = _mm_cvtss_f32(v);
     }

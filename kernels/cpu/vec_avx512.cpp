@@ -130,13 +130,13 @@ void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0, __mma
     // The first strip walks the rows down a column: it fetches each row whole a few rows ahead,
     // so that the later strips find them in cache (the strided misses alone were latency-bound).
     if (c0 == 0 && k + kAxpyAhead < a.k) {
-      const char* ahead = reinterpret_cast<const char*>(x + (k + kAxpyAhead) * a.m);
+      const char* ahead = reinterpret_cast<const char*>(x + a.row(k + kAxpyAhead) * a.m);
       for (int64_t b = 0; b < a.m * int64_t(sizeof(X)); b += 64)
         _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
     __m512 w[C];
     for (int c = 0; c < C; ++c) {
-      const X* src = x + k * a.m + c0 + 16 * c;
+      const X* src = x + a.row(k) * a.m + c0 + 16 * c;
       w[c] = c == C - 1 && last != 0xFFFF ? load_masked(last, src) : load(src);
     }
     const float s = a.x_scale ? a.x_scale[k] : 1.0f;

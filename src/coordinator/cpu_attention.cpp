@@ -44,9 +44,9 @@ float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
 }  // namespace
 
 constexpr int kHeadBlock = 8;
-// Keys per axpy_rows call: their latent rows (2 KiB each at rank 512) stay in L1 across its
-// column strips.
-constexpr int kKeysPerAxpy = 16;
+// Keys per axpy_rows call, gathered by slot: their latent rows (2 KiB each at rank 512) stay in
+// L2 across its column strips.
+constexpr int kKeysPerAxpy = 64;
 
 namespace {
 
@@ -235,6 +235,7 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   // Per thread and head of the block: q_abs [n, r], probabilities [max_keys], o_latent [r].
   const size_t per_head = size_t(n) * r + size_t(max_keys_) + size_t(r);
   grow(scratch_, size_t(threads) * size_t(block) * per_head);
+  grow(key_slots_, size_t(threads) * size_t(max_keys_));
 
   // A head's absorbed W_UK and W_UV (dn and dv rows of kv_b_proj) are read from memory once per
   // call; W_UK's product takes every row of the batch in one pass (axpy_rows). Each head's sums
@@ -246,6 +247,7 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
     float* q_abs_all = base;                               // [nh][n][r]
     float* p_all = q_abs_all + size_t(nh) * n * r;         // [nh][max_keys]
     float* o_latent_all = p_all + size_t(nh) * max_keys_;  // [nh][r]
+    int32_t* slots = &key_slots_[size_t(omp_get_thread_num()) * max_keys_];
     // q_abs = W_UK^T q_nope for every row and head: the queries in latent space.
     std::fill_n(q_abs_all, size_t(nh) * n * r, 0.0f);
     for (int h = 0; h < nh; ++h)
@@ -264,8 +266,9 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
         q_latent[h] = q_abs_all + (size_t(h) * n + t) * r;
         q_rope[h] = q + size_t(h) * dq + dn;
       }
+      for (int i = 0; i < count; ++i) slots[i] = kv_.slot(row.seq, selected ? selected[i] : i);
       for (int i = 0; i < count; ++i) {
-        const size_t s = size_t(kv_.slot(row.seq, selected ? selected[i] : i));
+        const size_t s = size_t(slots[i]);
         float by_latent[kHeadBlock], by_rope[kHeadBlock];
         kernels::dot_f32_rows(q_latent, nh, latent + s * r, r, by_latent);
         kernels::dot_f32_rows(q_rope, nh, k_rope + s * dr, dr, by_rope);
@@ -273,18 +276,14 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
           p_all[size_t(h) * max_keys_ + i] = scale * (by_latent[h] + by_rope[h]);
       }
       for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys_, count);
-      // o_latent = sum of p * latent over the keys, up to kKeysPerAxpy consecutive slots in one
-      // axpy_rows (the bits of one axpy per head and key, in key order).
+      // o_latent = sum of p * latent over the keys, kKeysPerAxpy keys in one axpy_rows (the bits
+      // of one axpy per head and key, in key order).
       std::fill_n(o_latent_all, size_t(nh) * r, 0.0f);
-      for (int i = 0; i < count;) {
-        const int first = kv_.slot(row.seq, selected ? selected[i] : i);
-        int end = i + 1;
-        while (end < count && end - i < kKeysPerAxpy &&
-               kv_.slot(row.seq, selected ? selected[end] : end) == first + end - i)
-          ++end;
-        const kernels::AxpyRows a{p_all + i, max_keys_, nh, end - i, r, nullptr, o_latent_all, r};
-        kernels::axpy_rows_f32(a, latent + size_t(first) * r);
-        i = end;
+      for (int i = 0; i < count; i += kKeysPerAxpy) {
+        const int keys = std::min(kKeysPerAxpy, count - i);
+        const kernels::AxpyRows a{p_all + i, max_keys_,    nh, keys,     r,
+                                  nullptr,   o_latent_all, r,  slots + i};
+        kernels::axpy_rows_f32(a, latent);
       }
       for (int h = 0; h < nh; ++h) {
         // Rows of W_UV [dv, r] for this head in kv_b_proj.

@@ -44,6 +44,7 @@ class CpuAttention final : public AttentionBackend {
   std::vector<int> selected_count_;        // [n]; 0 = every visible position
   std::vector<float> scratch_;             // per thread: scores/probabilities, q_abs, o_latent
   std::vector<int> order_;                 // per thread: [max_keys] indexer sort order
+  std::vector<int32_t> key_slots_;         // per thread: [max_keys] a row's keys' cache slots
   std::vector<float> index_qk_;            // per thread: [index heads] one key's dots
   std::vector<const float*> index_heads_;  // [n, index heads] each head's query
 };

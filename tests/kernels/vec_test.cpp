@@ -231,8 +231,9 @@ TEST(Vec, Bf16AndInt8RowPrimitivesEqualFp32OnTheConvertedValues) {
     }
 }
 
-// axpy_rows (the absorbed attention's W_UK product for a whole batch): bit for bit the same axpy
-// calls one row of y at a time, for fp32, BF16 and int8 rows, partial tiles and tails.
+// axpy_rows (the absorbed attention's W_UK product for a whole batch, and its value sums over
+// gathered keys): bit for bit the same axpy calls one row of y at a time, for fp32, BF16 and int8
+// rows, partial tiles and tails, rows of x in order or gathered out of order.
 TEST(Vec, AxpyRowsEqualsOneAxpyCallPerRowAndTerm) {
   std::mt19937 rng(13);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -254,17 +255,24 @@ TEST(Vec, AxpyRowsEqualsOneAxpyCallPerRowAndTerm) {
           x16[i] = uint16_t(bits >> 16);
           x8[i] = int8_t(int(rng() % 255) - 127);
         }
+        // Gathered: term j reads row (5 j + 3) mod k, every row once, out of order.
+        std::vector<int32_t> rows(static_cast<size_t>(k));
+        for (int64_t j = 0; j < k; ++j) rows[size_t(j)] = int32_t((5 * j + 3) % k);
         const auto check = [&](const char* what, const float* x_scale, auto run, auto one) {
-          std::vector<float> got = y0, want = y0;
-          AxpyRows a{alpha.data(), k + 3, n, k, m, x_scale, got.data(), m + 5};
-          run(a);
-          for (int64_t t = 0; t < n; ++t)
-            for (int64_t j = 0; j < k; ++j) {
-              const float al = x_scale ? alpha[size_t(t * (k + 3) + j)] * x_scale[j]
-                                       : alpha[size_t(t * (k + 3) + j)];
-              one(al, j, want.data() + t * (m + 5));
-            }
-          EXPECT_EQ(got, want) << what << " n " << n << " k " << k << " m " << m;
+          const int32_t* gathered = rows.data();
+          for (const int32_t* x_rows : {static_cast<const int32_t*>(nullptr), gathered}) {
+            std::vector<float> got = y0, want = y0;
+            AxpyRows a{alpha.data(), k + 3, n, k, m, x_scale, got.data(), m + 5, x_rows};
+            run(a);
+            for (int64_t t = 0; t < n; ++t)
+              for (int64_t j = 0; j < k; ++j) {
+                const float al = x_scale ? alpha[size_t(t * (k + 3) + j)] * x_scale[j]
+                                         : alpha[size_t(t * (k + 3) + j)];
+                one(al, x_rows ? x_rows[j] : j, want.data() + t * (m + 5));
+              }
+            EXPECT_EQ(got, want) << what << " n " << n << " k " << k << " m " << m
+                                 << (x_rows ? " gathered" : "");
+          }
         };
         check(
             "f32", nullptr, [&](const AxpyRows& a) { axpy_rows_f32(a, x32.data()); },
