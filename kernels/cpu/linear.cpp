@@ -1,5 +1,6 @@
 #include "cpu/linear.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -307,6 +308,37 @@ void dot_f32_rows(QuantIsa isa, const float* const* a, int64_t count, const floa
 void dot_f32_rows(const float* const* a, int64_t count, const float* b, int64_t n, float* out) {
   static const QuantIsa isa = quant_isa_selected();
   dot_rows(isa, a, count, b, n, out);
+}
+
+void index_scores_scalar(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                         float* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    const float* key = keys + int64_t(rows[i]) * q.dim;
+    float score = 0.0f;
+    for (int64_t h = 0; h < q.heads; ++h) {
+      float qk = 0.0f;
+      for (int64_t d = 0; d < q.dim; ++d) qk += q.q_t[d * q.heads + h] * key[d];
+      score += q.weights[h] * std::max(q.scale * qk, 0.0f);
+    }
+    out[i] = score;
+  }
+}
+
+void index_scores(QuantIsa isa, const IndexQuery& q, const float* keys, const int32_t* rows,
+                  int64_t count, float* out) {
+  require_available(isa);
+  if (q.heads % 8 != 0) throw std::invalid_argument("index_scores: heads must be a multiple of 8");
+#if COLIBRI_VEC_X86
+  // AVX-512 machines run the AVX2 kernel: the indexer's few heads fill 8 lanes, not 16.
+  if (isa != QuantIsa::kScalar) return detail::index_scores_avx2(q, keys, rows, count, out);
+#endif
+  index_scores_scalar(q, keys, rows, count, out);
+}
+
+void index_scores(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                  float* out) {
+  static const QuantIsa isa = quant_isa_selected();
+  index_scores(isa, q, keys, rows, count, out);
 }
 
 float dot_f32(QuantIsa isa, const float* a, const float* b, int64_t n) {

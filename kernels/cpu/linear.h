@@ -88,9 +88,27 @@ void dot_f32_rows(QuantIsa isa, const float* const* a, int64_t count, const floa
 // y[i] += alpha * x[i] on the selected ISA.
 void axpy_f32(float alpha, const float* x, float* y, int64_t n);
 
+// DSA index scores of `count` cached keys (row rows[i] of `keys`, each `dim` wide):
+//   out[i] = sum over h < heads of weights[h] * max(scale * dot(q_h, key), 0)
+// with the queries transposed, q_t[d * heads + h], and heads a multiple of 8 (pad with zero
+// queries and weights). The sums run in another order than dot_f32's: on AVX2 a key is
+// broadcast against 8 heads at once, 4 keys at a time, with no horizontal sum per head.
+struct IndexQuery {
+  const float* q_t;
+  const float* weights;
+  int64_t heads, dim;
+  float scale;
+};
+void index_scores(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                  float* out);
+void index_scores(QuantIsa isa, const IndexQuery& q, const float* keys, const int32_t* rows,
+                  int64_t count, float* out);
+
 // The scalar references: 8 partial sums (vectorisable without -ffast-math), and a plain loop.
 float dot_f32_scalar(const float* a, const float* b, int64_t n);
 void axpy_f32_scalar(float alpha, const float* x, float* y, int64_t n);
+void index_scores_scalar(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                         float* out);
 
 // On an explicit ISA, for tests and benchmarks (std::invalid_argument when not available).
 float dot_f32(QuantIsa isa, const float* a, const float* b, int64_t n);

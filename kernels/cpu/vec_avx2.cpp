@@ -250,4 +250,57 @@ void axpy_rows_i8_avx2(const AxpyRows& a, const int8_t* x) {
   axpy_rows(a, x);
 }
 
+namespace {
+
+// K keys against heads [h0, h0 + 8 HV): acc[j][v] holds the dots of key j with 8 heads.
+template <int K, int HV>
+void index_tile(const IndexQuery& q, const float* const* key, int64_t h0, __m256* total) {
+  __m256 acc[K][HV];
+  for (int j = 0; j < K; ++j)
+    for (int v = 0; v < HV; ++v) acc[j][v] = _mm256_setzero_ps();
+  const float* q_t = q.q_t + h0;
+  for (int64_t d = 0; d < q.dim; ++d, q_t += q.heads) {
+    __m256 qv[HV];
+    for (int v = 0; v < HV; ++v) qv[v] = _mm256_loadu_ps(q_t + 8 * v);
+    for (int j = 0; j < K; ++j) {
+      const __m256 k = _mm256_broadcast_ss(key[j] + d);
+      for (int v = 0; v < HV; ++v) acc[j][v] = _mm256_fmadd_ps(qv[v], k, acc[j][v]);
+    }
+  }
+  const __m256 scale = _mm256_set1_ps(q.scale), zero = _mm256_setzero_ps();
+  for (int v = 0; v < HV; ++v) {
+    const __m256 w = _mm256_loadu_ps(q.weights + h0 + 8 * v);
+    for (int j = 0; j < K; ++j)
+      total[j] = _mm256_fmadd_ps(w, _mm256_max_ps(_mm256_mul_ps(acc[j][v], scale), zero), total[j]);
+  }
+}
+
+template <int K>
+void index_keys(const IndexQuery& q, const float* keys, const int32_t* rows, float* out) {
+  const float* key[K];
+  __m256 total[K];
+  for (int j = 0; j < K; ++j) {
+    key[j] = keys + int64_t(rows[j]) * q.dim;
+    total[j] = _mm256_setzero_ps();
+  }
+  int64_t h0 = 0;
+  for (; h0 + 16 <= q.heads; h0 += 16) index_tile<K, 2>(q, key, h0, total);
+  if (h0 < q.heads) index_tile<K, 1>(q, key, h0, total);
+  for (int j = 0; j < K; ++j) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total[j]), _mm256_extractf128_ps(total[j], 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    out[j] = _mm_cvtss_f32(s);
+  }
+}
+
+}  // namespace
+
+void index_scores_avx2(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                       float* out) {
+  int64_t i = 0;
+  for (; i + 4 <= count; i += 4) index_keys<4>(q, keys, rows + i, out + i);
+  for (; i < count; ++i) index_keys<1>(q, keys, rows + i, out + i);
+}
+
 }  // namespace colibri::kernels::detail

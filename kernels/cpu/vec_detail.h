@@ -39,6 +39,8 @@ void axpy_rows_bf16_avx512(const AxpyRows& a, const uint16_t* x);
 void axpy_rows_i8_avx2(const AxpyRows& a, const int8_t* x);
 void axpy_rows_i8_avx512(const AxpyRows& a, const int8_t* x);
 void axpy_avx2(float alpha, const float* x, float* y, int64_t n);
+void index_scores_avx2(const IndexQuery& q, const float* keys, const int32_t* rows, int64_t count,
+                       float* out);
 void axpy_avx512(float alpha, const float* x, float* y, int64_t n);
 
 }  // namespace colibri::kernels::detail

@@ -153,25 +153,32 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   const int threads = omp_get_max_threads();
   grow(scratch_, size_t(threads) * size_t(max_keys_));
   grow(order_, size_t(threads) * size_t(max_keys_));
-  grow(index_qk_, size_t(threads) * size_t(heads));
-  grow(index_heads_, size_t(n) * size_t(heads));
-  for (int i = 0; i < n * heads; ++i) index_heads_[size_t(i)] = &index_q_[size_t(i) * dim];
+  grow(key_slots_, size_t(threads) * size_t(max_keys_));
+  // Each row's queries transposed, [dim, padded heads], and its head weights, zero-padded to a
+  // multiple of 8 heads (index_scores' layout).
+  const int padded = (heads + 7) / 8 * 8;
+  grow(index_q_t_, size_t(n) * dim * padded);
+  grow(index_w_padded_, size_t(n) * padded);
+  for (int t = 0; t < n; ++t) {
+    float* q_t = &index_q_t_[size_t(t) * dim * padded];
+    float* weights = &index_w_padded_[size_t(t) * padded];
+    for (int head = 0; head < padded; ++head) {
+      weights[head] = head < heads ? index_w_[size_t(t) * heads + head] : 0.0f;
+      for (int d = 0; d < dim; ++d)
+        q_t[size_t(d) * padded + head] =
+            head < heads ? index_q_[(size_t(t) * heads + head) * dim + d] : 0.0f;
+    }
+  }
   const float score_scale = 1.0f / std::sqrt(float(dim));
   const auto visible = [&](int t) { return batch_->rows[size_t(t)].pos + 1; };
-  // Row t's index scores of positions [begin, end): dot_f32_rows reads each key once for
-  // several heads, one dot_f32 per head bit for bit, summed in head order.
+  // Row t's index scores of positions [begin, end).
   const auto score = [&](int t, int begin, int end, float* scores) {
     const int seq = batch_->rows[size_t(t)].seq;
-    float* qk = &index_qk_[size_t(omp_get_thread_num()) * heads];
-    const float* weights = &index_w_[size_t(t) * heads];
-    for (int s = begin; s < end; ++s) {
-      kernels::dot_f32_rows(&index_heads_[size_t(t) * heads], heads,
-                            keys + size_t(kv_.slot(seq, s)) * dim, dim, qk);
-      float sum = 0.0f;
-      for (int head = 0; head < heads; ++head)
-        sum += weights[head] * std::max(qk[head] * score_scale, 0.0f);
-      scores[s] = sum;
-    }
+    int32_t* slots = &key_slots_[size_t(omp_get_thread_num()) * max_keys_];
+    for (int s = begin; s < end; ++s) slots[s] = kv_.slot(seq, s);
+    const kernels::IndexQuery query{&index_q_t_[size_t(t) * dim * padded],
+                                    &index_w_padded_[size_t(t) * padded], padded, dim, score_scale};
+    kernels::index_scores(query, keys, slots + begin, end - begin, scores + begin);
   };
   // The top-k set under a strict order (score, then position) is unique: selecting it in linear
   // time gives what a partial sort would, then it is sorted by position.

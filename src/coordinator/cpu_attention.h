@@ -40,13 +40,13 @@ class CpuAttention final : public AttentionBackend {
   std::vector<float> q_, q_lora_, kv_a_;  // [n, H, dq], [n, q_lora_rank], [n, r + dr]
   std::vector<float> heads_out_;          // [n, H, dv]
   std::vector<float> index_q_, index_k_, index_w_;
-  std::vector<int> selected_;              // [n, index_topk] chosen positions, ascending
-  std::vector<int> selected_count_;        // [n]; 0 = every visible position
-  std::vector<float> scratch_;             // per thread: scores/probabilities, q_abs, o_latent
-  std::vector<int> order_;                 // per thread: [max_keys] indexer sort order
-  std::vector<int32_t> key_slots_;         // per thread: [max_keys] a row's keys' cache slots
-  std::vector<float> index_qk_;            // per thread: [index heads] one key's dots
-  std::vector<const float*> index_heads_;  // [n, index heads] each head's query
+  std::vector<int> selected_;          // [n, index_topk] chosen positions, ascending
+  std::vector<int> selected_count_;    // [n]; 0 = every visible position
+  std::vector<float> scratch_;         // per thread: scores/probabilities, q_abs, o_latent
+  std::vector<int> order_;             // per thread: [max_keys] indexer sort order
+  std::vector<int32_t> key_slots_;     // per thread: [max_keys] a row's keys' cache slots
+  std::vector<float> index_q_t_;       // [n, index dim, padded heads] queries transposed
+  std::vector<float> index_w_padded_;  // [n, padded heads] head weights
 };
 
 }  // namespace colibri

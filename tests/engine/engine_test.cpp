@@ -70,8 +70,9 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineVsOracle,
                          });
 
 // Decode rows of one sequence are bitwise the oracle's decode: the same absorbed attention, the
-// same kernels, the same expert order. With more threads than rows the indexer splits each row's
-// keys across the threads.
+// same kernels, the same expert order, and the indexer's same choice of keys (its scores are
+// summed in another order, index_scores, but no two of them are close enough to swap places here).
+// With more threads than rows the indexer splits each row's keys across the threads.
 TEST(Engine, DecodeRowsAreBitwiseTheOracles) {
   LocalModel m("glm52");
   EngineOptions options;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -229,6 +231,59 @@ TEST(Vec, Bf16AndInt8RowPrimitivesEqualFp32OnTheConvertedValues) {
       EXPECT_EQ(dot_i8(isa, x_i8.data(), b.data(), n), dot_f32(isa, b.data(), wide_i8.data(), n))
           << quant_isa_name(isa) << " dot_i8 n " << n;
     }
+}
+
+// The DSA index scores (keys gathered out of order, K-key tiles and their tails, one or more
+// 16-head groups and an 8-head rest) against the scalar reference: exact on small integers, within
+// a rounding bound on random data.
+TEST(Vec, IndexScoresMatchTheScalarReferenceOnEveryIsa) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t rows_total = 40;
+  for (QuantIsa isa : available_isas())
+    for (int64_t heads : {8, 16, 24, 32})
+      for (int64_t dim : {1, 7, 64, 128})
+        for (int64_t count : {0, 1, 3, 4, 5, 9, 33})
+          for (const bool integers : {true, false}) {
+            const auto value = [&] { return integers ? float(small(rng)) : normal(rng); };
+            std::vector<float> q_t(size_t(dim * heads)), weights(static_cast<size_t>(heads));
+            std::vector<float> keys(size_t(rows_total * dim));
+            for (float& v : q_t) v = value();
+            for (float& v : weights) v = value();
+            for (float& v : keys) v = value();
+            std::vector<int32_t> rows(static_cast<size_t>(count));
+            for (int64_t i = 0; i < count; ++i) rows[size_t(i)] = int32_t((7 * i + 5) % rows_total);
+            const IndexQuery q{q_t.data(), weights.data(), heads, dim, 0.25f};
+            std::vector<float> got(size_t(count) + 1, -1.0f), want(static_cast<size_t>(count));
+            index_scores(isa, q, keys.data(), rows.data(), count, got.data());
+            index_scores_scalar(q, keys.data(), rows.data(), count, want.data());
+            EXPECT_EQ(got[size_t(count)], -1.0f) << "wrote past the last score";
+            for (int64_t i = 0; i < count; ++i) {
+              const std::string where = std::string(quant_isa_name(isa)) + " heads " +
+                                        std::to_string(heads) + " dim " + std::to_string(dim) +
+                                        " key " + std::to_string(i);
+              if (integers) {  // every product and partial sum is exact, whatever the order
+                EXPECT_EQ(got[size_t(i)], want[size_t(i)]) << where;
+                continue;
+              }
+              double magnitude = 0;
+              for (int64_t h = 0; h < heads; ++h)
+                for (int64_t d = 0; d < dim; ++d)
+                  magnitude +=
+                      std::abs(double(weights[size_t(h)]) * 0.25 * q_t[size_t(d * heads + h)] *
+                               keys[size_t(rows[size_t(i)] * dim + d)]);
+              EXPECT_LE(std::abs(double(got[size_t(i)]) - want[size_t(i)]),
+                        double(dim + heads + 2) * 1.2e-7 * magnitude + 1e-30)
+                  << where;
+            }
+          }
+  const std::vector<float> one(8, 1.0f);
+  const IndexQuery odd{one.data(), one.data(), 7, 1, 1.0f};
+  const int32_t row = 0;
+  float out = 0;
+  EXPECT_THROW(index_scores(QuantIsa::kScalar, odd, one.data(), &row, 1, &out),
+               std::invalid_argument);
 }
 
 // axpy_rows (the absorbed attention's W_UK product for a whole batch, and its value sums over
