@@ -20,6 +20,13 @@ inline __m256 load(const int8_t* p) {  // 8 int8, converted exactly
   return _mm256_cvtepi32_ps(
       _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
+// The 8 lanes' sum: halves, then pairs, then the last two.
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 inline float value(const int8_t* p) {
   return float(*p);
 }
@@ -67,10 +74,7 @@ float dot(const float* a, B b, int64_t n) {
       acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), load(b + i + 8 * k), acc[k]);
   for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load(b + i), acc[0]);
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  float total = _mm_cvtss_f32(s);
+  float total = hsum(sum);
   // An explicit fused multiply-add: the same rounding whether or not the compiler would contract.
   for (; i < n; ++i)
     total =
@@ -108,10 +112,7 @@ void dot_h(const float* const* a, const float* b, int64_t n, float* out) {
   for (int h = 0; h < H; ++h) {
     const __m256 sum =
         _mm256_add_ps(_mm256_add_ps(acc[h][0], acc[h][1]), _mm256_add_ps(acc[h][2], acc[h][3]));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float total = _mm_cvtss_f32(s);
+    float total = hsum(sum);
     for (int64_t j = i; j < n; ++j)
       total = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a[h][j]), _mm_set_ss(b[j]), _mm_set_ss(total)));
     out[h] = total;
@@ -286,12 +287,7 @@ void index_keys(const IndexQuery& q, const float* keys, const int32_t* rows, flo
   int64_t h0 = 0;
   for (; h0 + 16 <= q.heads; h0 += 16) index_tile<K, 2>(q, key, h0, total);
   if (h0 < q.heads) index_tile<K, 1>(q, key, h0, total);
-  for (int j = 0; j < K; ++j) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total[j]), _mm256_extractf128_ps(total[j], 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    out[j] = _mm_cvtss_f32(s);
-  }
+  for (int j = 0; j < K; ++j) out[j] = hsum(total[j]);
 }
 
 }  // namespace
