@@ -7,13 +7,14 @@
 // holds `depth` positions of random keys (latent, rope and indexer keys); each call runs `rows`
 // new rows of one sequence after them (a prompt chunk, or a decode row). Prints the median time
 // per call and per row, and the multiply-adds of the attention proper (scores and value sums over
-// the keys each row attends to) per ns.
+// the keys each row attends to) per ns, then one JSON line per row count.
 #include <fmt/format.h>
 #include <omp.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <vector>
 
@@ -98,6 +99,20 @@ int run(const Options& o) {
     }
     const double m = median(ms);
     fmt::print("{:>6} {:>12.3f} {:>12.2f} {:>22.2f}\n", rows, m, 1e3 * m / rows, fma / (m * 1e6));
+    const nlohmann::json line = {{"bench", "attention"},
+                                 {"model", o.model},
+                                 {"layer", o.layer},
+                                 {"depth", o.depth},
+                                 {"rows", rows},
+                                 {"threads", omp_get_max_threads()},
+                                 {"reps", o.reps},
+                                 {"median_ms", m},
+                                 {"min_ms", *std::min_element(ms.begin(), ms.end())},
+                                 {"max_ms", *std::max_element(ms.begin(), ms.end())},
+                                 {"attention_fma_per_ns", fma / (m * 1e6)},
+                                 {"cpu", bench::cpu_model()},
+                                 {"load", bench::load_average()}};
+    fmt::print("{}\n", line.dump());
   }
   return 0;
 }
