@@ -20,7 +20,10 @@
 #   thread count, the ratios, and colibri's decode weight bytes per token / time against the read
 #   bandwidth. The machine's load average is printed with every round.
 #   DEPTH=N (default 0: not measured) adds decode at depth: llama-bench tg32 after N context
-#   tokens (-d N) against colibri-node's decode of 32 tokens after an N-token prompt.
+#   tokens (-d N) against colibri-node's decode of 32 tokens after an N-token prompt; and prefill
+#   at depth: llama-bench pp128 after D = N rounded down to a multiple of 128 (at least 128)
+#   context tokens against colibri-node's last 128-row chunk of a (D + 128)-token prompt, timed
+#   from its --trace (the chunk's embedding to its lm_head).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -98,8 +101,11 @@ run() {
   [[ -f $gguf && -f $ours/config.json ]] || { say "run setup first"; exit 2; }
   local prompt
   prompt=$(seq 11 138 | paste -sd, -)  # 128 token ids
-  local deep_prompt
+  local deep_prompt prefill_depth prefill_prompt
   deep_prompt=$(seq 0 $((depth - 1)) | awk '{print 11 + $1 % 4000}' | paste -sd, -)  # DEPTH ids
+  prefill_depth=$((depth / 128 * 128))
+  ((prefill_depth >= 128)) || prefill_depth=128
+  prefill_prompt=$(seq 0 $((prefill_depth + 127)) | awk '{print 11 + $1 % 4000}' | paste -sd, -)
   local cores
   cores=$(getconf _NPROCESSORS_ONLN)
   echo "peer_bench: colibri-node $(git -C "$root" rev-parse --short HEAD 2>/dev/null) vs llama.cpp (vendored in the llama-cpp-python $version sdist)"
@@ -121,17 +127,31 @@ run() {
       line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 1 \
                --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
       pre=$(sed -n 's/.*prefill \([0-9]*\) tok in \([0-9.]*\) s.*/\1 \2/p' <<<"$line" | awk '{printf "%.2f", $1 / $2}')
-      local tgd=nan decd=nan
+      local tgd=nan decd=nan ppd=nan pred=nan
       if ((depth > 0)); then
         tgd=$("$llama/build/bin/llama-bench" -m "$gguf" -t "$t" -p 0 -n 32 -d "$depth" -r 1 -o csv 2>/dev/null |
                 awk -F, 'NR > 1 {gsub(/"/, "", $0); print $(NF-1)}' | head -n 1)
         line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$deep_prompt" \
                  --ngen 33 --ignore-eos --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
         decd=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
+        ppd=$("$llama/build/bin/llama-bench" -m "$gguf" -t "$t" -p 128 -n 0 -d "$prefill_depth" -r 1 -o csv 2>/dev/null |
+                awk -F, 'NR > 1 {gsub(/"/, "", $0); print $(NF-1)}' | head -n 1)
+        rm -f "$work/prefill_trace.json"
+        OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prefill_prompt" --ngen 1 \
+          --max-rows 128 --trace "$work/prefill_trace.json" >/dev/null 2>&1
+        pred=$("$work/venv/bin/python" - "$work/prefill_trace.json" <<'PY'
+import json, sys
+events = json.load(open(sys.argv[1]))
+events = events["traceEvents"] if isinstance(events, dict) else events
+start = max(e["ts"] for e in events if e.get("name") == "embed" and e.get("pid") == 0)
+end = max(e["ts"] + e["dur"] for e in events if e.get("name") == "lm_head" and e.get("pid") == 0)
+print(f"{128 / ((end - start) / 1e6):.2f}")
+PY
+)
       fi
       bw=$("$quant_bench" --experts 2 --batch 1 --threads "$t" --activations int8 --reps 3 \
              --read-mib 1024 2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
-      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" "$tgd" "$decd" |
+      printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" "$tgd" "$decd" "$ppd" "$pred" |
         tee -a "$results" >&2
     done
   done
@@ -182,6 +202,17 @@ PY
     awk -v t="$t" -v a="$tgd" -v b="$decd" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
     printf '{"bench":"peer_depth","threads":%s,"depth":%s,"llama_tg":%s,"colibri_tg":%s,"rounds":%s}\n' \
       "$t" "$depth" "$tgd" "$decd" "$rounds"
+  done
+  echo
+  echo "prefill of 128 tokens at depth $prefill_depth: medians over $rounds rounds (tok/s)"
+  printf '%7s  %14s %14s %6s\n' threads "llama pp128@d" "colibri pp@d" ratio
+  for t in $threads_list; do
+    local ppd pred
+    ppd=$(awk -F'\t' -v t="$t" '$2 == t {print $10}' "$results" | median)
+    pred=$(awk -F'\t' -v t="$t" '$2 == t {print $11}' "$results" | median)
+    awk -v t="$t" -v a="$ppd" -v b="$pred" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
+    printf '{"bench":"peer_prefill_depth","threads":%s,"depth":%s,"llama_pp":%s,"colibri_pp":%s,"rounds":%s}\n' \
+      "$t" "$prefill_depth" "$ppd" "$pred" "$rounds"
   done
 }
 
