@@ -97,6 +97,24 @@ PY
 
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
+# at_depth TITLE LLAMA_HEADING COLIBRI_HEADING COLUMN BENCH DEPTH LLAMA_KEY COLIBRI_KEY: the medians
+# of results.tsv's columns COLUMN (llama.cpp) and COLUMN + 1 (colibri-node) per thread count, their
+# ratio, and a JSON line each.
+at_depth() {
+  local title=$1 llama_heading=$2 colibri_heading=$3 column=$4 bench=$5 at=$6 llama_key=$7 colibri_key=$8
+  echo
+  echo "$title: medians over $rounds rounds (tok/s)"
+  printf '%7s  %14s %14s %6s\n' threads "$llama_heading" "$colibri_heading" ratio
+  for t in $threads_list; do
+    local a b
+    a=$(awk -F'\t' -v t="$t" -v c="$column" '$2 == t {print $c}' "$work/results.tsv" | median)
+    b=$(awk -F'\t' -v t="$t" -v c="$((column + 1))" '$2 == t {print $c}' "$work/results.tsv" | median)
+    awk -v t="$t" -v a="$a" -v b="$b" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
+    printf '{"bench":"%s","threads":%s,"depth":%s,"%s":%s,"%s":%s,"rounds":%s}\n' \
+      "$bench" "$t" "$at" "$llama_key" "$a" "$colibri_key" "$b" "$rounds"
+  done
+}
+
 run() {
   [[ -f $gguf && -f $ours/config.json ]] || { say "run setup first"; exit 2; }
   local prompt
@@ -192,28 +210,9 @@ PY
       "$t" "$tg" "$dec" "$pp" "$pre" "$bw" "$bytes" "$rounds"
   done
   ((depth > 0)) || return 0
-  echo
-  echo "decode at depth $depth: medians over $rounds rounds (tok/s)"
-  printf '%7s  %14s %14s %6s\n' threads "llama tg32@d" "colibri tg@d" ratio
-  for t in $threads_list; do
-    local tgd decd
-    tgd=$(awk -F'\t' -v t="$t" '$2 == t {print $8}' "$results" | median)
-    decd=$(awk -F'\t' -v t="$t" '$2 == t {print $9}' "$results" | median)
-    awk -v t="$t" -v a="$tgd" -v b="$decd" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
-    printf '{"bench":"peer_depth","threads":%s,"depth":%s,"llama_tg":%s,"colibri_tg":%s,"rounds":%s}\n' \
-      "$t" "$depth" "$tgd" "$decd" "$rounds"
-  done
-  echo
-  echo "prefill of 128 tokens at depth $prefill_depth: medians over $rounds rounds (tok/s)"
-  printf '%7s  %14s %14s %6s\n' threads "llama pp128@d" "colibri pp@d" ratio
-  for t in $threads_list; do
-    local ppd pred
-    ppd=$(awk -F'\t' -v t="$t" '$2 == t {print $10}' "$results" | median)
-    pred=$(awk -F'\t' -v t="$t" '$2 == t {print $11}' "$results" | median)
-    awk -v t="$t" -v a="$ppd" -v b="$pred" 'BEGIN {printf "%7s  %14.2f %14.2f %6.2f\n", t, a, b, b / a}'
-    printf '{"bench":"peer_prefill_depth","threads":%s,"depth":%s,"llama_pp":%s,"colibri_pp":%s,"rounds":%s}\n' \
-      "$t" "$prefill_depth" "$ppd" "$pred" "$rounds"
-  done
+  at_depth "decode at depth $depth" "llama tg32@d" "colibri tg@d" 8 peer_depth "$depth" llama_tg colibri_tg
+  at_depth "prefill of 128 tokens at depth $prefill_depth" "llama pp128@d" "colibri pp@d" 10 \
+    peer_prefill_depth "$prefill_depth" llama_pp colibri_pp
 }
 
 case $stage in
