@@ -156,9 +156,13 @@ run() {
                 awk -F, 'NR > 1 {gsub(/"/, "", $0); print $(NF-1)}' | head -n 1)
         rm -f "$work/prefill_trace.json"
         OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prefill_prompt" --ngen 1 \
-          --max-rows 128 --trace "$work/prefill_trace.json" >/dev/null 2>&1
+          --max-rows 128 --trace "$work/prefill_trace.json" >/dev/null 2>&1 ||
+          say "round $r, $t threads: colibri-node's prefill at depth failed (prefill at depth: nan)"
         pred=$("$work/venv/bin/python" - "$work/prefill_trace.json" <<'PY'
-import json, sys
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    print("nan")
+    sys.exit()
 events = json.load(open(sys.argv[1]))
 events = events["traceEvents"] if isinstance(events, dict) else events
 start = max(e["ts"] for e in events if e.get("name") == "embed" and e.get("pid") == 0)
