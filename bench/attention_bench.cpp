@@ -75,7 +75,8 @@ int run(const Options& o) {
   fmt::print("{:>6} {:>12} {:>12} {:>22}\n", "rows", "ms / call", "us / row", "attention FMA / ns");
   std::mt19937 rng(2);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int topk = config.index_topk > 0 ? config.index_topk : o.depth + most_rows;
+  // Keys a row attends to: the indexer's top-k where this layer has an indexer, else all.
+  const int topk = config.index_topk > 0 && w.indexer ? config.index_topk : o.depth + most_rows;
   for (const int rows : o.rows) {
     Batch batch;
     double fma = 0;  // scores (latent and rope) and value sums, per head and key
