@@ -152,13 +152,24 @@ std::vector<std::string> error_lines(const JobResult& r) {
 // ---- equal to the single process ---------------------------------------------------------------
 
 // Fixture, --combine: star (every owner replies to the coordinator) or host (the expert ranks of
-// a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here), and --placement.
-using EqualityCase = std::tuple<std::string, std::string, std::string>;
+// a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here), --placement, and
+// whether a layout gives the coordinator a RAM budget, so that it owns routed experts too.
+using EqualityCase = std::tuple<std::string, std::string, std::string, bool>;
 class MultihostEquality : public Multihost, public ::testing::WithParamInterface<EqualityCase> {};
 
 TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
-  const auto& [fixture, combine, placement] = GetParam();
+  const auto& [fixture, combine, placement, coordinator_experts] = GetParam();
   const ScratchDir dir;
+  std::vector<std::string> layout_args;
+  if (coordinator_experts) {
+    const fs::path layout = dir.path() / "coordinator-experts.layout";
+    std::ofstream out(layout);
+    out << "0 coordinator - - 1\n";
+    for (int rank = 1; rank < kRanks; ++rank) out << rank << " cpu-expert - - 2\n";
+    out.close();
+    ASSERT_TRUE(out) << layout;
+    layout_args = {"--layout", layout.string()};
+  }
   const int ngen = 4;
   std::vector<std::string> one_args = generate_args(fixture, ngen);
   one_args.insert(one_args.end(), {"--logits-out", (dir.path() / "one.npy").string()});
@@ -174,6 +185,7 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
   job_args.insert(job_args.end(),
                   {"--logits-out", (dir.path() / "seven.npy").string(), "--print-placement",
                    "--rank-timeout", "30", "--combine", combine, "--placement", placement});
+  job_args.insert(job_args.end(), layout_args.begin(), layout_args.end());
   const JobResult job = run_across_hosts(job_args);
   expect_clean_end(job);
   ASSERT_EQ(job.exit_code, 0) << describe(job);
@@ -184,6 +196,12 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
                          regex_escape(host_of_rank(rank)) + " ");
     EXPECT_TRUE(std::regex_search(job.err, row))
         << "rank " << rank << " not on " << host_of_rank(rank) << "\n"
+        << describe(job);
+  }
+  if (coordinator_experts) {
+    EXPECT_TRUE(
+        std::regex_search(job.err, std::regex("\\n  rank +0 coordinator +[1-9][0-9]* experts")))
+        << "the coordinator owns no routed expert\n"
         << describe(job);
   }
   const std::vector<int> tokens = parse_tokens(job.out);
@@ -210,8 +228,9 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
                                 std::regex("rank 0: [^\n]*\\(([0-9]+) bytes\\) crossed hosts")))
       << describe(job);
   RecordProperty("bytes_cross_host", crossed[1].str());
-  std::printf("[%s --combine %s --placement %s] max |logit diff| %.3g, %s bytes crossed hosts\n",
-              fixture.c_str(), combine.c_str(), placement.c_str(), max_diff,
+  std::printf("[%s --combine %s --placement %s%s] max |logit diff| %.3g, %s bytes crossed hosts\n",
+              fixture.c_str(), combine.c_str(), placement.c_str(),
+              coordinator_experts ? ", coordinator owns experts" : "", max_diff,
               crossed[1].str().c_str());
   // --print-placement: a line per host (the head's two ranks, two on hosts 1 and 2, one on 3).
   for (int h = 0; h <= kHosts; ++h) {
@@ -225,16 +244,19 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality,
-                         ::testing::Values(EqualityCase{"glm5", "star", "balanced"},
-                                           EqualityCase{"glm5", "host", "balanced"},
-                                           EqualityCase{"dsv3", "star", "balanced"},
-                                           EqualityCase{"dsv3", "host", "balanced"},
-                                           EqualityCase{"dsv3", "star", "hosts"},
-                                           EqualityCase{"dsv3", "host", "hosts"}),
+                         ::testing::Values(EqualityCase{"glm5", "star", "balanced", false},
+                                           EqualityCase{"glm5", "host", "balanced", false},
+                                           EqualityCase{"dsv3", "star", "balanced", false},
+                                           EqualityCase{"dsv3", "host", "balanced", false},
+                                           EqualityCase{"dsv3", "star", "hosts", false},
+                                           EqualityCase{"dsv3", "host", "hosts", false},
+                                           EqualityCase{"glm5", "host", "balanced", true},
+                                           EqualityCase{"dsv3", "host", "hosts", true}),
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) + "_" +
                                   std::get<1>(param_info.param) + "_" +
-                                  std::get<2>(param_info.param);
+                                  std::get<2>(param_info.param) +
+                                  (std::get<3>(param_info.param) ? "_coordinator_experts" : "");
                          });
 
 // ---- faults on another host --------------------------------------------------------------------

@@ -168,11 +168,14 @@ TEST_P(NodeHostCombine, LogitsAndGreedyTokensEqualTheReference) {
 
 // A layout whose coordinator row has a RAM budget: the coordinator owns a share of the routed
 // experts (a third at np 2), computes it while the expert ranks compute theirs, and adds its
-// partial first.
-class NodeCoordinatorExperts : public ::testing::TestWithParam<std::string> {};
+// partial first; with --combine host too, where the expert ranks' partials reach it summed by
+// their host leader.
+using CoordinatorExpertsCase = std::tuple<std::string, bool>;  // fixture, host combine
+class NodeCoordinatorExperts : public ::testing::TestWithParam<CoordinatorExpertsCase> {};
 
 TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
   if (world_size() == 1) GTEST_SKIP() << "a single process owns every expert anyway";
+  const auto& [fixture, host_combine] = GetParam();
   const auto file = std::filesystem::temp_directory_path() /
                     ("coordinator-experts-" + std::to_string(world_size()) + ".layout");
   int rank = 0;
@@ -183,13 +186,17 @@ TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
     for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  expect_equal_to_reference(GetParam(), "balanced", false, file.string());
+  expect_equal_to_reference(fixture, "balanced", host_combine, file.string());
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove(file);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts, ::testing::Values("glm5", "dsv3"),
-                         [](const auto& param_info) { return param_info.param; });
+INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts,
+                         ::testing::Combine(::testing::Values("glm5", "dsv3"), ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) +
+                                  (std::get<1>(param_info.param) ? "_host_combine" : "");
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),
                          [](const auto& param_info) { return param_info.param; });
