@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the whole test suite from a clean checkout, in two build trees:
-#   build/       RelWithDebInfo, COLIBRI_CUDA=AUTO (CUDA kernels when nvcc is found): all tests
-#   build-asan/  ASan + UBSan, COLIBRI_CUDA=OFF: the tests labelled `sanitize`
+#   build/       RelWithDebInfo, COLIBRI_CUDA=AUTO (CUDA kernels when nvcc is found): everything,
+#                all tests
+#   build-asan/  ASan + UBSan, COLIBRI_CUDA=OFF: what the tests labelled `sanitize` run (target
+#                colibri_sanitize_tests), those tests
 # Every stage runs even when an earlier one failed; the exit status is non-zero if any failed.
 # Environment: JOBS (build parallelism, default: all cores).
 set -euo pipefail
@@ -30,21 +32,21 @@ stage() {
   return "$status"
 }
 
-# suite DIR CTEST_ARGS -- CMAKE_ARGS...: configure, compile and test one build tree; stops at the
-# first failed stage of that tree.
+# suite DIR TARGET CTEST_ARGS -- CMAKE_ARGS...: configure, compile TARGET and test one build tree;
+# stops at the first failed stage of that tree.
 suite() {
-  local dir=$1 ctest_args=()
-  shift
+  local dir=$1 target=$2 ctest_args=()
+  shift 2
   while [[ $1 != -- ]]; do ctest_args+=("$1"); shift; done
   shift
   stage "configure ${dir}" cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" || return 0
-  stage "compile ${dir}" cmake --build "$dir" -j "$jobs" || return 0
+  stage "compile ${dir}" cmake --build "$dir" -j "$jobs" --target "$target" || return 0
   stage "test ${dir}" ctest --test-dir "$dir" --output-on-failure --no-tests=error \
     "${ctest_args[@]}" || return 0
 }
 
-suite build -- -DCOLIBRI_CUDA=AUTO
-suite build-asan -L sanitize -- -DCOLIBRI_SANITIZE=ON -DCOLIBRI_CUDA=OFF
+suite build all -- -DCOLIBRI_CUDA=AUTO
+suite build-asan colibri_sanitize_tests -L sanitize -- -DCOLIBRI_SANITIZE=ON -DCOLIBRI_CUDA=OFF
 
 if ((${#failed[@]} > 0)); then
   echo "test.sh: FAILED: ${failed[*]}"
