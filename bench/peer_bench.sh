@@ -16,8 +16,9 @@
 # run: ROUNDS (default 3) rounds; in each, for every thread count in THREADS (default "1 2"):
 #   llama-bench tg64 and pp128; colibri-node decode of 64 tokens from an empty context (one
 #   prompt token, greedy, --ignore-eos: llama-bench's tg64 starts at depth 0 too) and a 128-token
-#   prefill; and the memory read bandwidth (quant_bench's read loop). Medians per engine and
-#   thread count, the ratios, and colibri's decode weight bytes per token / time against the read
+#   prefill; and the memory read bandwidth (quant_bench's read loop, right before and right after
+#   colibri's decode, their mean). Medians per engine and thread count, the ratios, and the median
+#   over rounds of colibri's decode weight bytes per token / time against that round's read
 #   bandwidth. The machine's load average is printed with every round.
 #   DEPTH=N (default 0: not measured) adds decode at depth: llama-bench tg32 after N context
 #   tokens (-d N) against colibri-node's decode of 32 tokens after an N-token prompt; and prefill
@@ -95,6 +96,11 @@ PY
   fi
 }
 
+# read_gbps THREADS: the median GB/s of quant_bench's read loop over a 1-GiB buffer, 5 reps.
+read_gbps() {
+  "$quant_bench" --experts 2 --batch 1 --threads "$1" --activations int8 --reps 5 --read-mib 1024 \
+    2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1
+}
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 # at_depth TITLE LLAMA_HEADING COLIBRI_HEADING COLUMN BENCH DEPTH LLAMA_KEY COLIBRI_KEY: the medians
@@ -139,8 +145,15 @@ run() {
       pp=$(awk -F, 'NR > 1 && $0 ~ /"128","0"/ {gsub(/"/, "", $0); print}' <<<"$out" | awk -F, '{print $(NF-1)}' | head -n 1)
       tg=$(awk -F, 'NR > 1 && $0 ~ /"0","64"/ {gsub(/"/, "", $0); print}' <<<"$out" | awk -F, '{print $(NF-1)}' | head -n 1)
       # As llama-bench: decode from an empty context (one prompt token), prefill of 128 tokens.
+      # The read bandwidth is taken on both sides of the decode, so that both see the same machine.
+      local bw_before bw_after
+      bw_before=$(read_gbps "$t")
       line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids 11 --ngen 65 --ignore-eos \
                2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
+      bw_after=$(read_gbps "$t")
+      bw=$(awk -v a="$bw_before" -v b="$bw_after" 'BEGIN {
+             if (a == "" || b == "") print (a == "" ? (b == "" ? "nan" : b) : a)
+             else printf "%.3f", (a + b) / 2 }')
       dec=$(sed -n 's/.*decode [0-9]* tok in [0-9.]* s (\([0-9.]*\) tok\/s).*/\1/p' <<<"$line")
       line=$(OMP_NUM_THREADS=$t "$node" --model "$ours" --prompt-ids "$prompt" --ngen 1 \
                --max-rows 128 2>&1 >/dev/null | grep -E 'prefill [0-9]+ tok' | tail -n 1)
@@ -171,8 +184,6 @@ print(f"{128 / ((end - start) / 1e6):.2f}")
 PY
 )
       fi
-      bw=$("$quant_bench" --experts 2 --batch 1 --threads "$t" --activations int8 --reps 3 \
-             --read-mib 1024 2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$r" "$t" "$tg" "$pp" "$dec" "$pre" "$bw" "$tgd" "$decd" "$ppd" "$pred" |
         tee -a "$results" >&2
     done
@@ -202,16 +213,18 @@ PY
   echo "medians over $rounds rounds (tok/s); colibri decode bytes per token $(awk -v b="$bytes" 'BEGIN{printf "%.1f MB", b/1e6}')"
   printf '%7s  %12s %12s %6s  %12s %12s %6s  %9s %9s\n' threads "llama tg64" "colibri tg" ratio "llama pp128" "colibri pp" ratio "read GB/s" "tg/read"
   for t in $threads_list; do
-    local tg dec pp pre bw
+    local tg dec pp pre bw tg_read
     tg=$(awk -F'\t' -v t="$t" '$2 == t {print $3}' "$results" | median)
     pp=$(awk -F'\t' -v t="$t" '$2 == t {print $4}' "$results" | median)
     dec=$(awk -F'\t' -v t="$t" '$2 == t {print $5}' "$results" | median)
     pre=$(awk -F'\t' -v t="$t" '$2 == t {print $6}' "$results" | median)
     bw=$(awk -F'\t' -v t="$t" '$2 == t {print $7}' "$results" | median)
-    awk -v t="$t" -v tg="$tg" -v dec="$dec" -v pp="$pp" -v pre="$pre" -v bw="$bw" -v b="$bytes" 'BEGIN {
-      printf "%7s  %12.2f %12.2f %6.2f  %12.2f %12.2f %6.2f  %9.2f %9.2f\n", t, tg, dec, dec / tg, pp, pre, pre / pp, bw, dec * b / 1e9 / bw }'
-    printf '{"bench":"peer","threads":%s,"llama_tg":%s,"colibri_tg":%s,"llama_pp":%s,"colibri_pp":%s,"read_gbps":%s,"decode_bytes_per_token":%s,"rounds":%s}\n' \
-      "$t" "$tg" "$dec" "$pp" "$pre" "$bw" "$bytes" "$rounds"
+    # Each round's decode against that round's read bandwidth, then the median over rounds.
+    tg_read=$(awk -F'\t' -v t="$t" -v b="$bytes" '$2 == t && $5 + 0 > 0 && $7 + 0 > 0 {print $5 * b / 1e9 / $7}' "$results" | median)
+    awk -v t="$t" -v tg="$tg" -v dec="$dec" -v pp="$pp" -v pre="$pre" -v bw="$bw" -v r="$tg_read" 'BEGIN {
+      printf "%7s  %12.2f %12.2f %6.2f  %12.2f %12.2f %6.2f  %9.2f %9.2f\n", t, tg, dec, dec / tg, pp, pre, pre / pp, bw, r }'
+    printf '{"bench":"peer","threads":%s,"llama_tg":%s,"colibri_tg":%s,"llama_pp":%s,"colibri_pp":%s,"read_gbps":%s,"decode_bytes_per_token":%s,"tg_bytes_over_read":%s,"rounds":%s}\n' \
+      "$t" "$tg" "$dec" "$pp" "$pre" "$bw" "$bytes" "$tg_read" "$rounds"
   done
   ((depth > 0)) || return 0
   at_depth "decode at depth $depth" "llama tg32@d" "colibri tg@d" 8 peer_depth "$depth" llama_tg colibri_tg
