@@ -1,5 +1,6 @@
 // Quantized matrices held as kTiles (quant.h): the relayout is exact and reversible, and every
-// kernel, on every ISA and with either activation precision, gives the kRows result bit for bit.
+// kernel, on every ISA and with either activation precision, gives the kRows result bit for bit;
+// so does a slice of whole tiles.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -131,6 +132,54 @@ TEST(QuantTiles, EveryKernelGivesTheRowsResult) {
             quant_linear_int8(isa, t.view(), x.data(), n, tiles_i8.data());
             EXPECT_EQ(tiles_i8, want_i8);
           }
+      }
+    }
+  omp_set_num_threads(threads);
+}
+
+// A view of rows [r0, r1) that start and end at tile boundaries computes the whole matrix's rows
+// r0..r1-1 bit for bit, in either layout, with either activation precision: what a rank that holds
+// a row slice of a weight gives back.
+TEST(QuantTiles, ARowSliceGivesTheWholeMatrixsRows) {
+  const int threads = omp_get_max_threads();
+  const int64_t rows = 48, cols = 384;
+  for (const FormatCase& fc : kFormats)
+    for (QuantLayout layout : {QuantLayout::kRows, QuantLayout::kTiles}) {
+      const Owned m = quantized_normal(fc, rows, cols, 7).in(layout);
+      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9)}) {
+        const std::vector<float> x = normal(n * cols, 8);
+        for (QuantIsa isa : available_isas())
+          for (bool int8 : {false, true})
+            for (int nth : {1, std::max(2, threads)}) {
+              omp_set_num_threads(nth);
+              const auto product = [&](const QuantMatrixView& w) {
+                std::vector<float> y(size_t(n * w.rows), std::nanf(""));
+                if (int8)
+                  quant_linear_int8(isa, w, x.data(), n, y.data());
+                else
+                  quant_linear(isa, w, x.data(), n, y.data());
+                return y;
+              };
+              const std::vector<float> whole = product(m.view());
+              for (const auto& [r0, r1] :
+                   {std::pair<int64_t, int64_t>{0, 16}, {8, 40}, {24, 48}, {40, 48}}) {
+                SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name +
+                             (layout == QuantLayout::kTiles ? " tiles" : " rows") +
+                             (int8 ? " int8" : " f32") + " n=" + std::to_string(n) + " rows " +
+                             std::to_string(r0) + ".." + std::to_string(r1) + " threads " +
+                             std::to_string(nth));
+                QuantMatrixView slice = m.view();
+                slice.rows = r1 - r0;
+                slice.data += r0 * row_bytes(fc.format, cols);
+                slice.scales += scale_count(fc.format, r0, cols, fc.group_size);
+                const std::vector<float> part = product(slice);
+                std::vector<float> want;
+                for (int64_t i = 0; i < n; ++i)
+                  want.insert(want.end(), whole.begin() + i * rows + r0,
+                              whole.begin() + i * rows + r1);
+                EXPECT_EQ(part, want);
+              }
+            }
       }
     }
   omp_set_num_threads(threads);
