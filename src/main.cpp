@@ -73,6 +73,7 @@ struct Args {
   std::string activations = "int8";
   std::string experts = "cpu";
   bool coordinator_gpu = false;
+  bool split_linears = false;
   int ngen = 16;
   int sequences = 1;
   float temperature = 0.0f, top_p = 1.0f;
@@ -254,6 +255,7 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   add("--experts", args.experts, Setting::kJob);
   add("--wire", args.wire, Setting::kJob);
   add("--combine", args.combine, Setting::kJob);
+  add("--split-linears", on_off(args.split_linears), Setting::kJob);
   add("--shared-memory", args.shared_memory, Setting::kJob);
   add("--transport", args.transport, Setting::kJob);
   add("--activations", args.activations, Setting::kJob);
@@ -301,6 +303,7 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.transport = colibri::parse_transport(args.transport, "--transport");
   args.node.gpu_experts = args.experts == "gpu";
   args.node.coordinator_gpu = args.coordinator_gpu;
+  args.node.split_linears = args.split_linears;
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
   // The flag, else COLIBRI_ACTIVATIONS, else by the run and the CPU: one sequence decodes a row
@@ -687,6 +690,10 @@ int main(int argc, char** argv) {
                  "--layout)")
       ->capture_default_str()
       ->check(CLI::IsMember({"cpu", "gpu"}));
+  app.add_flag("--split-linears", args.split_linears,
+               "split the coordinator's attention projections, dense MLPs and lm_head by output "
+               "rows across it and the cpu-expert ranks, which compute theirs while they wait for "
+               "routed-expert requests (every output keeps the bits of one process's)");
   app.add_flag("--coordinator-gpu", args.coordinator_gpu,
                "a single process runs the coordinator's forward (attention, router, shared "
                "experts, dense layers, lm_head) on CUDA device 0; under mpirun, give the "

@@ -20,19 +20,116 @@ std::string expert_prefix(int layer, int expert) {
   return fmt::format("model.layers.{}.mlp.experts.{}.", layer, expert);
 }
 
-void linear(const Matrix& w, const float* x, int64_t n, float* y) {
+namespace {
+
+// y[n, held rows] from the rows held here.
+void linear_held(const Matrix& w, const float* x, int64_t n, float* y) {
+  const int64_t rows = w.held_rows();
   if (w.quantized()) {
     kernels::quant_linear(w.quant.view(), x, n, y);
   } else if (w.stored_bf16()) {
-    kernels::linear_bf16(x, n, w.bf16.data(), w.rows, w.cols, y);
+    kernels::linear_bf16(x, n, w.bf16.data(), rows, w.cols, y);
   } else if (w.stored_fp8()) {
-    kernels::linear_fp8(x, n,
-                        {w.fp8.bits.data(), w.fp8.scales.data(), w.rows, w.cols, w.fp8.block_rows,
-                         w.fp8.block_cols},
-                        y);
+    kernels::linear_fp8(
+        x, n,
+        {w.fp8.bits.data(), w.fp8.scales.data(), rows, w.cols, w.fp8.block_rows, w.fp8.block_cols},
+        y);
   } else {
-    kernels::linear_f32(x, n, w.data.data(), w.rows, w.cols, y);
+    kernels::linear_f32(x, n, w.data.data(), rows, w.cols, y);
   }
+}
+
+template <class T>
+std::vector<T> copy_range(const std::vector<T>& v, int64_t begin, int64_t end) {
+  return std::vector<T>(v.begin() + begin, v.begin() + end);
+}
+
+}  // namespace
+
+void linear(const Matrix& w, const float* x, int64_t n, float* y) {
+  if (!w.remote) {
+    linear_held(w, x, n, y);
+    return;
+  }
+  w.remote->start(x, n);
+  float* local = w.remote->local_buffer(n);
+  linear_held(w, x, n, local);
+  w.remote->finish(local, n, y);
+}
+
+int64_t row_slice_step(const Matrix& m) {
+  return m.stored_fp8() ? m.fp8.block_rows : kernels::kTileRows;
+}
+
+Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
+  const int64_t step = row_slice_step(m);
+  if (m.remote || r0 < 0 || r1 <= r0 || r1 > m.rows || r0 % step != 0 ||
+      (r1 % step != 0 && r1 != m.rows))
+    fail("rows {}..{} of a [{}, {}] matrix are not a slice of whole {}-row steps", r0, r1, m.rows,
+         m.cols, step);
+  Matrix s;
+  s.rows = r1 - r0;
+  s.cols = m.cols;
+  if (m.quantized()) {
+    const QuantMatrix& q = m.quant;
+    s.quant = q;
+    s.quant.rows = s.rows;
+    const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
+    s.quant.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
+    s.quant.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
+                                kernels::scale_count(q.format, r1, q.cols, q.group_size));
+  } else if (m.stored_bf16()) {
+    s.bf16 = copy_range(m.bf16, r0 * m.cols, r1 * m.cols);
+  } else if (m.stored_fp8()) {
+    s.fp8.block_rows = m.fp8.block_rows;
+    s.fp8.block_cols = m.fp8.block_cols;
+    s.fp8.bits = copy_range(m.fp8.bits, r0 * m.cols, r1 * m.cols);
+    const int64_t scale_cols = (m.cols + m.fp8.block_cols - 1) / m.fp8.block_cols;
+    const int64_t b0 = r0 / m.fp8.block_rows, b1 = (r1 + m.fp8.block_rows - 1) / m.fp8.block_rows;
+    s.fp8.scales = copy_range(m.fp8.scales, b0 * scale_cols, b1 * scale_cols);
+  } else {
+    s.data = copy_range(m.data, r0 * m.cols, r1 * m.cols);
+  }
+  return s;
+}
+
+namespace {
+
+// A quantized MLP (a container's, held for quant_expert_ffn) as three matrices of the same bytes,
+// run by linear() and silu_mul with the same bits.
+void hold_as_matrices(MlpWeights& w) {
+  if (!w.quantized()) return;
+  for (auto [m, q] : {std::pair{&w.gate, &w.quant.gate}, std::pair{&w.up, &w.quant.up},
+                      std::pair{&w.down, &w.quant.down}}) {
+    m->rows = q->rows;
+    m->cols = q->cols;
+    m->quant = std::move(*q);
+  }
+  w.quant = QuantMlp();
+}
+
+}  // namespace
+
+std::vector<SplitTarget> split_targets(ModelWeights& w) {
+  std::vector<SplitTarget> targets;
+  const auto add = [&](Matrix& m, int layer, const char* name) {
+    if (!m.empty()) targets.push_back({&m, layer, fmt::format("layer {} {}", layer, name)});
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    LayerWeights& layer = w.layers[l];
+    const int i = int(l);
+    add(layer.attn.q_a_proj, i, "q_a_proj");
+    add(layer.attn.q_proj, i, "q_proj");
+    add(layer.attn.q_b_proj, i, "q_b_proj");
+    add(layer.attn.kv_a_proj, i, "kv_a_proj");
+    add(layer.attn.o_proj, i, "o_proj");
+    hold_as_matrices(layer.dense_mlp);
+    add(layer.dense_mlp.gate, i, "mlp.gate_proj");
+    add(layer.dense_mlp.up, i, "mlp.up_proj");
+    add(layer.dense_mlp.down, i, "mlp.down_proj");
+  }
+  if (!w.lm_head.empty()) targets.push_back({&w.lm_head, -1, "lm_head"});
+  return targets;
 }
 
 bool fp8_kept_as_stored(const ModelConfig& config) {
@@ -101,7 +198,10 @@ class Loader {
   // Every float weight is checked for NaN/Inf as it is loaded: 1.7 ms for the 11.7 M weights of
   // the embedded model (about 7% of its 22 ms load, 2 cores), against a constant token stream.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
-    Matrix m{rows, cols, checkpoint_.load_f32(name, {rows, cols}), {}, {}, {}};
+    Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = checkpoint_.load_f32(name, {rows, cols});
     check_finite(m.data, where(name));
     return m;
   }

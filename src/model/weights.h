@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,15 +18,31 @@
 
 namespace colibri {
 
+// The rows of a Matrix that other ranks hold (tensor parallelism, transport/split_linear.h): the
+// Matrix keeps rows [0, local_rows) and this computes the others of y = W x where they are.
+class RemoteRows {
+ public:
+  virtual ~RemoteRows() = default;
+  // Sends x [n, cols] to the ranks that hold the other rows, which start on them at once.
+  virtual void start(const float* x, int64_t n) = 0;
+  // Room for the local rows' product, [n, local_rows].
+  virtual float* local_buffer(int64_t n) = 0;
+  // Waits for the other rows and writes y [n, rows]: `local` [n, local_rows] and theirs.
+  virtual void finish(const float* local, int64_t n, float* y) = 0;
+};
+
 // Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 or FP8 (block-scaled) as
 // stored, or a container weight kept as stored (int8/int4 rows or groups with fp32 scales);
-// exactly one is non-empty.
+// exactly one is non-empty. With `remote`, only rows [0, local_rows) are held here.
 struct Matrix {
   int64_t rows = 0, cols = 0;
-  std::vector<float> data;     // fp32
-  QuantMatrix quant;           // container int8/int4
-  std::vector<uint16_t> bf16;  // BF16 bits
-  Fp8Matrix fp8;               // FP8 E4M3 with block scales
+  std::vector<float> data;             // fp32
+  QuantMatrix quant;                   // container int8/int4
+  std::vector<uint16_t> bf16;          // BF16 bits
+  Fp8Matrix fp8;                       // FP8 E4M3 with block scales
+  int64_t local_rows = 0;              // with `remote`: the rows held here
+  std::shared_ptr<RemoteRows> remote;  // null: every row is held here
+  int64_t held_rows() const { return remote ? local_rows : rows; }
   bool empty() const { return data.empty() && quant.empty() && bf16.empty() && fp8.empty(); }
   bool quantized() const { return !quant.empty(); }
   bool stored_bf16() const { return !bf16.empty(); }
@@ -33,8 +50,17 @@ struct Matrix {
   uint64_t bytes() const { return 4 * data.size() + quant.bytes() + 2 * bf16.size() + fp8.bytes(); }
 };
 
-// y[n, rows] = x[n, cols] · W^T with the kernel of W's representation.
+// y[n, rows] = x[n, cols] · W^T with the kernel of W's representation (and, for rows held
+// elsewhere, the ranks that hold them).
 void linear(const Matrix& w, const float* x, int64_t n, float* y);
+
+// Rows [r0, r1) of m as a Matrix of their own, the same bytes. A slice starts at a multiple of
+// row_slice_step(m) and ends at one or at m.rows; within those bounds every kernel computes a
+// slice's rows with the bits of the whole matrix's (QuantTiles.ARowSliceGivesTheWholeMatrixsRows).
+Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1);
+// The rows a slice of m starts at a multiple of: 8 (kernels::kTileRows, whatever m's layout, so
+// that ranks whose CPUs choose different layouts agree), or an FP8 matrix's block rows.
+int64_t row_slice_step(const Matrix& m);
 
 // The three matrices of a quantized expert, in the container's layout.
 struct QuantMlp {
@@ -123,6 +149,19 @@ bool fp8_kept_as_stored(const ModelConfig& config);
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,
                                 const LoadOptions& options = {});
+
+// A matrix that tensor parallelism can split by output rows, and what to call it in errors.
+struct SplitTarget {
+  Matrix* matrix;
+  int layer;  // -1: lm_head
+  std::string name;
+};
+// The linears that go through linear() with a whole row's input, in an order every rank derives
+// alike from the config: per layer q_a_proj (or q_proj), q_b_proj, kv_a_proj, o_proj, the dense
+// MLP's gate, up and down projections; then lm_head. Not kv_b_proj, which the absorbed attention
+// reads by rows, nor the shared expert, which runs while the other ranks compute routed experts.
+// A dense MLP held quantized for the fused expert kernel is held as its three matrices first.
+std::vector<SplitTarget> split_targets(ModelWeights& w);
 
 // One routed expert as stored (a container's int8/int4, BF16, or FP8 with column blocks a multiple
 // of 16; fp32 otherwise), as the engine's load_model_weights holds it. Thread-safe: the checkpoint

@@ -79,12 +79,26 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
 
   profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(spec.role), config_.num_layers,
                                          options_.keep_trace);
+  // --split-linears: the coordinator, then the cpu-expert ranks in rank order.
+  SplitOptions split;
+  split.max_rows = options_.max_rows;
+  split.rank_timeout_s = options_.rank_timeout_s;
+  if (options_.split_linears) {
+    split.ranks.push_back(layout_.coordinator());
+    for (int r = 0; r < size_; ++r)
+      if (r != layout_.coordinator() && layout_.ranks[size_t(r)].role == Role::kCpuExpert)
+        split.ranks.push_back(r);
+  }
+  const int split_part =
+      int(std::find(split.ranks.begin(), split.ranks.end(), rank_) - split.ranks.begin());
+  const bool serves_rows = size_ > 1 && split_part > 0 && size_t(split_part) < split.ranks.size();
   LoadOptions load;
   if (is_coordinator()) {
     load.keep_stored = true;  // the engine runs int8/int4, BF16 and FP8 weights as stored
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
   } else {
-    load.dense = false;
+    load.dense = serves_rows;  // its rows of the split linears are cut from them
+    load.keep_stored = true;
     load.mtp = false;
     load.owns_expert = [](int, int) { return false; };  // held by expert_store_
   }
@@ -176,6 +190,27 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
   }
+  if (options_.split_linears) {
+    try {
+      if (size_ == 1)
+        fail("--split-linears splits the coordinator's linears across ranks: run it under mpirun");
+      if (split.ranks.size() < 2) fail("--split-linears: the layout has no cpu-expert rank");
+      if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu))
+        fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
+      if (is_coordinator()) {
+        splitter_ = std::make_unique<LinearSplitter>(comm_, weights_, split);
+      } else if (serves_rows) {
+        linear_server_ =
+            std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);
+        weights_ = ModelWeights();
+        if (channel_)
+          channel_->set_idle_work(
+              {[this] { return linear_server_->ready(); }, [this] { linear_server_->serve(); }});
+      }
+    } catch (const Error& e) {
+      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+    }
+  }
   // The coordinator's forward on a GPU: its layout row names one, or --coordinator-gpu.
   ComputeFactory coordinator_compute;
   if (options_.coordinator_gpu && size_ > 1)
@@ -225,6 +260,9 @@ std::string Node::memory_line(const std::string& host) const {
     line += fmt::format(", routed experts {:.3f} GB resident ({:.3f} pinned)",
                         gb(expert_store_->resident_bytes() + expert_store_->pinned_bytes()),
                         gb(expert_store_->pinned_bytes()));
+  if (splitter_) line += fmt::format(", {} linears split by rows", splitter_->split_count());
+  if (linear_server_)
+    line += fmt::format(", rows of split linears {:.3f} GB", gb(linear_server_->bytes()));
   if (engine_) line += fmt::format(", KV pool {:.3f} GB reserved", gb(engine_->kv_bytes()));
   // The process as the kernel sees it (VmRSS: what is in RAM now, mappings included).
   std::ifstream status("/proc/self/status");

@@ -24,6 +24,7 @@
 #include "rank/expert_store.h"
 #include "rank/placement.h"
 #include "rank/vram_tier.h"
+#include "transport/split_linear.h"
 #include "transport/transport.h"
 #include "transport/transport_choice.h"
 
@@ -57,6 +58,9 @@ struct NodeOptions {
   // A single process runs the coordinator's forward on CUDA device 0 (under mpirun: a gpu in the
   // coordinator's layout row).
   bool coordinator_gpu = false;
+  // --split-linears: the coordinator's attention projections, dense MLPs and lm_head split by
+  // output rows across it and the cpu-expert ranks (transport/split_linear.h).
+  bool split_linears = false;
   TestFault fault;  // test hook
 };
 
@@ -82,6 +86,8 @@ class Node {
   // routed experts in RAM, KV pool and RSS.
   const std::vector<std::string>& memory_report() const { return memory_report_; }
 
+  // Coordinator: how many linears --split-linears split across ranks.
+  int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
   // Coordinator: the engine whose routed experts run on their owners.
   Engine& engine();
   // Coordinator: ends every expert rank's serve loop.
@@ -109,6 +115,9 @@ class Node {
   Layout layout_;
   PlacementTable placement_;
   ElemType wire_type_ = ElemType::kF32;
+  std::unique_ptr<LinearSplitter> splitter_;     // coordinator, --split-linears (before weights_:
+                                                 // its split matrices call it)
+  std::unique_ptr<LinearServer> linear_server_;  // cpu-expert ranks, --split-linears
   ModelWeights weights_;
   std::unique_ptr<ExpertStore> expert_store_;  // owners of a multi-rank run
   std::vector<std::pair<int, int>> owned_;     // its (layer, expert) pairs

@@ -106,4 +106,10 @@ std::vector<uint64_t> CompositeDispatcher::slowest_counts() const {
   return total;
 }
 
+void ExpertChannel::set_idle_work(IdleWork) {
+  fail(
+      "this rank's transport does no other work while it waits for requests (split linears need "
+      "the MPI transport)");
+}
+
 }  // namespace colibri

@@ -57,8 +57,20 @@ void require_host_f32(ConstView v, const char* what) {
     fail("the MPI transport takes {} as fp32 host memory", what);
 }
 
-// Polls the requests until all are complete; past limit_s names the peer of the first one that
-// is not: "<peer> is silent: no <what> within <limit_s> s<where> (<flag>)".
+// The same at start-up, over an array of requests.
+void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
+                   double limit_s, const char* what) {
+  std::vector<MPI_Request*> pointers;
+  for (MPI_Request& request : requests) pointers.push_back(&request);
+  wait_within(pointers, peer_ranks, limit_s, what, "", "--startup-timeout");
+}
+
+size_t round_up_64(size_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+}  // namespace
+
 void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
                  double limit_s, const char* what, const std::string& where, const char* flag) {
   WaitClock clock;
@@ -81,20 +93,6 @@ void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<in
     backoff.pause();
   }
 }
-
-// The same at start-up, over an array of requests.
-void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
-                   double limit_s, const char* what) {
-  std::vector<MPI_Request*> pointers;
-  for (MPI_Request& request : requests) pointers.push_back(&request);
-  wait_within(pointers, peer_ranks, limit_s, what, "", "--startup-timeout");
-}
-
-size_t round_up_64(size_t bytes) {
-  return (bytes + 63) / 64 * 64;
-}
-
-}  // namespace
 
 void SharedSegment::unmap() {
   if (base) ::munmap(base, bytes);
@@ -683,26 +681,36 @@ void MpiTransport::shutdown() {
 
 bool MpiTransport::receive(ExpertRequest& request) {
   MPI_Status status;
-  {
-    auto scope = profiler_.scope(Phase::kRecvWait, layer_);
-    Backoff backoff;
-    // Heartbeats that arrived while this rank computed count from now on.
-    WaitClock heard;
-    // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits
-    // kAbortTeardownSeconds more, so that when a third rank (another expert rank, or a host whose
-    // link is cut) is silent, the coordinator names it and its abort ends this rank first.
-    const double limit = options_.rank_timeout_s + kAbortTeardownSeconds +
-                         (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
-    for (;;) {
-      int done = 0;
-      CHECK_MPI(MPI_Test(&request_receive_, &done, &status));
-      if (done) break;
-      if (take_heartbeats()) heard.restart();
-      if (options_.heartbeat_s > 0 && heard.elapsed() > limit)
-        abort_job(fmt::format(
-            "coordinator {} is silent: no request or heartbeat within {:.1f} s (--rank-timeout)",
-            rank_identity().name_of(coordinator_), options_.rank_timeout_s));
-      backoff.pause();
+  // Heartbeats that arrived while this rank computed count from now on.
+  WaitClock heard;
+  for (bool received = false; !received;) {
+    bool idle_work = false;
+    {
+      auto scope = profiler_.scope(Phase::kRecvWait, layer_);
+      Backoff backoff;
+      // The coordinator waits rank_timeout_s for an exchange's replies; an expert rank waits
+      // kAbortTeardownSeconds more, so that when a third rank (another expert rank, or a host
+      // whose link is cut) is silent, the coordinator names it and its abort ends this rank first.
+      const double limit = options_.rank_timeout_s + kAbortTeardownSeconds +
+                           (reports_first(rank_, coordinator_) ? 0 : kLaterReportSeconds);
+      while (!received && !idle_work) {
+        int done = 0;
+        CHECK_MPI(MPI_Test(&request_receive_, &done, &status));
+        received = done != 0;
+        if (received) break;
+        idle_work = idle_work_.ready && idle_work_.ready();
+        if (idle_work) break;
+        if (take_heartbeats()) heard.restart();
+        if (options_.heartbeat_s > 0 && heard.elapsed() > limit)
+          abort_job(fmt::format(
+              "coordinator {} is silent: no request or heartbeat within {:.1f} s (--rank-timeout)",
+              rank_identity().name_of(coordinator_), options_.rank_timeout_s));
+        backoff.pause();
+      }
+    }
+    if (idle_work) {
+      idle_work_.run();
+      heard.restart();
     }
   }
   int count = 0;

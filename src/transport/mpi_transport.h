@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -56,6 +57,12 @@ struct MpiTransportOptions {
   std::vector<int> expert_ranks;
 };
 
+// Polls the requests until all are complete; past limit_s names the peer of the first one that
+// is not (peer_ranks[i] is request i's): "<peer> is silent: no <what> within <limit_s> s<where>
+// (<flag>)", and ends the job.
+void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                 double limit_s, const char* what, const std::string& where, const char* flag);
+
 // One mapping of an expert rank's shared segment: its request rows, then its reply rows, each
 // max_rows rows in the wire type, 64-byte aligned.
 struct SharedSegment {
@@ -85,6 +92,7 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
   int exchange_hidden() const override { return shape_.hidden; }
   bool receive(ExpertRequest& request) override;
   void reply(ConstView partial) override;
+  void set_idle_work(IdleWork work) override { idle_work_ = std::move(work); }
 
   std::vector<uint64_t> slowest_counts() const override { return slowest_; }
 
@@ -166,6 +174,7 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
   bool heartbeat_stop_ = false;
 
   // expert side
+  IdleWork idle_work_;
   std::vector<std::byte> request_buffer_;
   std::vector<std::byte> reply_buffer_;
   std::vector<RoutedPair> request_pairs_;

@@ -29,6 +29,9 @@ enum class Opcode : uint16_t {
                        // pre-summed partial rows and their coordinator row indices
   kNcclRequest = 6,    // NCCL transport, coordinator -> owner: the count header of a request
                        // whose payload (nccl_request_payload_bytes) follows in a second message
+  kLinearRequest = 7,  // on kTagLinearRequest, coordinator -> a rank holding rows of a split
+                       // linear (`layer`: its index in split_targets): the input rows, fp32
+  kLinearReply = 8,    // on kTagLinearReply, the answer: that rank's output rows, fp32
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.
@@ -47,6 +50,8 @@ constexpr int kTagHostPartial = 105;    // host-mate -> host leader partials (--
 constexpr int kTagHostName = 106;       // each rank's host, before the first start-up step
 constexpr int kTagSharedSegment = 107;  // an expert rank's segment (SharedSegmentOffer), and the
                                         // coordinator's answer (one byte: 1 = mapped)
+constexpr int kTagLinearRequest = 108;  // split linears (transport/split_linear.h)
+constexpr int kTagLinearReply = 109;
 
 struct Header {
   uint32_t magic;

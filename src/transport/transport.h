@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -121,6 +122,14 @@ class ExpertChannel {
   virtual bool receive(ExpertRequest& request) = 0;
   // Answers the request last received with partial [n_rows, hidden] (fp32).
   virtual void reply(ConstView partial) = 0;
+  // Other work for this rank while it waits for a request: `ready` is polled with the request,
+  // and when it says so, `run` runs (outside the wait's profile) and the wait goes on, as if the
+  // coordinator had just been heard from.
+  struct IdleWork {
+    std::function<bool()> ready;
+    std::function<void()> run;
+  };
+  virtual void set_idle_work(IdleWork work);
 };
 
 }  // namespace colibri

@@ -83,13 +83,15 @@ std::vector<float> run_sequence(Engine& engine, const Golden& g) {
 // Runs the parity fixture distributed and checks it against the reference, the single-process
 // engine and the transformers goldens.
 void expect_equal_to_reference(const std::string& fixture, const std::string& placement,
-                               bool host_combine, const std::string& layout_file = "") {
+                               bool host_combine, const std::string& layout_file = "",
+                               bool split_linears = false) {
   NodeOptions options;
   options.model_dir = kParityDir / fixture / "model";
   options.placement = parse_placement_policy(placement);
   options.max_rows = 64;
   options.rank_timeout_s = 60;
   options.host_combine = host_combine;
+  options.split_linears = split_linears;
   if (!layout_file.empty()) options.layout_file = layout_file;
   Node node(MPI_COMM_WORLD, options);
   if (!node.is_coordinator()) {
@@ -98,6 +100,9 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   }
   if (node.layout().coordinator_owns_experts()) {
     EXPECT_GT(node.placement().count_owned(node.layout().coordinator()), 0);
+  }
+  if (split_linears) {
+    EXPECT_GT(node.split_linear_count(), 0);
   }
   const Golden g = read_golden(fixture);
   Engine& engine = node.engine();
@@ -130,8 +135,9 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
         std::max(max_vs_transformers, std::abs(distributed[i] - g.logits.data[i]));
   }
   // With one expert owner every row sums its experts in the single-process order: bitwise
-  // equal to the single-process engine. More owners reorder the sum of partials. The engine
-  // attends in the absorbed form where the reference expands prefill keys: equal within 1e-5.
+  // equal to the single-process engine, split linears or not (each rank computes whole output
+  // values). More owners reorder the sum of partials. The engine attends in the absorbed form
+  // where the reference expands prefill keys: equal within 1e-5.
   if (node.layout().owner_ranks().size() == 1) {
     EXPECT_EQ(distributed, single_process);
   }
@@ -144,10 +150,10 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
     EXPECT_EQ(argmax(a), argmax(b)) << "position " << row;
   }
   EXPECT_EQ(greedy.tokens, g.greedy);
-  std::printf("[np %d %s %s%s%s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
+  std::printf("[np %d %s %s%s%s%s] max |logit diff| vs reference %.3g, vs transformers %.3g\n",
               world_size(), fixture.c_str(), placement.c_str(), host_combine ? " host combine" : "",
               node.layout().coordinator_owns_experts() ? " coordinator owns experts" : "",
-              max_vs_reference, max_vs_transformers);
+              split_linears ? " split linears" : "", max_vs_reference, max_vs_transformers);
 }
 
 using Case = std::tuple<std::string, std::string>;  // fixture, placement
@@ -196,6 +202,41 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts,
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) +
                                   (std::get<1>(param_info.param) ? "_host_combine" : "");
+                         });
+
+// --split-linears: the coordinator's projections, dense MLPs and lm_head split by output rows
+// across it and every cpu-expert rank, alone and with the coordinator owning experts.
+using SplitCase = std::tuple<std::string, bool>;  // fixture, coordinator owns experts
+class NodeSplitLinears : public ::testing::TestWithParam<SplitCase> {};
+
+TEST_P(NodeSplitLinears, LogitsAndGreedyTokensEqualTheReference) {
+  if (world_size() == 1) GTEST_SKIP() << "one process has no rank to split its linears with";
+  const auto& [fixture, coordinator_experts] = GetParam();
+  if (!coordinator_experts) {
+    expect_equal_to_reference(fixture, "balanced", false, "", true);
+    return;
+  }
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("split-linears-" + std::to_string(world_size()) + ".layout");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::ofstream layout(file);
+    layout << "0 coordinator - - 1\n";
+    for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  expect_equal_to_reference(fixture, "balanced", false, file.string(), true);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove(file);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeSplitLinears,
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) +
+                                  (std::get<1>(param_info.param) ? "_coordinator_experts" : "");
                          });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),

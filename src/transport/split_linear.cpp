@@ -1,0 +1,281 @@
+#include "transport/split_linear.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "transport/mpi_check.h"
+#include "transport/mpi_transport.h"
+
+namespace colibri {
+
+namespace {
+
+constexpr size_t kHeaderBytes = sizeof(wire::Header);
+
+wire::Header linear_header(wire::Opcode opcode, uint32_t sequence, int target, int64_t n,
+                           size_t payload_bytes, uint32_t checksum) {
+  return {wire::kMagic,
+          wire::kProtocolVersion,
+          uint16_t(opcode),
+          sequence,
+          target,
+          uint32_t(n),
+          0,
+          uint32_t(payload_bytes),
+          checksum};
+}
+
+// What is wrong with a message of `bytes` that should be `opcode` with `sequence` for a target
+// below `targets`; "" when nothing. The header is copied out.
+std::string check_linear_header(const std::byte* message, size_t bytes, wire::Opcode opcode,
+                                uint32_t sequence, size_t targets, int max_rows, wire::Header& h) {
+  if (bytes < kHeaderBytes) return fmt::format("{} bytes, shorter than a header", bytes);
+  std::memcpy(&h, message, kHeaderBytes);
+  if (h.magic != wire::kMagic) return fmt::format("bad magic {:#x}", h.magic);
+  if (h.version != wire::kProtocolVersion)
+    return fmt::format("protocol version {}, expected {}", h.version, wire::kProtocolVersion);
+  if (h.opcode != uint16_t(opcode))
+    return fmt::format("opcode {}, expected {}", h.opcode, uint16_t(opcode));
+  if (h.sequence != sequence) return fmt::format("sequence {}, expected {}", h.sequence, sequence);
+  if (h.layer < 0 || size_t(h.layer) >= targets)
+    return fmt::format("split linear {} of {}", h.layer, targets);
+  if (h.n_rows < 1 || h.n_rows > uint32_t(max_rows))
+    return fmt::format("{} rows, expected 1..{}", h.n_rows, max_rows);
+  if (h.n_pairs != 0) return fmt::format("{} pairs, expected none", h.n_pairs);
+  if (size_t(h.payload_bytes) != bytes - kHeaderBytes)
+    return fmt::format("payload of {} bytes in a message of {}", h.payload_bytes, bytes);
+  if (wire::checksum(message + kHeaderBytes, h.payload_bytes) != h.checksum)
+    return "payload checksum mismatch";
+  return "";
+}
+
+}  // namespace
+
+std::vector<int64_t> split_bounds(const Matrix& m, int parts) {
+  const int64_t step = row_slice_step(m);
+  const int64_t steps = (m.rows + step - 1) / step;
+  if (parts < 1 || steps < parts) return {};
+  std::vector<int64_t> bounds;
+  for (int p = 0; p <= parts; ++p) bounds.push_back(std::min(m.rows, steps * p / parts * step));
+  return bounds;
+}
+
+// The RemoteRows of one split matrix.
+class LinearSplitter::Rows final : public RemoteRows {
+ public:
+  Rows(LinearSplitter& owner, int index, std::string what, std::vector<int64_t> row_bounds,
+       int64_t in)
+      : splitter(owner),
+        target(index),
+        name(std::move(what)),
+        bounds(std::move(row_bounds)),
+        cols(in) {}
+  void start(const float* x, int64_t n) override { splitter.start(*this, x, n); }
+  float* local_buffer(int64_t n) override { return splitter.local_buffer(*this, n); }
+  void finish(const float* local, int64_t n, float* y) override {
+    splitter.finish(*this, local, n, y);
+  }
+
+  LinearSplitter& splitter;
+  int target;
+  std::string name;
+  std::vector<int64_t> bounds;  // [parts + 1]
+  int64_t cols;
+};
+
+LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options)
+    : comm_(comm), options_(options) {
+  const int parts = int(options_.ranks.size());
+  if (parts < 2) fail("splitting linears needs two ranks or more, not {}", parts);
+  parts_.resize(size_t(parts - 1));
+  for (int p = 1; p < parts; ++p) parts_[size_t(p - 1)].rank = options_.ranks[size_t(p)];
+  const std::vector<SplitTarget> targets = split_targets(weights);
+  int64_t max_cols = 0, max_rows_out = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    Matrix& m = *targets[i].matrix;
+    std::vector<int64_t> bounds = split_bounds(m, parts);
+    if (bounds.empty()) continue;
+    for (int p = 1; p < parts; ++p)
+      max_rows_out = std::max(max_rows_out, bounds[p + 1] - bounds[p]);
+    max_cols = std::max(max_cols, m.cols);
+    Matrix local = slice_rows(m, 0, bounds[1]);
+    local.rows = m.rows;
+    local.local_rows = bounds[1];
+    local.remote =
+        std::make_shared<Rows>(*this, int(i), targets[i].name, std::move(bounds), m.cols);
+    m = std::move(local);
+    ++split_count_;
+  }
+  const size_t rows = size_t(options_.max_rows);
+  for (Part& part : parts_) {
+    part.send.resize(kHeaderBytes + rows * size_t(max_cols) * sizeof(float));
+    part.recv.resize(kHeaderBytes + rows * size_t(max_rows_out) * sizeof(float));
+  }
+}
+
+LinearSplitter::~LinearSplitter() {
+  // A linear interrupted by an error leaves its messages posted.
+  for (Part& part : parts_) {
+    if (part.recv_request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&part.recv_request);
+      MPI_Request_free(&part.recv_request);
+    }
+    if (part.send_request != MPI_REQUEST_NULL) MPI_Request_free(&part.send_request);
+  }
+}
+
+void LinearSplitter::start(const Rows& rows, const float* x, int64_t n) {
+  if (n > options_.max_rows)
+    fail("{}: {} rows exceed the split linears' buffers of {} rows", rows.name, n,
+         options_.max_rows);
+  const size_t payload = size_t(n) * size_t(rows.cols) * sizeof(float);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    Part& part = parts_[i];
+    wire::Checksum sum;
+    sum.add_copy(part.send.data() + kHeaderBytes, reinterpret_cast<const std::byte*>(x), payload);
+    const wire::Header h = linear_header(wire::Opcode::kLinearRequest, ++part.sequence, rows.target,
+                                         n, payload, sum.value());
+    std::memcpy(part.send.data(), &h, kHeaderBytes);
+    const size_t reply =
+        kHeaderBytes + size_t(n) * size_t(rows.bounds[i + 2] - rows.bounds[i + 1]) * sizeof(float);
+    CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
+                        comm_, &part.recv_request));
+    CHECK_MPI(MPI_Isend(part.send.data(), int(kHeaderBytes + payload), MPI_BYTE, part.rank,
+                        wire::kTagLinearRequest, comm_, &part.send_request));
+  }
+}
+
+float* LinearSplitter::local_buffer(const Rows& rows, int64_t n) {
+  const size_t values = size_t(n) * size_t(rows.bounds[1]);
+  if (local_.size() < values) local_.resize(values);
+  return local_.data();
+}
+
+void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, float* y) {
+  std::vector<MPI_Request*> requests;
+  std::vector<int> ranks;
+  for (Part& part : parts_) {
+    requests.push_back(&part.recv_request);
+    ranks.push_back(part.rank);
+  }
+  wait_within(requests, ranks, options_.rank_timeout_s, "rows of a split linear",
+              " for " + rows.name, "--rank-timeout");
+  requests.clear();
+  for (Part& part : parts_) requests.push_back(&part.send_request);
+  wait_within(requests, ranks, options_.rank_timeout_s, "receipt of a split linear's input",
+              " for " + rows.name, "--rank-timeout");
+  const int64_t out = rows.bounds.back();
+  for (int64_t t = 0; t < n; ++t)
+    std::copy_n(local + t * rows.bounds[1], rows.bounds[1], y + t * out);
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Part& part = parts_[i];
+    const int64_t r0 = rows.bounds[i + 1], r1 = rows.bounds[i + 2];
+    const size_t payload = size_t(n) * size_t(r1 - r0) * sizeof(float);
+    wire::Header h{};
+    std::string problem =
+        check_linear_header(part.recv.data(), kHeaderBytes + payload, wire::Opcode::kLinearReply,
+                            part.sequence, size_t(rows.target) + 1, options_.max_rows, h);
+    if (problem.empty() && (h.layer != rows.target || h.n_rows != uint32_t(n)))
+      problem = fmt::format("split linear {} with {} rows, expected {} with {}", h.layer, h.n_rows,
+                            rows.target, n);
+    if (!problem.empty())
+      abort_job(fmt::format("corrupted rows of {} from {}: {}", rows.name,
+                            rank_identity().name_of(part.rank), problem));
+    const auto* theirs = reinterpret_cast<const float*>(part.recv.data() + kHeaderBytes);
+    for (int64_t t = 0; t < n; ++t) std::copy_n(theirs + t * (r1 - r0), r1 - r0, y + t * out + r0);
+  }
+}
+
+LinearServer::LinearServer(MPI_Comm comm, ModelWeights& weights, int part,
+                           const SplitOptions& options, Profiler& profiler)
+    : comm_(comm), coordinator_(options.ranks.at(0)), options_(options), profiler_(profiler) {
+  const int parts = int(options_.ranks.size());
+  if (part < 1 || part >= parts) fail("part {} of a split into {}", part, parts);
+  const std::vector<SplitTarget> targets = split_targets(weights);
+  int64_t max_cols = 0, max_rows_out = 0;
+  for (const SplitTarget& target : targets) {
+    Slice& slice = slices_.emplace_back();
+    slice.layer = target.layer;
+    const std::vector<int64_t> bounds = split_bounds(*target.matrix, parts);
+    if (!bounds.empty()) {
+      slice.rows = slice_rows(*target.matrix, bounds[size_t(part)], bounds[size_t(part) + 1]);
+      max_cols = std::max(max_cols, slice.rows.cols);
+      max_rows_out = std::max(max_rows_out, slice.rows.rows);
+    }
+    *target.matrix = Matrix();
+  }
+  const size_t rows = size_t(options_.max_rows);
+  request_.resize(kHeaderBytes + rows * size_t(max_cols) * sizeof(float));
+  reply_.resize(kHeaderBytes + rows * size_t(max_rows_out) * sizeof(float));
+  post_receive();
+}
+
+LinearServer::~LinearServer() {
+  if (receive_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&receive_);
+    MPI_Request_free(&receive_);
+  }
+  if (send_ != MPI_REQUEST_NULL) MPI_Request_free(&send_);
+}
+
+void LinearServer::post_receive() {
+  CHECK_MPI(MPI_Irecv(request_.data(), int(request_.size()), MPI_BYTE, coordinator_,
+                      wire::kTagLinearRequest, comm_, &receive_));
+}
+
+bool LinearServer::ready() {
+  if (receive_ == MPI_REQUEST_NULL) return false;
+  int done = 0;
+  CHECK_MPI(MPI_Test(&receive_, &done, &status_));
+  return done != 0;
+}
+
+uint64_t LinearServer::bytes() const {
+  uint64_t total = 0;
+  for (const Slice& slice : slices_) total += slice.rows.bytes();
+  return total;
+}
+
+void LinearServer::serve() {
+  int count = 0;
+  CHECK_MPI(MPI_Get_count(&status_, MPI_BYTE, &count));
+  wire::Header h{};
+  std::string problem =
+      check_linear_header(request_.data(), size_t(std::max(count, 0)), wire::Opcode::kLinearRequest,
+                          sequence_ + 1, slices_.size(), options_.max_rows, h);
+  const Slice* slice = problem.empty() ? &slices_[size_t(h.layer)] : nullptr;
+  if (slice && slice->rows.empty())
+    problem = fmt::format("split linear {}, which is not split", h.layer);
+  else if (slice && size_t(h.payload_bytes) != size_t(h.n_rows) * size_t(slice->rows.cols) * 4)
+    problem = fmt::format("{} bytes of input for {} rows of {} columns", h.payload_bytes, h.n_rows,
+                          slice->rows.cols);
+  if (!problem.empty())
+    abort_job(fmt::format("corrupted split linear request from {}: {}",
+                          rank_identity().name_of(coordinator_), problem));
+  sequence_ = h.sequence;
+  std::vector<MPI_Request*> previous{&send_};
+  wait_within(previous, {coordinator_}, options_.rank_timeout_s, "receipt of split linear rows", "",
+              "--rank-timeout");
+  const int64_t n = h.n_rows;
+  auto* out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
+  {
+    auto scope = profiler_.scope(Phase::kCompute, slice->layer);
+    linear(slice->rows, reinterpret_cast<const float*>(request_.data() + kHeaderBytes), n, out);
+  }
+  const size_t payload = size_t(n) * size_t(slice->rows.rows) * sizeof(float);
+  const wire::Header reply =
+      linear_header(wire::Opcode::kLinearReply, h.sequence, h.layer, n, payload,
+                    wire::checksum(reinterpret_cast<const std::byte*>(out), payload));
+  std::memcpy(reply_.data(), &reply, kHeaderBytes);
+  RankReport& counters = profiler_.counters();
+  counters.bytes_in += size_t(count);
+  post_receive();
+  CHECK_MPI(MPI_Isend(reply_.data(), int(kHeaderBytes + payload), MPI_BYTE, coordinator_,
+                      wire::kTagLinearReply, comm_, &send_));
+}
+
+}  // namespace colibri

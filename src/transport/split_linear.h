@@ -1,0 +1,100 @@
+// Tensor parallelism over MPI (--split-linears): the linears of split_targets are split by output
+// rows across the coordinator and the cpu-expert ranks. Each rank computes its rows over the whole
+// input with the kernel the whole matrix would use, so every output value has the bits one process
+// gives it. The coordinator sends a linear's input rows to every other part as the linear starts,
+// computes its own rows, then waits (--rank-timeout) for theirs; an expert rank serves these
+// requests while it waits for its next routed-expert request (ExpertChannel::set_idle_work). Both
+// directions carry a header (wire::Header) and fp32 rows under the payload checksum.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/profile.h"
+#include "model/weights.h"
+#include "transport/protocol.h"
+
+namespace colibri {
+
+// Row bounds of `parts` slices of m: parts + 1 ascending values from 0 to m.rows, each inner one
+// a multiple of row_slice_step(m), the slices as even as the steps allow. Empty when m has fewer
+// steps than parts: such a matrix is not split.
+std::vector<int64_t> split_bounds(const Matrix& m, int parts);
+
+struct SplitOptions {
+  std::vector<int> ranks;  // the parts in order: the coordinator, then the ranks that serve rows
+  int max_rows = 0;        // rows of the largest forward call
+  double rank_timeout_s = 300;
+};
+
+// Coordinator: keeps part 0's rows of every matrix it splits and asks the other parts for theirs.
+class LinearSplitter {
+ public:
+  // Splits every target that split_bounds can split: its storage becomes part 0's rows, and its
+  // `remote` this splitter, which must outlive the weights' use.
+  LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options);
+  ~LinearSplitter();
+  LinearSplitter(const LinearSplitter&) = delete;
+  LinearSplitter& operator=(const LinearSplitter&) = delete;
+
+  int split_count() const { return split_count_; }
+
+ private:
+  class Rows;
+  struct Part {
+    int rank = 0;
+    std::vector<std::byte> send, recv;  // header + rows
+    MPI_Request send_request = MPI_REQUEST_NULL, recv_request = MPI_REQUEST_NULL;
+    uint32_t sequence = 0;  // requests sent to this rank
+  };
+
+  void start(const Rows& rows, const float* x, int64_t n);
+  float* local_buffer(const Rows& rows, int64_t n);
+  void finish(const Rows& rows, const float* local, int64_t n, float* y);
+
+  MPI_Comm comm_;
+  SplitOptions options_;
+  std::vector<Part> parts_;  // parts 1.. (the coordinator's own is computed in place)
+  std::vector<float> local_;
+  int split_count_ = 0;
+};
+
+// A rank that serves rows: the rows of its part of every split target, cut from `weights` (whose
+// split targets it empties), computed for the coordinator on request.
+class LinearServer {
+ public:
+  LinearServer(MPI_Comm comm, ModelWeights& weights, int part, const SplitOptions& options,
+               Profiler& profiler);
+  ~LinearServer();
+  LinearServer(const LinearServer&) = delete;
+  LinearServer& operator=(const LinearServer&) = delete;
+
+  // Whether a request has arrived (polled while the rank waits for routed-expert requests).
+  bool ready();
+  // Checks the request that arrived, computes its rows, sends them, and waits for the next one.
+  void serve();
+  uint64_t bytes() const;  // of the rows held
+
+ private:
+  struct Slice {
+    Matrix rows;  // empty: the matrix is not split
+    int layer = -1;
+  };
+  void post_receive();
+
+  MPI_Comm comm_;
+  int coordinator_;
+  SplitOptions options_;
+  Profiler& profiler_;
+  std::vector<Slice> slices_;  // by index in split_targets
+  std::vector<std::byte> request_, reply_;
+  MPI_Request receive_ = MPI_REQUEST_NULL, send_ = MPI_REQUEST_NULL;
+  MPI_Status status_{};
+  uint32_t sequence_ = 0;  // requests received
+};
+
+}  // namespace colibri
