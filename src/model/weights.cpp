@@ -61,6 +61,15 @@ int64_t row_slice_step(const Matrix& m) {
   return m.stored_fp8() ? m.fp8.block_rows : kernels::kTileRows;
 }
 
+std::vector<int64_t> split_bounds(const Matrix& m, int parts) {
+  const int64_t step = row_slice_step(m);
+  const int64_t steps = (m.rows + step - 1) / step;
+  if (parts < 1 || steps < parts) return {};
+  std::vector<int64_t> bounds;
+  for (int p = 0; p <= parts; ++p) bounds.push_back(std::min(m.rows, steps * p / parts * step));
+  return bounds;
+}
+
 Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
   const int64_t step = row_slice_step(m);
   if (m.remote || r0 < 0 || r1 <= r0 || r1 > m.rows || r0 % step != 0 ||

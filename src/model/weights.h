@@ -61,6 +61,10 @@ Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1);
 // The rows a slice of m starts at a multiple of: 8 (kernels::kTileRows, whatever m's layout, so
 // that ranks whose CPUs choose different layouts agree), or an FP8 matrix's block rows.
 int64_t row_slice_step(const Matrix& m);
+// Row bounds of `parts` slices of m: parts + 1 ascending values from 0 to m.rows, each inner one
+// a multiple of row_slice_step(m), the slices as even as the steps allow. Empty when m has fewer
+// steps than parts: such a matrix is not split.
+std::vector<int64_t> split_bounds(const Matrix& m, int parts);
 
 // The three matrices of a quantized expert, in the container's layout.
 struct QuantMlp {

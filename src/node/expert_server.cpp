@@ -76,15 +76,18 @@ void raise_test_fault(const TestFault& fault, TestFault::Stage stage, int rank) 
   raise_fault(rank, fault.signal);
 }
 
+void raise_test_fault(const TestFault& fault, int layer, int& requests, int rank) {
+  if (fault.signal_at_layer >= 0 && layer == fault.signal_at_layer &&
+      ++requests == fault.signal_after)
+    raise_fault(rank, fault.signal);
+}
+
 void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
-                   const TestFault& fault) {
+                   const TestFault& fault, int& fault_requests) {
   ExpertRequest request;
   std::vector<float> partial;
-  int fault_layer_requests = 0;
   while (channel.receive(request)) {
-    if (request.layer == fault.signal_at_layer && ++fault_layer_requests == fault.signal_after) {
-      raise_fault(profiler.counters().rank, fault.signal);
-    }
+    raise_test_fault(fault, request.layer, fault_requests, profiler.counters().rank);
     const size_t values = size_t(request.n_rows) * hidden;
     if (partial.size() < values) partial.resize(values);
     if (request.n_rows > 0) {  // none: a host-mate's empty share (--combine host)

@@ -13,7 +13,8 @@ namespace colibri {
 // MPI_Finalize, or corrupts its reply when serving LAYER (all but corrupt: at the AFTER-th request
 // for LAYER, counting from 1; default the first). LAYER may instead name a start-up point (not
 // with corrupt): "startup" (before the ranks compare their argument checks) or "load" (after the
-// handshake, before loading weights); those apply to any rank, the coordinator too.
+// handshake, before loading weights); those apply to any rank, the coordinator too. With
+// --split-linears, a request for a split linear of LAYER counts as a request for LAYER.
 struct TestFault {
   enum Stage { kNone, kStartup, kLoad };
   int signal_at_layer = -1;         // raise `signal` when a request for this layer arrives
@@ -26,8 +27,12 @@ struct TestFault {
 TestFault test_fault_from_env(int rank);
 // Raises the fault's signal when `stage` is its start-up point.
 void raise_test_fault(const TestFault& fault, TestFault::Stage stage, int rank);
+// Counts a request for `layer` in `requests` when it is the fault's layer, and raises the fault's
+// signal at its signal_after-th.
+void raise_test_fault(const TestFault& fault, int layer, int& requests, int rank);
 
+// `fault_requests` counts the requests for the fault's layer (shared with the split linears').
 void serve_experts(ExpertChannel& channel, ExpertBackend& backend, Profiler& profiler, int hidden,
-                   const TestFault& fault);
+                   const TestFault& fault, int& fault_requests);
 
 }  // namespace colibri

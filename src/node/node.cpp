@@ -203,6 +203,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         linear_server_ =
             std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);
         weights_ = ModelWeights();
+        linear_server_->set_request_hook(
+            [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
         if (channel_)
           channel_->set_idle_work(
               {[this] { return linear_server_->ready(); }, [this] { linear_server_->serve(); }});
@@ -370,7 +372,8 @@ void Node::shutdown() {
 }
 
 void Node::serve() {
-  serve_experts(*channel_, *expert_backend_, *profiler_, config_.hidden_size, options_.fault);
+  serve_experts(*channel_, *expert_backend_, *profiler_, config_.hidden_size, options_.fault,
+                fault_requests_);
 }
 
 std::vector<RankReport> Node::gather_reports() {

@@ -128,6 +128,7 @@ class Node {
   std::unique_ptr<Engine> engine_;                 // coordinator
   bool shut_down_ = false;
   std::vector<std::string> memory_report_;
+  int fault_requests_ = 0;  // requests for the test fault's layer (expert ranks)
 };
 
 }  // namespace colibri

@@ -55,15 +55,6 @@ std::string check_linear_header(const std::byte* message, size_t bytes, wire::Op
 
 }  // namespace
 
-std::vector<int64_t> split_bounds(const Matrix& m, int parts) {
-  const int64_t step = row_slice_step(m);
-  const int64_t steps = (m.rows + step - 1) / step;
-  if (parts < 1 || steps < parts) return {};
-  std::vector<int64_t> bounds;
-  for (int p = 0; p <= parts; ++p) bounds.push_back(std::min(m.rows, steps * p / parts * step));
-  return bounds;
-}
-
 // The RemoteRows of one split matrix.
 class LinearSplitter::Rows final : public RemoteRows {
  public:
@@ -257,6 +248,7 @@ void LinearServer::serve() {
     abort_job(fmt::format("corrupted split linear request from {}: {}",
                           rank_identity().name_of(coordinator_), problem));
   sequence_ = h.sequence;
+  if (request_hook_) request_hook_(slice->layer);
   std::vector<MPI_Request*> previous{&send_};
   wait_within(previous, {coordinator_}, options_.rank_timeout_s, "receipt of split linear rows", "",
               "--rank-timeout");

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -19,11 +20,6 @@
 #include "transport/protocol.h"
 
 namespace colibri {
-
-// Row bounds of `parts` slices of m: parts + 1 ascending values from 0 to m.rows, each inner one
-// a multiple of row_slice_step(m), the slices as even as the steps allow. Empty when m has fewer
-// steps than parts: such a matrix is not split.
-std::vector<int64_t> split_bounds(const Matrix& m, int parts);
 
 struct SplitOptions {
   std::vector<int> ranks;  // the parts in order: the coordinator, then the ranks that serve rows
@@ -78,6 +74,8 @@ class LinearServer {
   // Checks the request that arrived, computes its rows, sends them, and waits for the next one.
   void serve();
   uint64_t bytes() const;  // of the rows held
+  // Called with the layer of each valid request before it is computed (the test fault hook).
+  void set_request_hook(std::function<void(int layer)> hook) { request_hook_ = std::move(hook); }
 
  private:
   struct Slice {
@@ -95,6 +93,7 @@ class LinearServer {
   MPI_Request receive_ = MPI_REQUEST_NULL, send_ = MPI_REQUEST_NULL;
   MPI_Status status_{};
   uint32_t sequence_ = 0;  // requests received
+  std::function<void(int layer)> request_hook_;
 };
 
 }  // namespace colibri

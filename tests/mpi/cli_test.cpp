@@ -166,6 +166,24 @@ TEST(MpiCli, StoppedExpertRankIsNamedAfterTheRankTimeout) {
   EXPECT_NE(r.combined.find("--rank-timeout"), std::string::npos) << describe(r);
 }
 
+// --split-linears: the rank stops as the first split linear of layer 0 reaches it, while the
+// coordinator waits for its rows.
+TEST(MpiCli, StoppedSplitLinearRankIsNamedAfterTheRankTimeout) {
+  const JobResult r =
+      run_node(2,
+               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen", "6",
+                "--ignore-eos", "--rank-timeout", "2", "--split-linears"},
+               {{"COLIBRI_TEST_FAULT", "stop:1:0"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_GE(r.elapsed_s, 2) << "ended before the rank timeout could fire\n" << describe(r);
+  EXPECT_LT(r.elapsed_s, 15) << describe(r);
+  EXPECT_NE(r.combined.find("rank 1@" + short_hostname() +
+                            " is silent: no rows of a split linear within 2.0 s for layer 0 "),
+            std::string::npos)
+      << describe(r);
+}
+
 TEST(MpiCli, CorruptedReplyIsDetectedByChecksum) {
   const JobResult r = run_node(3,
                                {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,

@@ -1,0 +1,261 @@
+// Row slices of a Matrix (what --split-linears gives each rank): every representation's slices
+// compute the whole matrix's rows bit for bit, split_bounds cuts whole steps, linear() puts a
+// split matrix's rows together, and a quantized MLP held as three matrices keeps its bits.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cpu/quant.h"
+#include "model/container.h"
+#include "model/weights.h"
+#include "rank/experts.h"
+
+namespace colibri {
+namespace {
+
+std::vector<float> normal(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(count));
+  for (float& e : v) e = dist(rng);
+  return v;
+}
+
+Matrix f32_matrix(int64_t rows, int64_t cols, uint32_t seed) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = normal(rows * cols, seed);
+  return m;
+}
+
+Matrix bf16_matrix(int64_t rows, int64_t cols, uint32_t seed) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  for (float v : normal(rows * cols, seed)) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    m.bf16.push_back(uint16_t(bits >> 16));
+  }
+  return m;
+}
+
+Matrix fp8_matrix(int64_t rows, int64_t cols, int64_t block_rows, int64_t block_cols,
+                  uint32_t seed) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> byte(0, 0x7e);  // E4M3 without NaN (0x7f), either sign
+  for (int64_t i = 0; i < rows * cols; ++i)
+    m.fp8.bits.push_back(uint8_t(byte(rng) | (rng() & 1 ? 0x80 : 0)));
+  m.fp8.block_rows = block_rows;
+  m.fp8.block_cols = block_cols;
+  const int64_t scales =
+      ((rows + block_rows - 1) / block_rows) * ((cols + block_cols - 1) / block_cols);
+  for (int64_t i = 0; i < scales; ++i) m.fp8.scales.push_back(0.01f * float(i + 1));
+  return m;
+}
+
+Matrix quant_matrix(kernels::QuantFormat format, int group_size, kernels::QuantLayout layout,
+                    int64_t rows, int64_t cols, uint32_t seed) {
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  QuantMatrix& q = m.quant;
+  q.format = format;
+  q.group_size = group_size;
+  q.rows = rows;
+  q.cols = cols;
+  q.data.resize(size_t(kernels::packed_bytes(format, rows, cols)));
+  q.scales.resize(size_t(kernels::scale_count(format, rows, cols, group_size)));
+  const std::vector<float> w = normal(rows * cols, seed);
+  kernels::quantize(format, group_size, w.data(), rows, cols, q.data.data(), q.scales.data());
+  set_layout(q, layout);
+  return m;
+}
+
+struct Case {
+  std::string name;
+  Matrix m;
+};
+
+// 44 rows: 6 steps of 8 with a short last one (FP8: blocks of 8 rows and 16 columns).
+std::vector<Case> cases() {
+  const int64_t rows = 44, cols = 192;
+  std::vector<Case> all;
+  all.push_back({"f32", f32_matrix(rows, cols, 1)});
+  all.push_back({"bf16", bf16_matrix(rows, cols, 2)});
+  all.push_back({"fp8", fp8_matrix(rows, cols, 8, 16, 3)});
+  for (auto layout : {kernels::QuantLayout::kRows, kernels::QuantLayout::kTiles}) {
+    const std::string where = layout == kernels::QuantLayout::kTiles ? " tiles" : " rows";
+    // kTiles needs rows a multiple of 8.
+    const int64_t r = layout == kernels::QuantLayout::kTiles ? 48 : rows;
+    all.push_back(
+        {"int8-row" + where, quant_matrix(kernels::QuantFormat::kInt8Row, 0, layout, r, cols, 4)});
+    all.push_back({"int4-g64" + where,
+                   quant_matrix(kernels::QuantFormat::kInt4Grouped, 64, layout, r, cols, 5)});
+  }
+  return all;
+}
+
+std::vector<float> product(const Matrix& m, const std::vector<float>& x, int64_t n) {
+  std::vector<float> y(size_t(n * m.rows), std::nanf(""));
+  linear(m, x.data(), n, y.data());
+  return y;
+}
+
+TEST(SplitRows, BoundsAreWholeStepsFromZeroToTheRows) {
+  for (const Case& c : cases())
+    for (int parts = 1; parts <= 6; ++parts) {
+      SCOPED_TRACE(c.name + " parts " + std::to_string(parts));
+      const std::vector<int64_t> bounds = split_bounds(c.m, parts);
+      ASSERT_EQ(bounds.size(), size_t(parts) + 1);
+      EXPECT_EQ(bounds.front(), 0);
+      EXPECT_EQ(bounds.back(), c.m.rows);
+      for (int p = 0; p < parts; ++p) {
+        EXPECT_LT(bounds[size_t(p)], bounds[size_t(p) + 1]);
+        EXPECT_EQ(bounds[size_t(p)] % row_slice_step(c.m), 0);
+      }
+    }
+  // Fewer steps than parts: not split.
+  EXPECT_TRUE(split_bounds(f32_matrix(44, 8, 1), 7).empty());
+  EXPECT_TRUE(split_bounds(fp8_matrix(44, 16, 16, 16, 1), 4).empty());
+}
+
+TEST(SplitRows, EverySliceGivesTheWholeMatrixsRows) {
+  for (const Case& c : cases())
+    for (int64_t n : {int64_t(1), int64_t(5)}) {
+      const std::vector<float> x = normal(n * c.m.cols, 9);
+      const std::vector<float> whole = product(c.m, x, n);
+      for (int parts : {2, 3, 5}) {
+        const std::vector<int64_t> bounds = split_bounds(c.m, parts);
+        for (int p = 0; p < parts; ++p) {
+          const int64_t r0 = bounds[size_t(p)], r1 = bounds[size_t(p) + 1];
+          SCOPED_TRACE(c.name + " n=" + std::to_string(n) + " rows " + std::to_string(r0) + ".." +
+                       std::to_string(r1));
+          const Matrix slice = slice_rows(c.m, r0, r1);
+          EXPECT_EQ(slice.rows, r1 - r0);
+          const std::vector<float> part = product(slice, x, n);
+          std::vector<float> want;
+          for (int64_t t = 0; t < n; ++t)
+            want.insert(want.end(), whole.begin() + t * c.m.rows + r0,
+                        whole.begin() + t * c.m.rows + r1);
+          EXPECT_EQ(part, want);
+        }
+      }
+    }
+}
+
+TEST(SplitRows, ASliceNotOfWholeStepsIsRefused) {
+  const Matrix m = f32_matrix(44, 16, 1);
+  EXPECT_THROW(slice_rows(m, 4, 16), Error);
+  EXPECT_THROW(slice_rows(m, 0, 12), Error);
+  EXPECT_THROW(slice_rows(m, 8, 8), Error);
+  EXPECT_THROW(slice_rows(m, 40, 48), Error);
+  EXPECT_EQ(slice_rows(m, 40, 44).rows, 4);
+  const Matrix fp8 = fp8_matrix(64, 16, 16, 16, 1);
+  EXPECT_THROW(slice_rows(fp8, 8, 32), Error);
+  EXPECT_EQ(slice_rows(fp8, 16, 48).fp8.scales.size(), 2u);
+}
+
+// The other parts' rows computed in this process from their slices, as the serving ranks do.
+class LocalRows final : public RemoteRows {
+ public:
+  LocalRows(const Matrix& whole, std::vector<int64_t> bounds) : bounds_(std::move(bounds)) {
+    for (size_t p = 1; p + 1 < bounds_.size(); ++p)
+      slices_.push_back(slice_rows(whole, bounds_[p], bounds_[p + 1]));
+  }
+  void start(const float* x, int64_t n) override {
+    x_ = x;
+    ++starts;
+    EXPECT_GT(n, 0);
+  }
+  float* local_buffer(int64_t n) override {
+    local_.assign(size_t(n * bounds_[1]), std::nanf(""));
+    return local_.data();
+  }
+  void finish(const float* local, int64_t n, float* y) override {
+    const int64_t rows = bounds_.back();
+    for (int64_t t = 0; t < n; ++t) std::copy_n(local + t * bounds_[1], bounds_[1], y + t * rows);
+    for (size_t p = 0; p < slices_.size(); ++p) {
+      const int64_t r0 = bounds_[p + 1], r1 = bounds_[p + 2];
+      std::vector<float> theirs(size_t(n * (r1 - r0)));
+      linear(slices_[p], x_, n, theirs.data());
+      for (int64_t t = 0; t < n; ++t)
+        std::copy_n(theirs.data() + t * (r1 - r0), r1 - r0, y + t * rows + r0);
+    }
+  }
+  int starts = 0;
+
+ private:
+  std::vector<int64_t> bounds_;
+  std::vector<Matrix> slices_;
+  std::vector<float> local_;
+  const float* x_ = nullptr;
+};
+
+TEST(SplitRows, LinearOfASplitMatrixPutsItsRowsTogether) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    const std::vector<int64_t> bounds = split_bounds(c.m, 3);
+    auto remote = std::make_shared<LocalRows>(c.m, bounds);
+    Matrix split = slice_rows(c.m, 0, bounds[1]);
+    split.rows = c.m.rows;
+    split.local_rows = bounds[1];
+    split.remote = remote;
+    EXPECT_EQ(split.held_rows(), bounds[1]);
+    const std::vector<float> x = normal(3 * c.m.cols, 11);
+    EXPECT_EQ(product(split, x, 3), product(c.m, x, 3));
+    EXPECT_EQ(remote->starts, 1);
+  }
+}
+
+// A container MLP held for the fused kernel and the same bytes as three matrices (how
+// split_targets holds a dense MLP): the same bits, whatever activations the kernels take.
+TEST(SplitRows, AQuantizedMlpAsMatricesKeepsItsBits) {
+  const int64_t hidden = 128, inter = 192;
+  const kernels::QuantActivations saved = kernels::quant_activations_selected();
+  for (auto format : {kernels::QuantFormat::kInt8Row, kernels::QuantFormat::kInt4Grouped})
+    for (auto activations : {kernels::QuantActivations::kF32, kernels::QuantActivations::kInt8,
+                             kernels::QuantActivations::kMixed}) {
+      SCOPED_TRACE(std::to_string(int(format)) + " activations " +
+                   std::to_string(int(activations)));
+      kernels::set_quant_activations(activations);
+      const int gs = format == kernels::QuantFormat::kInt4Grouped ? 64 : 0;
+      const auto layout = kernels::QuantLayout::kTiles;
+      MlpWeights fused;
+      fused.quant.gate = quant_matrix(format, gs, layout, inter, hidden, 21).quant;
+      fused.quant.up = quant_matrix(format, gs, layout, inter, hidden, 22).quant;
+      fused.quant.down = quant_matrix(format, gs, layout, hidden, inter, 23).quant;
+      ModelWeights w;
+      w.layers.resize(1);
+      w.layers[0].dense_mlp = fused;
+      const std::vector<SplitTarget> targets = split_targets(w);
+      const MlpWeights& held = w.layers[0].dense_mlp;
+      ASSERT_FALSE(held.quantized());
+      ASSERT_EQ(targets.size(), 3u);
+      EXPECT_EQ(targets[0].matrix, &held.gate);
+      EXPECT_EQ(held.gate.rows, inter);
+      EXPECT_EQ(held.down.cols, inter);
+      for (int n : {1, 4}) {
+        const std::vector<float> x = normal(n * hidden, 24);
+        std::vector<float> want(size_t(n * hidden)), got(want.size(), std::nanf(""));
+        mlp_forward(fused, x.data(), n, want.data());
+        mlp_forward(held, x.data(), n, got.data());
+        EXPECT_EQ(got, want) << "n=" << n;
+      }
+    }
+  kernels::set_quant_activations(saved);
+}
+
+}  // namespace
+}  // namespace colibri
