@@ -198,7 +198,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu))
         fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
       if (is_coordinator()) {
-        splitter_ = std::make_unique<LinearSplitter>(comm_, weights_, split);
+        splitter_ = std::make_unique<LinearSplitter>(comm_, weights_, split, *profiler_);
       } else if (serves_rows) {
         linear_server_ =
             std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);

@@ -78,21 +78,18 @@ class LinearSplitter::Rows final : public RemoteRows {
   int64_t cols;
 };
 
-LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options)
-    : comm_(comm), options_(options) {
+LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options,
+                               Profiler& profiler)
+    : comm_(comm), options_(options), profiler_(profiler) {
   const int parts = int(options_.ranks.size());
   if (parts < 2) fail("splitting linears needs two ranks or more, not {}", parts);
   parts_.resize(size_t(parts - 1));
   for (int p = 1; p < parts; ++p) parts_[size_t(p - 1)].rank = options_.ranks[size_t(p)];
   const std::vector<SplitTarget> targets = split_targets(weights);
-  int64_t max_cols = 0, max_rows_out = 0;
   for (size_t i = 0; i < targets.size(); ++i) {
     Matrix& m = *targets[i].matrix;
     std::vector<int64_t> bounds = split_bounds(m, parts);
     if (bounds.empty()) continue;
-    for (int p = 1; p < parts; ++p)
-      max_rows_out = std::max(max_rows_out, bounds[p + 1] - bounds[p]);
-    max_cols = std::max(max_cols, m.cols);
     Matrix local = slice_rows(m, 0, bounds[1]);
     local.rows = m.rows;
     local.local_rows = bounds[1];
@@ -100,11 +97,6 @@ LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const Split
         std::make_shared<Rows>(*this, int(i), targets[i].name, std::move(bounds), m.cols);
     m = std::move(local);
     ++split_count_;
-  }
-  const size_t rows = size_t(options_.max_rows);
-  for (Part& part : parts_) {
-    part.send.resize(kHeaderBytes + rows * size_t(max_cols) * sizeof(float));
-    part.recv.resize(kHeaderBytes + rows * size_t(max_rows_out) * sizeof(float));
   }
 }
 
@@ -124,8 +116,11 @@ void LinearSplitter::start(const Rows& rows, const float* x, int64_t n) {
     fail("{}: {} rows exceed the split linears' buffers of {} rows", rows.name, n,
          options_.max_rows);
   const size_t payload = size_t(n) * size_t(rows.cols) * sizeof(float);
+  RankReport& counters = profiler_.counters();
   for (size_t i = 0; i < parts_.size(); ++i) {
     Part& part = parts_[i];
+    // Buffers grow to the largest call (finish() has completed the last one's messages).
+    if (part.send.size() < kHeaderBytes + payload) part.send.resize(kHeaderBytes + payload);
     wire::Checksum sum;
     sum.add_copy(part.send.data() + kHeaderBytes, reinterpret_cast<const std::byte*>(x), payload);
     const wire::Header h = linear_header(wire::Opcode::kLinearRequest, ++part.sequence, rows.target,
@@ -133,6 +128,9 @@ void LinearSplitter::start(const Rows& rows, const float* x, int64_t n) {
     std::memcpy(part.send.data(), &h, kHeaderBytes);
     const size_t reply =
         kHeaderBytes + size_t(n) * size_t(rows.bounds[i + 2] - rows.bounds[i + 1]) * sizeof(float);
+    if (part.recv.size() < reply) part.recv.resize(reply);
+    counters.bytes_out += kHeaderBytes + payload;
+    counters.bytes_in += reply;
     CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
                         comm_, &part.recv_request));
     CHECK_MPI(MPI_Isend(part.send.data(), int(kHeaderBytes + payload), MPI_BYTE, part.rank,
@@ -187,7 +185,7 @@ LinearServer::LinearServer(MPI_Comm comm, ModelWeights& weights, int part,
   const int parts = int(options_.ranks.size());
   if (part < 1 || part >= parts) fail("part {} of a split into {}", part, parts);
   const std::vector<SplitTarget> targets = split_targets(weights);
-  int64_t max_cols = 0, max_rows_out = 0;
+  int64_t max_cols = 0;
   for (const SplitTarget& target : targets) {
     Slice& slice = slices_.emplace_back();
     slice.layer = target.layer;
@@ -195,34 +193,22 @@ LinearServer::LinearServer(MPI_Comm comm, ModelWeights& weights, int part,
     if (!bounds.empty()) {
       slice.rows = slice_rows(*target.matrix, bounds[size_t(part)], bounds[size_t(part) + 1]);
       max_cols = std::max(max_cols, slice.rows.cols);
-      max_rows_out = std::max(max_rows_out, slice.rows.rows);
     }
     *target.matrix = Matrix();
   }
-  const size_t rows = size_t(options_.max_rows);
-  request_.resize(kHeaderBytes + rows * size_t(max_cols) * sizeof(float));
-  reply_.resize(kHeaderBytes + rows * size_t(max_rows_out) * sizeof(float));
-  post_receive();
+  max_request_bytes_ = kHeaderBytes + size_t(options_.max_rows) * size_t(max_cols) * sizeof(float);
 }
 
 LinearServer::~LinearServer() {
-  if (receive_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&receive_);
-    MPI_Request_free(&receive_);
-  }
   if (send_ != MPI_REQUEST_NULL) MPI_Request_free(&send_);
 }
 
-void LinearServer::post_receive() {
-  CHECK_MPI(MPI_Irecv(request_.data(), int(request_.size()), MPI_BYTE, coordinator_,
-                      wire::kTagLinearRequest, comm_, &receive_));
-}
-
 bool LinearServer::ready() {
-  if (receive_ == MPI_REQUEST_NULL) return false;
-  int done = 0;
-  CHECK_MPI(MPI_Test(&receive_, &done, &status_));
-  return done != 0;
+  if (arrived_) return true;
+  int flag = 0;
+  CHECK_MPI(MPI_Improbe(coordinator_, wire::kTagLinearRequest, comm_, &flag, &message_, &status_));
+  arrived_ = flag != 0;
+  return arrived_;
 }
 
 uint64_t LinearServer::bytes() const {
@@ -232,8 +218,16 @@ uint64_t LinearServer::bytes() const {
 }
 
 void LinearServer::serve() {
+  if (!arrived_) fail("no split linear request has arrived");
+  arrived_ = false;
   int count = 0;
   CHECK_MPI(MPI_Get_count(&status_, MPI_BYTE, &count));
+  // The buffers grow to the largest request, which the split linears bound.
+  if (size_t(count) > max_request_bytes_)
+    abort_job(fmt::format("corrupted split linear request from {}: {} bytes, more than {}",
+                          rank_identity().name_of(coordinator_), count, max_request_bytes_));
+  if (request_.size() < size_t(count)) request_.resize(size_t(count));
+  CHECK_MPI(MPI_Mrecv(request_.data(), count, MPI_BYTE, &message_, MPI_STATUS_IGNORE));
   wire::Header h{};
   std::string problem =
       check_linear_header(request_.data(), size_t(std::max(count, 0)), wire::Opcode::kLinearRequest,
@@ -253,19 +247,20 @@ void LinearServer::serve() {
   wait_within(previous, {coordinator_}, options_.rank_timeout_s, "receipt of split linear rows", "",
               "--rank-timeout");
   const int64_t n = h.n_rows;
+  const size_t payload = size_t(n) * size_t(slice->rows.rows) * sizeof(float);
+  if (reply_.size() < kHeaderBytes + payload) reply_.resize(kHeaderBytes + payload);
   auto* out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
   {
     auto scope = profiler_.scope(Phase::kCompute, slice->layer);
     linear(slice->rows, reinterpret_cast<const float*>(request_.data() + kHeaderBytes), n, out);
   }
-  const size_t payload = size_t(n) * size_t(slice->rows.rows) * sizeof(float);
   const wire::Header reply =
       linear_header(wire::Opcode::kLinearReply, h.sequence, h.layer, n, payload,
                     wire::checksum(reinterpret_cast<const std::byte*>(out), payload));
   std::memcpy(reply_.data(), &reply, kHeaderBytes);
   RankReport& counters = profiler_.counters();
   counters.bytes_in += size_t(count);
-  post_receive();
+  counters.bytes_out += kHeaderBytes + payload;
   CHECK_MPI(MPI_Isend(reply_.data(), int(kHeaderBytes + payload), MPI_BYTE, coordinator_,
                       wire::kTagLinearReply, comm_, &send_));
 }

@@ -32,7 +32,8 @@ class LinearSplitter {
  public:
   // Splits every target that split_bounds can split: its storage becomes part 0's rows, and its
   // `remote` this splitter, which must outlive the weights' use.
-  LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options);
+  LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options,
+                 Profiler& profiler);
   ~LinearSplitter();
   LinearSplitter(const LinearSplitter&) = delete;
   LinearSplitter& operator=(const LinearSplitter&) = delete;
@@ -43,7 +44,7 @@ class LinearSplitter {
   class Rows;
   struct Part {
     int rank = 0;
-    std::vector<std::byte> send, recv;  // header + rows
+    std::vector<std::byte> send, recv;  // header + rows, grown to the largest call
     MPI_Request send_request = MPI_REQUEST_NULL, recv_request = MPI_REQUEST_NULL;
     uint32_t sequence = 0;  // requests sent to this rank
   };
@@ -54,6 +55,7 @@ class LinearSplitter {
 
   MPI_Comm comm_;
   SplitOptions options_;
+  Profiler& profiler_;
   std::vector<Part> parts_;  // parts 1.. (the coordinator's own is computed in place)
   std::vector<float> local_;
   int split_count_ = 0;
@@ -69,7 +71,8 @@ class LinearServer {
   LinearServer(const LinearServer&) = delete;
   LinearServer& operator=(const LinearServer&) = delete;
 
-  // Whether a request has arrived (polled while the rank waits for routed-expert requests).
+  // Whether a request has arrived (polled while the rank waits for routed-expert requests): a
+  // matched probe, so that the buffer grows to its size.
   bool ready();
   // Checks the request that arrived, computes its rows, sends them, and waits for the next one.
   void serve();
@@ -82,16 +85,17 @@ class LinearServer {
     Matrix rows;  // empty: the matrix is not split
     int layer = -1;
   };
-  void post_receive();
-
   MPI_Comm comm_;
   int coordinator_;
   SplitOptions options_;
   Profiler& profiler_;
-  std::vector<Slice> slices_;  // by index in split_targets
-  std::vector<std::byte> request_, reply_;
-  MPI_Request receive_ = MPI_REQUEST_NULL, send_ = MPI_REQUEST_NULL;
+  std::vector<Slice> slices_;               // by index in split_targets
+  std::vector<std::byte> request_, reply_;  // grown to the largest request and reply
+  size_t max_request_bytes_ = 0;            // of a request with max_rows rows
+  MPI_Message message_ = MPI_MESSAGE_NULL;  // the request ready() found
   MPI_Status status_{};
+  bool arrived_ = false;
+  MPI_Request send_ = MPI_REQUEST_NULL;
   uint32_t sequence_ = 0;  // requests received
   std::function<void(int layer)> request_hook_;
 };

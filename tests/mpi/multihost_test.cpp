@@ -153,12 +153,13 @@ std::vector<std::string> error_lines(const JobResult& r) {
 
 // Fixture, --combine: star (every owner replies to the coordinator) or host (the expert ranks of
 // a host sum their partials at the lowest of them: ranks 2+3 and 4+5 here), --placement, and
-// whether a layout gives the coordinator a RAM budget, so that it owns routed experts too.
-using EqualityCase = std::tuple<std::string, std::string, std::string, bool>;
+// whether a layout gives the coordinator a RAM budget, so that it owns routed experts too, and
+// --split-linears (the coordinator's linears split by rows across the six expert ranks too).
+using EqualityCase = std::tuple<std::string, std::string, std::string, bool, bool>;
 class MultihostEquality : public Multihost, public ::testing::WithParamInterface<EqualityCase> {};
 
 TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
-  const auto& [fixture, combine, placement, coordinator_experts] = GetParam();
+  const auto& [fixture, combine, placement, coordinator_experts, split_linears] = GetParam();
   const ScratchDir dir;
   std::vector<std::string> layout_args;
   if (coordinator_experts) {
@@ -186,6 +187,7 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
                   {"--logits-out", (dir.path() / "seven.npy").string(), "--print-placement",
                    "--rank-timeout", "30", "--combine", combine, "--placement", placement});
   job_args.insert(job_args.end(), layout_args.begin(), layout_args.end());
+  if (split_linears) job_args.push_back("--split-linears");
   const JobResult job = run_across_hosts(job_args);
   expect_clean_end(job);
   ASSERT_EQ(job.exit_code, 0) << describe(job);
@@ -203,6 +205,15 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
         std::regex_search(job.err, std::regex("\\n  rank +0 coordinator +[1-9][0-9]* experts")))
         << "the coordinator owns no routed expert\n"
         << describe(job);
+  }
+  if (split_linears) {  // the memory lines: the coordinator's count, each expert rank's rows
+    EXPECT_TRUE(std::regex_search(job.err, std::regex(" [1-9][0-9]* linears split by rows")))
+        << describe(job);
+    for (int rank = 1; rank < kRanks; ++rank)
+      EXPECT_TRUE(std::regex_search(
+          job.err, std::regex("rank " + std::to_string(rank) + "@[^\n]*rows of split linears")))
+          << "rank " << rank << "\n"
+          << describe(job);
   }
   const std::vector<int> tokens = parse_tokens(job.out);
   EXPECT_EQ(tokens.size(), size_t(ngen)) << describe(job);
@@ -228,10 +239,11 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
                                 std::regex("rank 0: [^\n]*\\(([0-9]+) bytes\\) crossed hosts")))
       << describe(job);
   RecordProperty("bytes_cross_host", crossed[1].str());
-  std::printf("[%s --combine %s --placement %s%s] max |logit diff| %.3g, %s bytes crossed hosts\n",
-              fixture.c_str(), combine.c_str(), placement.c_str(),
-              coordinator_experts ? ", coordinator owns experts" : "", max_diff,
-              crossed[1].str().c_str());
+  std::printf(
+      "[%s --combine %s --placement %s%s%s] max |logit diff| %.3g, %s bytes crossed hosts\n",
+      fixture.c_str(), combine.c_str(), placement.c_str(),
+      coordinator_experts ? ", coordinator owns experts" : "",
+      split_linears ? ", split linears" : "", max_diff, crossed[1].str().c_str());
   // --print-placement: a line per host (the head's two ranks, two on hosts 1 and 2, one on 3).
   for (int h = 0; h <= kHosts; ++h) {
     const int ranks = h == 3 ? 1 : 2;
@@ -244,19 +256,22 @@ TEST_P(MultihostEquality, LogitsEqualTheSingleProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ParityModels, MultihostEquality,
-                         ::testing::Values(EqualityCase{"glm5", "star", "balanced", false},
-                                           EqualityCase{"glm5", "host", "balanced", false},
-                                           EqualityCase{"dsv3", "star", "balanced", false},
-                                           EqualityCase{"dsv3", "host", "balanced", false},
-                                           EqualityCase{"dsv3", "star", "hosts", false},
-                                           EqualityCase{"dsv3", "host", "hosts", false},
-                                           EqualityCase{"glm5", "host", "balanced", true},
-                                           EqualityCase{"dsv3", "host", "hosts", true}),
+                         ::testing::Values(EqualityCase{"glm5", "star", "balanced", false, false},
+                                           EqualityCase{"glm5", "host", "balanced", false, false},
+                                           EqualityCase{"dsv3", "star", "balanced", false, false},
+                                           EqualityCase{"dsv3", "host", "balanced", false, false},
+                                           EqualityCase{"dsv3", "star", "hosts", false, false},
+                                           EqualityCase{"dsv3", "host", "hosts", false, false},
+                                           EqualityCase{"glm5", "host", "balanced", true, false},
+                                           EqualityCase{"dsv3", "host", "hosts", true, false},
+                                           EqualityCase{"glm5", "star", "balanced", false, true},
+                                           EqualityCase{"dsv3", "host", "hosts", true, true}),
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) + "_" +
                                   std::get<1>(param_info.param) + "_" +
                                   std::get<2>(param_info.param) +
-                                  (std::get<3>(param_info.param) ? "_coordinator_experts" : "");
+                                  (std::get<3>(param_info.param) ? "_coordinator_experts" : "") +
+                                  (std::get<4>(param_info.param) ? "_split_linears" : "");
                          });
 
 // ---- faults on another host --------------------------------------------------------------------
