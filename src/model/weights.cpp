@@ -294,19 +294,22 @@ class Loader {
     return w;
   }
 
-  AttentionWeights attention(int layer, bool with_indexer) const {
+  // With `split_only`, only the projections split_targets lists.
+  AttentionWeights attention(int layer, bool with_indexer, bool split_only = false) const {
     const std::string p = layer_prefix(layer) + "self_attn.";
     const int64_t h = c_.hidden_size, heads = c_.num_heads;
     AttentionWeights a;
     if (c_.q_lora_rank > 0) {
       a.q_a_proj = projection(p + "q_a_proj.weight", c_.q_lora_rank, h);
-      a.q_a_norm = vector(p + "q_a_layernorm.weight", c_.q_lora_rank);
+      if (!split_only) a.q_a_norm = vector(p + "q_a_layernorm.weight", c_.q_lora_rank);
       a.q_b_proj = projection(p + "q_b_proj.weight", heads * c_.qk_head_dim(), c_.q_lora_rank);
     } else {
       a.q_proj = projection(p + "q_proj.weight", heads * c_.qk_head_dim(), h);
     }
     a.kv_a_proj =
         projection(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
+    a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
+    if (split_only) return a;
     a.kv_a_norm = vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank);
     // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
     // or int8 per row, fp32 otherwise.
@@ -315,7 +318,6 @@ class Loader {
     if (a.kv_b_proj.stored_fp8() ||
         (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
       a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
-    a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
     if (with_indexer) {
       const std::string ip = p + "indexer.";
       IndexerWeights idx;
@@ -334,6 +336,11 @@ class Loader {
     LayerWeights w;
     w.is_moe = is_moe;
     const std::string p = layer_prefix(l);
+    if (options.split_targets_only) {
+      w.attn = attention(l, with_indexer, /*split_only=*/true);
+      if (!is_moe) w.dense_mlp = mlp(p + "mlp.", c_.intermediate_size);
+      return w;
+    }
     if (options.dense) {
       w.input_norm = vector(p + "input_layernorm.weight", c_.hidden_size);
       w.post_attention_norm = vector(p + "post_attention_layernorm.weight", c_.hidden_size);
@@ -414,6 +421,15 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& che
   refuse_unexpected_tensors(config, checkpoint);
   const Loader load(config, checkpoint, options.keep_stored);
   ModelWeights w;
+  if (options.split_targets_only) {
+    const bool tied = config.tie_word_embeddings && !checkpoint.contains("lm_head.weight");
+    w.lm_head =
+        tied ? load.matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size)
+             : load.projection("lm_head.weight", config.vocab_size, config.hidden_size);
+    for (int l = 0; l < config.num_layers; ++l)
+      w.layers.push_back(load.layer(l, config.layer_is_moe[size_t(l)], false, options));
+    return w;
+  }
   if (options.dense) {
     w.embed = load.matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size);
     w.final_norm = load.vector("model.norm.weight", config.hidden_size);

@@ -143,6 +143,9 @@ struct LoadOptions {
   // multiple of 16 (kv_b_proj: int8 rows or BF16 only, as the absorbed attention reads it by
   // rows); embeddings, norms and routers are fp32.
   bool keep_stored = false;
+  // Only the matrices split_targets lists, as `dense` with keep_stored would load them (a rank
+  // that serves rows of split linears cuts its rows from them); no routed expert.
+  bool split_targets_only = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;
 };

@@ -97,12 +97,24 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     load.keep_stored = true;  // the engine runs int8/int4, BF16 and FP8 weights as stored
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
   } else {
-    load.dense = serves_rows;  // its rows of the split linears are cut from them
+    load.dense = false;
+    load.split_targets_only = serves_rows;  // its rows of the split linears are cut from them
     load.keep_stored = true;
     load.mtp = false;
     load.owns_expert = [](int, int) { return false; };  // held by expert_store_
   }
   weights_ = load_model_weights(config_, *checkpoint_, load);
+  // A rank that serves rows keeps its own and frees the rest before its experts load.
+  std::string split_error;
+  try {
+    if (serves_rows) {
+      linear_server_ =
+          std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);
+      weights_ = ModelWeights();
+    }
+  } catch (const Error& e) {
+    split_error = e.what();
+  }
   open_expert_store();
   profiler_->counters().weight_bytes_read = checkpoint_->bytes_loaded();
 
@@ -197,12 +209,10 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       if (split.ranks.size() < 2) fail("--split-linears: the layout has no cpu-expert rank");
       if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu))
         fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
+      if (!split_error.empty()) fail("--split-linears: {}", split_error);
       if (is_coordinator()) {
         splitter_ = std::make_unique<LinearSplitter>(comm_, weights_, split, *profiler_);
-      } else if (serves_rows) {
-        linear_server_ =
-            std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);
-        weights_ = ModelWeights();
+      } else if (linear_server_) {
         linear_server_->set_request_hook(
             [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
         if (channel_)
