@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
@@ -13,6 +14,8 @@
 
 #include "common/error.h"
 #include "cpu/quant.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
 #include "model/container.h"
 #include "model/weights.h"
 #include "rank/experts.h"
@@ -255,6 +258,46 @@ TEST(SplitRows, AQuantizedMlpAsMatricesKeepsItsBits) {
       }
     }
   kernels::set_quant_activations(saved);
+}
+
+bool same_matrix(const Matrix& a, const Matrix& b) {
+  return a.rows == b.rows && a.cols == b.cols && a.data == b.data && a.bf16 == b.bf16 &&
+         a.fp8.bits == b.fp8.bits && a.fp8.scales == b.fp8.scales && a.quant.data == b.quant.data &&
+         a.quant.scales == b.quant.scales && a.quant.format == b.quant.format &&
+         a.quant.layout == b.quant.layout;
+}
+
+// What a serving rank loads (split_targets_only) is what the coordinator's split_targets lists:
+// the same matrices in the same order, and nothing else.
+TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesOnly) {
+  for (const char* fixture : {"glm5", "glm52", "dsv3", "kimi"}) {
+    SCOPED_TRACE(fixture);
+    const auto dir = std::filesystem::path(COLIBRI_TEST_DATA) / "parity" / fixture / "model";
+    const ModelConfig config = load_model_config(dir);
+    const Checkpoint checkpoint(dir, config.fp8_block);
+    LoadOptions coordinator;
+    coordinator.keep_stored = true;
+    coordinator.owns_expert = [](int, int) { return false; };
+    LoadOptions server;
+    server.dense = false;
+    server.mtp = false;
+    server.keep_stored = true;
+    server.split_targets_only = true;
+    ModelWeights all = load_model_weights(config, checkpoint, coordinator);
+    ModelWeights only = load_model_weights(config, checkpoint, server);
+    const uint64_t all_bytes = weight_bytes(all).total(), only_bytes = weight_bytes(only).total();
+    const std::vector<SplitTarget> want = split_targets(all), got = split_targets(only);
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_GT(got.size(), size_t(config.num_layers));
+    uint64_t target_bytes = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(got[i].name, want[i].name);
+      EXPECT_TRUE(same_matrix(*got[i].matrix, *want[i].matrix)) << want[i].name;
+      target_bytes += want[i].matrix->bytes();
+    }
+    EXPECT_EQ(only_bytes, target_bytes) << "loaded more than the split matrices";
+    EXPECT_LT(only_bytes, all_bytes);
+  }
 }
 
 }  // namespace
