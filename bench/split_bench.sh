@@ -9,8 +9,11 @@
 # --ignore-eos) in four ways:
 #   one      one process, OMP_NUM_THREADS=2
 #   split    np 2, --split-linears, the default layout (the expert rank owns every routed expert)
-#   split88  np 2, --split-linears, each rank owns half the routed experts (layout 8 GiB + 8 GiB)
-#   np2_88   np 2, that layout without --split-linears (the best np 2 before split linears)
+#   split38  np 2, --split-linears, the coordinator owns 3/8 of the routed experts (layout RAM
+#            budgets 6 and 10 GiB): with its shared expert, about as many bytes a token as the
+#            expert rank's 5/8
+#   np2_88   np 2 without --split-linears, each rank owns half the routed experts (8 + 8 GiB): the
+#            best np 2 before split linears
 # then quant_bench's read loop at two threads (the machine's read bandwidth that round). Prints each
 # round's tok/s and its ratios to `one`, then the median of each ratio over rounds.
 set -euo pipefail
@@ -32,6 +35,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yi
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 printf '0 coordinator - - 8\n1 cpu-expert - - 8\n' > "$scratch/halves.layout"
+printf '0 coordinator - - 6\n1 cpu-expert - - 10\n' > "$scratch/three-eighths.layout"
 args=(--model "$slice" --prompt-ids 1,2,3,4 --ngen "$ngen" --ignore-eos)
 mpi=(mpirun --oversubscribe --mca btl_vader_eager_limit 65536 --mca btl_vader_max_send_size 65536
      -x OMP_NUM_THREADS -np 2)
@@ -44,23 +48,23 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b == 0) prin
 echo "split_bench: $slice, decode $ngen tokens, $rounds interleaved rounds"
 echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) |" \
      "$(getconf _NPROCESSORS_ONLN) cores | $(mpirun --version | head -n 1) | commit $(git -C "$root" rev-parse --short HEAD)"
-printf '| round | one, 2 threads | split | split88 | np2_88 | split / one | split88 / one | np2_88 / one | read GB/s (2 threads) | load |\n'
+printf '| round | one, 2 threads | split | split38 | np2_88 | split / one | split38 / one | np2_88 / one | read GB/s (2 threads) | load |\n'
 printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 : > "$scratch/ratios"
 for round in $(seq 1 "$rounds"); do
   one=$(OMP_NUM_THREADS=2 "$node" "${args[@]}" 2>&1 | rate)
   split=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --split-linears 2>&1 | rate)
-  split88=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --split-linears \
-            --layout "$scratch/halves.layout" 2>&1 | rate)
+  split38=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --split-linears \
+            --layout "$scratch/three-eighths.layout" 2>&1 | rate)
   np2_88=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --layout "$scratch/halves.layout" 2>&1 | rate)
   read=$("$quant_bench" --experts 2 --batch 1 --threads 2 --activations int8 --reps 5 --read-mib 1024 \
          2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
-  r1=$(ratio "$split" "$one") r2=$(ratio "$split88" "$one") r3=$(ratio "$np2_88" "$one")
+  r1=$(ratio "$split" "$one") r2=$(ratio "$split38" "$one") r3=$(ratio "$np2_88" "$one")
   echo "$r1 $r2 $r3" >> "$scratch/ratios"
-  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$round" "$one" "$split" "$split88" \
+  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$round" "$one" "$split" "$split38" \
     "$np2_88" "$r1" "$r2" "$r3" "${read:-nan}" "$(cut -d' ' -f1 /proc/loadavg)"
 done
 echo
 echo "medians over rounds: split / one $(cut -d' ' -f1 "$scratch/ratios" | median)," \
-     "split88 / one $(cut -d' ' -f2 "$scratch/ratios" | median)," \
+     "split38 / one $(cut -d' ' -f2 "$scratch/ratios" | median)," \
      "np2_88 / one $(cut -d' ' -f3 "$scratch/ratios" | median)"
