@@ -132,6 +132,7 @@ std::vector<SplitTarget> split_targets(ModelWeights& w) {
     add(layer.attn.q_b_proj, i, "q_b_proj");
     add(layer.attn.kv_a_proj, i, "kv_a_proj");
     add(layer.attn.o_proj, i, "o_proj");
+    if (layer.attn.indexer) add(layer.attn.indexer->wq_b, i, "indexer.wq_b");
     hold_as_matrices(layer.dense_mlp);
     add(layer.dense_mlp.gate, i, "mlp.gate_proj");
     add(layer.dense_mlp.up, i, "mlp.up_proj");
@@ -309,7 +310,14 @@ class Loader {
     a.kv_a_proj =
         projection(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
     a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
-    if (split_only) return a;
+    if (split_only) {
+      if (with_indexer) {
+        a.indexer.emplace();
+        a.indexer->wq_b = projection(p + "indexer.wq_b.weight",
+                                     int64_t(c_.index_n_heads) * c_.index_head_dim, c_.q_lora_rank);
+      }
+      return a;
+    }
     a.kv_a_norm = vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank);
     // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
     // or int8 per row, fp32 otherwise.
@@ -426,8 +434,10 @@ ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& che
     w.lm_head =
         tied ? load.matrix("model.embed_tokens.weight", config.vocab_size, config.hidden_size)
              : load.projection("lm_head.weight", config.vocab_size, config.hidden_size);
-    for (int l = 0; l < config.num_layers; ++l)
-      w.layers.push_back(load.layer(l, config.layer_is_moe[size_t(l)], false, options));
+    for (int l = 0; l < config.num_layers; ++l) {
+      const bool full_indexer = config.has_indexer() && config.indexer_is_full[size_t(l)];
+      w.layers.push_back(load.layer(l, config.layer_is_moe[size_t(l)], full_indexer, options));
+    }
     return w;
   }
   if (options.dense) {

@@ -164,9 +164,11 @@ struct SplitTarget {
   std::string name;
 };
 // The linears that go through linear() with a whole row's input, in an order every rank derives
-// alike from the config: per layer q_a_proj (or q_proj), q_b_proj, kv_a_proj, o_proj, the dense
-// MLP's gate, up and down projections; then lm_head. Not kv_b_proj, which the absorbed attention
-// reads by rows, nor the shared expert, which runs while the other ranks compute routed experts.
+// alike from the config: per layer q_a_proj (or q_proj), q_b_proj, kv_a_proj, o_proj, the
+// indexer's wq_b, the dense MLP's gate, up and down projections; then lm_head. Not kv_b_proj,
+// which the absorbed attention reads by rows, nor the indexer's wk and weights_proj (too small to
+// pay for a round trip), nor the shared expert, which runs while the other ranks compute routed
+// experts.
 // A dense MLP held quantized for the fused expert kernel is held as its three matrices first.
 std::vector<SplitTarget> split_targets(ModelWeights& w);
 

@@ -296,6 +296,10 @@ TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesOnly) {
       target_bytes += want[i].matrix->bytes();
     }
     EXPECT_EQ(only_bytes, target_bytes) << "loaded more than the split matrices";
+    const bool splits_indexer = std::any_of(want.begin(), want.end(), [](const SplitTarget& t) {
+      return t.name.find("indexer.wq_b") != std::string::npos;
+    });
+    EXPECT_EQ(splits_indexer, config.has_indexer());
     EXPECT_LT(only_bytes, all_bytes);
   }
 }
