@@ -172,16 +172,11 @@ TEST_P(NodeHostCombine, LogitsAndGreedyTokensEqualTheReference) {
   expect_equal_to_reference(GetParam(), "round-robin", true);
 }
 
-// A layout whose coordinator row has a RAM budget: the coordinator owns a share of the routed
-// experts (a third at np 2), computes it while the expert ranks compute theirs, and adds its
-// partial first; with --combine host too, where the expert ranks' partials reach it summed by
-// their host leader.
-using CoordinatorExpertsCase = std::tuple<std::string, bool>;  // fixture, host combine
-class NodeCoordinatorExperts : public ::testing::TestWithParam<CoordinatorExpertsCase> {};
-
-TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
-  if (world_size() == 1) GTEST_SKIP() << "a single process owns every expert anyway";
-  const auto& [fixture, host_combine] = GetParam();
+// expect_equal_to_reference with a layout whose coordinator row has a RAM budget: the
+// coordinator owns a share of the routed experts (a third at np 2), computes it while the expert
+// ranks compute theirs, and adds its partial first.
+void expect_equal_with_coordinator_experts(const std::string& fixture, bool host_combine,
+                                           bool split_linears) {
   const auto file = std::filesystem::temp_directory_path() /
                     ("coordinator-experts-" + std::to_string(world_size()) + ".layout");
   int rank = 0;
@@ -192,9 +187,20 @@ TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
     for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  expect_equal_to_reference(fixture, "balanced", host_combine, file.string());
+  expect_equal_to_reference(fixture, "balanced", host_combine, file.string(), split_linears);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove(file);
+}
+
+// The coordinator owning experts; with --combine host too, where the expert ranks' partials reach
+// it summed by their host leader.
+using CoordinatorExpertsCase = std::tuple<std::string, bool>;  // fixture, host combine
+class NodeCoordinatorExperts : public ::testing::TestWithParam<CoordinatorExpertsCase> {};
+
+TEST_P(NodeCoordinatorExperts, LogitsAndGreedyTokensEqualTheReference) {
+  if (world_size() == 1) GTEST_SKIP() << "a single process owns every expert anyway";
+  const auto& [fixture, host_combine] = GetParam();
+  expect_equal_with_coordinator_experts(fixture, host_combine, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts,
@@ -212,23 +218,10 @@ class NodeSplitLinears : public ::testing::TestWithParam<SplitCase> {};
 TEST_P(NodeSplitLinears, LogitsAndGreedyTokensEqualTheReference) {
   if (world_size() == 1) GTEST_SKIP() << "one process has no rank to split its linears with";
   const auto& [fixture, coordinator_experts] = GetParam();
-  if (!coordinator_experts) {
+  if (coordinator_experts)
+    expect_equal_with_coordinator_experts(fixture, false, true);
+  else
     expect_equal_to_reference(fixture, "balanced", false, "", true);
-    return;
-  }
-  const auto file = std::filesystem::temp_directory_path() /
-                    ("split-linears-" + std::to_string(world_size()) + ".layout");
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    std::ofstream layout(file);
-    layout << "0 coordinator - - 1\n";
-    for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  expect_equal_to_reference(fixture, "balanced", false, file.string(), true);
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == 0) std::filesystem::remove(file);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeSplitLinears,
