@@ -74,7 +74,7 @@ class LinearServer {
   // Whether a request has arrived (polled while the rank waits for routed-expert requests): a
   // matched probe, so that the buffer grows to its size.
   bool ready();
-  // Checks the request that arrived, computes its rows, sends them, and waits for the next one.
+  // Receives the request ready() found, checks it, computes its rows and sends them.
   void serve();
   uint64_t bytes() const;  // of the rows held
   // Called with the layer of each valid request before it is computed (the test fault hook).
