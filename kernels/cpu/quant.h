@@ -31,8 +31,9 @@ enum class QuantFormat { kInt4Row, kInt4Grouped, kInt8Row };
 //     the row) and 4 at a time within a chunk (word j): byte b of word j of chunk c of row r sits
 //     at data[t * 8 * row_bytes + c * 256 + j * 32 + r * 4 + b]. Grouped scales are
 //     [tile][group][row]: s[(t * n_groups + g) * 8 + r]; per-row scales stay [rows]. This is the
-//     order in which the AVX2 int8-activation kernel reads a tile (one 32-byte load per word of 8
-//     rows, no transpose, one stream per tile). Only for matrices with tiles_supported().
+//     order in which the 8-row int8-activation kernels (AVX2, and VNNI on 256-bit vectors) read a
+//     tile (one 32-byte load per word of 8 rows, no transpose, one stream per tile). Only for
+//     matrices with tiles_supported().
 enum class QuantLayout { kRows, kTiles };
 
 inline constexpr int64_t kTileRows = 8;
@@ -67,10 +68,10 @@ void check_view(const QuantMatrixView& w);
 // multiple of 64, and for int4-grouped a group size that is a multiple of 64.
 bool tiles_supported(QuantFormat format, int64_t rows, int64_t cols, int group_size);
 // Whether the dispatching kernels read w's bytes in the kTiles order natively: tiles_supported,
-// int8 activations for w (int8_activations_for), and the selected ISA's int8 kernel is the AVX2
-// one (AVX2, or AVX-512 without VNNI). Every kernel accepts both layouts; the others copy one tile
-// at a time back to rows, which costs a copy of the weights per call. COLIBRI_TILES=0 in the
-// environment turns it off (benchmarks compare both).
+// int8 activations for w (int8_activations_for), and the selected ISA's int8 kernel is an 8-row
+// one (AVX2, or AVX-512 with or without VNNI). Every kernel accepts both layouts; the others copy
+// one tile at a time back to rows, which costs a copy of the weights per call. COLIBRI_TILES=0 in
+// the environment turns it off (benchmarks compare both).
 bool tiles_preferred(const QuantMatrixView& w);
 // Copies w (either layout) into data / scales (packed_bytes / scale_count) in `layout`. The
 // destination must not overlap w. Throws std::invalid_argument when kTiles is not supported.

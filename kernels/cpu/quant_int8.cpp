@@ -138,24 +138,32 @@ detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
   return quantize_values;
 }
 
-detail::Int8RowsKernel int8_kernel(QuantIsa isa) {
+// The int8 kernel for matrices in `layout` on `isa`: on AVX-512 VNNI the 16-row kernel for kRows
+// and the 8-row one for kTiles, which reads them as they are.
+detail::Int8RowsKernel int8_kernel(QuantIsa isa, QuantLayout layout) {
 #if COLIBRI_QUANT_X86
-  if (isa == QuantIsa::kAvx512 && cpu_has_vnni()) return detail::int8_rows_avx512vnni;
+  if (isa == QuantIsa::kAvx512 && cpu_has_vnni())
+    return layout == QuantLayout::kTiles ? detail::int8_tiles_vnni : detail::int8_rows_avx512vnni;
   if (isa == QuantIsa::kAvx512 || isa == QuantIsa::kAvx2) return detail::int8_rows_avx2;
 #endif
   return int8_rows_scalar;
 }
 
-// kernel on rows [row_begin, row_end) of w; a kTiles matrix one tile at a time through
-// tile_as_rows, except for the AVX2 kernel, which reads tiles as they are.
-void run_int8(detail::Int8RowsKernel kernel, const QuantMatrixView& w, const Int8Rows& x, float* y,
-              int64_t y_stride, int64_t row_begin, int64_t row_end) {
+// Whether kernel reads kTiles matrices as they are.
+bool reads_tiles(detail::Int8RowsKernel kernel) {
 #if COLIBRI_QUANT_X86
-  const bool native = kernel == detail::int8_rows_avx2;
+  return kernel == detail::int8_rows_avx2 || kernel == detail::int8_tiles_vnni;
 #else
-  const bool native = false;
+  return false;
 #endif
-  if (w.layout == QuantLayout::kRows || native)
+}
+
+// The kernel for w on isa on rows [row_begin, row_end) of w; a kTiles matrix that kernel does not
+// read natively one tile at a time through tile_as_rows.
+void run_int8(QuantIsa isa, const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+              int64_t row_begin, int64_t row_end) {
+  const detail::Int8RowsKernel kernel = int8_kernel(isa, w.layout);
+  if (w.layout == QuantLayout::kRows || reads_tiles(kernel))
     return kernel(w, x, y, y_stride, row_begin, row_end);
   for (int64_t o0 = row_begin; o0 < std::min(row_end, w.rows); o0 += kTileRows)
     kernel(detail::tile_as_rows(w, o0), x, y + o0, y_stride, 0, kTileRows);
@@ -251,7 +259,8 @@ bool tiles_preferred(const QuantMatrixView& w) {
     return value == nullptr || std::strcmp(value, "0") != 0;
   }();
   return allowed && tiles_supported(w.format, w.rows, w.cols, w.group_size) &&
-         int8_activations_for(w) && int8_kernel(quant_isa_selected()) == detail::int8_rows_avx2;
+         int8_activations_for(w) &&
+         reads_tiles(int8_kernel(quant_isa_selected(), QuantLayout::kTiles));
 #else
   return false;
 #endif
@@ -283,13 +292,12 @@ void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, i
   }
   const Int8Rows xq =
       quantize_rows(quantize_kernel(isa), x, n, w.cols, layout_for(w), scratch.x_gate);
-  const detail::Int8RowsKernel kernel = int8_kernel(isa);
 #pragma omp parallel if (w.rows * w.cols * n >= detail::kParallelMinMacs)
   {
     int64_t begin, end;
     detail::static_range(w.rows, omp_get_num_threads(), omp_get_thread_num(), begin, end,
                          kInt8TileRows);
-    run_int8(kernel, w, xq, y, w.rows, begin, end);
+    run_int8(isa, w, xq, y, w.rows, begin, end);
   }
 }
 
@@ -314,15 +322,14 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
   float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
   float* up_out = grown(scratch.up, n * inter);
   float* h = grown(scratch.h, n * inter);
-  const detail::Int8RowsKernel kernel = int8_kernel(isa);
 
 #pragma omp parallel if (3 * inter * hidden * n >= detail::kParallelMinMacs)
   {
     const int nth = omp_get_num_threads(), tid = omp_get_thread_num();
     int64_t begin, end;
     detail::static_range(inter, nth, tid, begin, end, kInt8TileRows);
-    run_int8(kernel, gate, x_gate, gate_out, inter, begin, end);
-    run_int8(kernel, up, x_up, up_out, inter, begin, end);
+    run_int8(isa, gate, x_gate, gate_out, inter, begin, end);
+    run_int8(isa, up, x_up, up_out, inter, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
@@ -335,7 +342,7 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
       quantize_block(quantize, h, h_q, u / h_q.blocks, u % h_q.blocks);
 #pragma omp barrier
     detail::static_range(hidden, nth, tid, begin, end, kInt8TileRows);
-    run_int8(kernel, down, h_q, y, hidden, begin, end);
+    run_int8(isa, down, h_q, y, hidden, begin, end);
   }
 }
 

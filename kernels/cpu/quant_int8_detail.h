@@ -13,12 +13,12 @@
 //     32-bit word of activations and the high nibbles the next;
 //   int8: natural order.
 //
-// Weights are read in tiles of 16 output rows (8 on AVX2), one row per 32-bit vector lane: the
-// rows' bytes of a block are transposed in registers so that each lane holds 4 bytes of its row,
-// and one vpdpbusd / pmaddubsw adds 4 products per lane against 4 broadcast activations. The
-// weight bytes are used as unsigned (an int4 nibble n stands for n - 8, an int8 weight w is read
-// as w + 128 by VNNI), and the bias times sum_k, started in each block's accumulator, corrects it.
-// Every kernel thus computes each block's integer dot product d_k exactly, then per output
+// Weights are read in tiles of 16 output rows (8 in 256-bit vectors), one row per 32-bit vector
+// lane: the rows' bytes of a block are transposed in registers so that each lane holds 4 bytes of
+// its row, and one vpdpbusd / pmaddubsw adds 4 products per lane against 4 broadcast activations.
+// The weight bytes are used as unsigned (an int4 nibble n stands for n - 8, an int8 weight w is
+// read as w + 128 by VNNI), and the bias times sum_k, started in each block's accumulator, corrects
+// it. Every kernel thus computes each block's integer dot product d_k exactly, then per output
 //   acc = fma(float(d_k), s_w * s_k, acc)   for k = 0, 1, ... in order,
 // (s_w the weight's group scale, 1 for the per-row formats) and y = acc (grouped) or acc times the
 // row scale: the same fp32 operations in the same order on every ISA, so all ISAs agree bit for
@@ -64,7 +64,11 @@ float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8
 // pmaddubsw + pmaddwd (every AVX2 CPU).
 void int8_rows_avx2(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                     int64_t row_begin, int64_t row_end);
-// vpdpbusd (AVX-512 VNNI).
+// vpdpbusd over two kTiles tiles at once (AVX-512 VNNI): the kernel for kTiles matrices on
+// AVX-512 VNNI CPUs (a kRows w goes through the 8-row transpose).
+void int8_tiles_vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+                     int64_t row_begin, int64_t row_end);
+// vpdpbusd over tiles of 16 rows (AVX-512 VNNI): kRows matrices.
 void int8_rows_avx512vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                           int64_t row_begin, int64_t row_end);
 
