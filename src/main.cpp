@@ -306,22 +306,17 @@ void check_own_arguments(const CLI::App& app, Args& args, int rank, int size) {
   args.node.split_linears = args.split_linears;
   if (app.count("--max-seqs") == 0)
     args.node.max_seqs = args.serve ? kServeDefaultMaxSeqs : args.sequences;
-  // The flag, else COLIBRI_ACTIVATIONS, else by the run and the CPU: one sequence decodes a row
-  // per step, where with AVX-512 the fp32-activation kernels are faster (bench/RESULTS.md: 1.3x
-  // decode on the peer model, 0.6x prefill); everywhere else int8, whose cost grows little with
-  // the rows (with AVX2 alone it decodes as fast as mixed and prefills 1.2-1.6x faster).
+  // The flag, else COLIBRI_ACTIVATIONS, else int8: with the int8 kernels reading the weights in
+  // tiles, one sequence decodes faster with int8 activations than with fp32 on AVX-512 VNNI too
+  // (bench/RESULTS.md: 1.3x at one thread, 1.4-1.6x at two on the peer model), and their cost
+  // grows little with the rows.
   try {
-    const char* env = std::getenv("COLIBRI_ACTIVATIONS");
     if (app.count("--activations") > 0)
       colibri::kernels::set_quant_activations(
           colibri::kernels::quant_activations_resolve(args.activations.c_str()));
-    else if (env == nullptr || *env == '\0') {
-      namespace k = colibri::kernels;
-      const bool one_sequence_avx512 =
-          !args.serve && args.node.max_seqs == 1 && k::quant_isa_selected() == k::QuantIsa::kAvx512;
-      k::set_quant_activations(one_sequence_avx512 ? k::QuantActivations::kF32
-                                                   : k::QuantActivations::kInt8);
-    }
+    else
+      colibri::kernels::set_quant_activations(
+          colibri::kernels::quant_activations_resolve(std::getenv("COLIBRI_ACTIVATIONS")));
     args.activations =
         colibri::kernels::quant_activations_name(colibri::kernels::quant_activations_selected());
   } catch (const std::invalid_argument& e) {
@@ -745,7 +740,7 @@ int main(int argc, char** argv) {
       "--activations", args.activations,
       "activations of the products with int4/int8 weights: int8 (quantized per 64 "
       "inputs, integer dot products), f32, or mixed (int8 for int4 weights, f32 for int8 "
-      "weights); default f32 for one sequence on a CPU with AVX-512, else int8");
+      "weights); default int8");
   auto* serve = app.add_flag("--serve", args.serve,
                              "serve an OpenAI-compatible HTTP API (continuous batching) on the "
                              "coordinator until SIGINT/SIGTERM");

@@ -225,8 +225,7 @@ TEST(MpiFaults, RanksThatDisagreeOnASettingAreRefusedNamingBothAndTheField) {
       {1, {"--seed", "7"}, {}, "--seed", "7", "0", 0},
       {2, {"--kv-tokens", "64"}, {"--kv-tokens", "128"}, "--kv-tokens", "64", "128", 0},
       {1, {"--ignore-eos"}, {}, "--ignore-eos", "on", "off", 0},
-      // Activations default to int8 for batches of sequences (for one sequence the default
-      // depends on the CPU: f32 with AVX-512, else int8).
+      // Activations default to int8.
       {1,
        {"--activations", "int8"},
        {"--activations", "mixed"},
