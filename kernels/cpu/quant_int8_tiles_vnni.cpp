@@ -59,8 +59,9 @@ template <bool Int8, int T>
   constexpr int64_t kStep = 8 * (Int8 ? 64 : 32);
   const int64_t next = (o0 + 16) * rb, end = w.rows * rb;
   const int64_t scales_next = (o0 + 16) * ng, scales_end = w.rows * ng;  // floats
-  // A second accumulator for the high nibbles while few activation rows give independent chains.
-  constexpr int kChains = !Int8 && T <= 4 ? 2 : 1;
+  // A second accumulator (int4: the high nibbles; int8: the block's second half) while few
+  // activation rows give independent chains.
+  constexpr int kChains = T <= 4 ? 2 : 1;
 
   __m512 acc[T];
   for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
@@ -98,7 +99,8 @@ template <bool Int8, int T>
           const __m512i biased = _mm512_xor_si512(z, sign8);
           for (int t = 0; t < T; ++t) {
             const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block + 32 * half;
-            dot[t][0] = _mm512_dpbusd_epi32(dot[t][0], biased, broadcast_word(q + 4 * j));
+            dot[t][half % kChains] =
+                _mm512_dpbusd_epi32(dot[t][half % kChains], biased, broadcast_word(q + 4 * j));
           }
         } else {
           const __m512i lo = _mm512_and_si512(z, low4);
