@@ -68,8 +68,8 @@ void check_view(const QuantMatrixView& w);
 // multiple of 64, and for int4-grouped a group size that is a multiple of 64.
 bool tiles_supported(QuantFormat format, int64_t rows, int64_t cols, int group_size);
 // Whether the dispatching kernels read w's bytes in the kTiles order natively: tiles_supported,
-// int8 activations for w (int8_activations_for), and the selected ISA's int8 kernel is an 8-row
-// one (AVX2, or AVX-512 with or without VNNI). Every kernel accepts both layouts; the others copy
+// int8 activations for w (int8_activations_for), and the selected ISA's int8 kernel reads tiles
+// (AVX2, or AVX-512 with or without VNNI). Every kernel accepts both layouts; the others copy
 // one tile at a time back to rows, which costs a copy of the weights per call. COLIBRI_TILES=0 in
 // the environment turns it off (benchmarks compare both).
 bool tiles_preferred(const QuantMatrixView& w);

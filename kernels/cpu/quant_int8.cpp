@@ -139,7 +139,7 @@ detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 }
 
 // The int8 kernel for matrices in `layout` on `isa`: on AVX-512 VNNI the 16-row kernel for kRows
-// and the 8-row one for kTiles, which reads them as they are.
+// and the tile kernel (two tiles a zmm) for kTiles, which reads them as they are.
 detail::Int8RowsKernel int8_kernel(QuantIsa isa, QuantLayout layout) {
 #if COLIBRI_QUANT_X86
   if (isa == QuantIsa::kAvx512 && cpu_has_vnni())

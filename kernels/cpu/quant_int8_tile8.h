@@ -20,8 +20,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "cpu/quant_int8_detail.h"
 
@@ -235,39 +237,35 @@ void tile_for(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t
   }
 }
 
+// f<T> for T = 1..kMaxTile, indexed by T - 1: the kernels' switch over the activation rows of a
+// pass.
+template <template <int> class F>
+constexpr auto by_rows = [] {
+  return []<int... I>(std::integer_sequence<int, I...>) {
+    return std::array{&F<I + 1>::run...};
+  }
+  (std::make_integer_sequence<int, kMaxTile>());
+}();
+
+template <bool Vnni>
+struct TileFor {
+  template <int T>
+  struct Rows {
+    static void run(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0, float* y,
+                    int64_t y_stride) {
+      tile_for<Vnni, T>(w, o0, x, t0, y, y_stride);
+    }
+  };
+};
+
 // The Int8RowsKernel (quant_int8_detail.h) over tiles of 8 rows, either layout of w.
 template <bool Vnni>
 void rows(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
           int64_t row_begin, int64_t row_end) {
+  constexpr auto& kTile = by_rows<TileFor<Vnni>::template Rows>;
   for (int64_t o0 = row_begin; o0 < row_end; o0 += 8)
-    for (int64_t t0 = 0; t0 < x.n; t0 += kMaxTile) {
-      switch (std::min<int64_t>(kMaxTile, x.n - t0)) {
-        case 1:
-          tile_for<Vnni, 1>(w, o0, x, t0, y, y_stride);
-          break;
-        case 2:
-          tile_for<Vnni, 2>(w, o0, x, t0, y, y_stride);
-          break;
-        case 3:
-          tile_for<Vnni, 3>(w, o0, x, t0, y, y_stride);
-          break;
-        case 4:
-          tile_for<Vnni, 4>(w, o0, x, t0, y, y_stride);
-          break;
-        case 5:
-          tile_for<Vnni, 5>(w, o0, x, t0, y, y_stride);
-          break;
-        case 6:
-          tile_for<Vnni, 6>(w, o0, x, t0, y, y_stride);
-          break;
-        case 7:
-          tile_for<Vnni, 7>(w, o0, x, t0, y, y_stride);
-          break;
-        default:
-          tile_for<Vnni, 8>(w, o0, x, t0, y, y_stride);
-          break;
-      }
-    }
+    for (int64_t t0 = 0; t0 < x.n; t0 += kMaxTile)
+      kTile[std::min<int64_t>(kMaxTile, x.n - t0) - 1](w, o0, x, t0, y, y_stride);
 }
 
 }  // namespace tile8

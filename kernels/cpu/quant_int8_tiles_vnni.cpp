@@ -127,15 +127,17 @@ template <bool Int8, int T>
 
 // Rows o0..o0+15 (pair) or o0..o0+7 of w against activation rows t0..t0+T-1.
 template <int T>
-void rows_for(const QuantMatrixView& w, bool pair, int64_t o0, const Int8Rows& x, int64_t t0,
-              float* y, int64_t y_stride) {
-  if (!pair)
-    tile8::tile_for<true, T>(w, o0, x, t0, y, y_stride);
-  else if (w.format == QuantFormat::kInt8Row)
-    tile_pair<true, T>(w, o0, x, t0, y, y_stride);
-  else
-    tile_pair<false, T>(w, o0, x, t0, y, y_stride);
-}
+struct RowsFor {
+  static void run(const QuantMatrixView& w, bool pair, int64_t o0, const Int8Rows& x, int64_t t0,
+                  float* y, int64_t y_stride) {
+    if (!pair)
+      tile8::tile_for<true, T>(w, o0, x, t0, y, y_stride);
+    else if (w.format == QuantFormat::kInt8Row)
+      tile_pair<true, T>(w, o0, x, t0, y, y_stride);
+    else
+      tile_pair<false, T>(w, o0, x, t0, y, y_stride);
+  }
+};
 
 }  // namespace
 
@@ -143,38 +145,12 @@ void int8_tiles_vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int6
                      int64_t row_begin, int64_t row_end) {
   if (w.layout != QuantLayout::kTiles)
     return tile8::rows<true>(w, x, y, y_stride, row_begin, row_end);
+  constexpr auto& kRowsFor = tile8::by_rows<RowsFor>;
   row_end = std::min(row_end, w.rows);  // a multiple of 8 for kTiles
-  for (int64_t o0 = row_begin; o0 < row_end; o0 += 16) {
-    const bool pair = o0 + 16 <= row_end;
-    for (int64_t t0 = 0; t0 < x.n; t0 += tile8::kMaxTile) {
-      switch (std::min<int64_t>(tile8::kMaxTile, x.n - t0)) {
-        case 1:
-          rows_for<1>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 2:
-          rows_for<2>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 3:
-          rows_for<3>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 4:
-          rows_for<4>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 5:
-          rows_for<5>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 6:
-          rows_for<6>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        case 7:
-          rows_for<7>(w, pair, o0, x, t0, y, y_stride);
-          break;
-        default:
-          rows_for<8>(w, pair, o0, x, t0, y, y_stride);
-          break;
-      }
-    }
-  }
+  for (int64_t o0 = row_begin; o0 < row_end; o0 += 16)
+    for (int64_t t0 = 0; t0 < x.n; t0 += tile8::kMaxTile)
+      kRowsFor[std::min<int64_t>(tile8::kMaxTile, x.n - t0) - 1](w, o0 + 16 <= row_end, o0, x, t0,
+                                                                 y, y_stride);
 }
 
 }  // namespace colibri::kernels::detail
