@@ -63,6 +63,7 @@ class LinearSplitter::Rows final : public RemoteRows {
       : splitter(owner),
         target(index),
         name(std::move(what)),
+        where(" for " + name),
         bounds(std::move(row_bounds)),
         cols(in) {}
   void start(const float* x, int64_t n) override { splitter.start(*this, x, n); }
@@ -74,6 +75,7 @@ class LinearSplitter::Rows final : public RemoteRows {
   LinearSplitter& splitter;
   int target;
   std::string name;
+  std::string where;            // " for <name>", for the waits' errors
   std::vector<int64_t> bounds;  // [parts + 1]
   int64_t cols;
 };
@@ -85,6 +87,11 @@ LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const Split
   if (parts < 2) fail("splitting linears needs two ranks or more, not {}", parts);
   parts_.resize(size_t(parts - 1));
   for (int p = 1; p < parts; ++p) parts_[size_t(p - 1)].rank = options_.ranks[size_t(p)];
+  for (Part& part : parts_) {  // parts_ keeps its size: the pointers stay valid
+    recv_requests_.push_back(&part.recv_request);
+    send_requests_.push_back(&part.send_request);
+    part_ranks_.push_back(part.rank);
+  }
   const std::vector<SplitTarget> targets = split_targets(weights);
   for (size_t i = 0; i < targets.size(); ++i) {
     Matrix& m = *targets[i].matrix;
@@ -145,18 +152,10 @@ float* LinearSplitter::local_buffer(const Rows& rows, int64_t n) {
 }
 
 void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, float* y) {
-  std::vector<MPI_Request*> requests;
-  std::vector<int> ranks;
-  for (Part& part : parts_) {
-    requests.push_back(&part.recv_request);
-    ranks.push_back(part.rank);
-  }
-  wait_within(requests, ranks, options_.rank_timeout_s, "rows of a split linear",
-              " for " + rows.name, "--rank-timeout");
-  requests.clear();
-  for (Part& part : parts_) requests.push_back(&part.send_request);
-  wait_within(requests, ranks, options_.rank_timeout_s, "receipt of a split linear's input",
-              " for " + rows.name, "--rank-timeout");
+  wait_within(recv_requests_, part_ranks_, options_.rank_timeout_s, "rows of a split linear",
+              rows.where, "--rank-timeout");
+  wait_within(send_requests_, part_ranks_, options_.rank_timeout_s,
+              "receipt of a split linear's input", rows.where, "--rank-timeout");
   const int64_t out = rows.bounds.back();
   for (int64_t t = 0; t < n; ++t)
     std::copy_n(local + t * rows.bounds[1], rows.bounds[1], y + t * out);

@@ -57,6 +57,8 @@ class LinearSplitter {
   SplitOptions options_;
   Profiler& profiler_;
   std::vector<Part> parts_;  // parts 1.. (the coordinator's own is computed in place)
+  std::vector<MPI_Request*> recv_requests_, send_requests_;  // parts_'s, for wait_within
+  std::vector<int> part_ranks_;
   std::vector<float> local_;
   int split_count_ = 0;
 };
