@@ -58,7 +58,11 @@ void grow(std::vector<T>& v, size_t n) {
 }  // namespace
 
 CpuAttention::CpuAttention(const ModelConfig& config, KvManager& kv, Profiler* profiler)
-    : c_(config), kv_(kv), rope_(config.rope, config.qk_rope_head_dim), profiler_(profiler) {}
+    : c_(config),
+      kv_(kv),
+      rope_(config.rope, config.qk_rope_head_dim),
+      profiler_(profiler),
+      heads_(config) {}
 
 void CpuAttention::begin(const Batch& batch) {
   batch_ = &batch;
@@ -226,23 +230,97 @@ int CpuAttention::keys_of(int t, const int** selected) const {
   return count > 0 ? count : batch_->rows[size_t(t)].pos + 1;
 }
 
+// Row t's keys from the KvManager: the indexer's choice or 0..pos.
+class CpuAttention::BatchKeys final : public KeySlots {
+ public:
+  explicit BatchKeys(const CpuAttention& a) : a_(a) {}
+  int fill(int t, int32_t* slots) const override {
+    const int* selected = nullptr;
+    const int count = a_.keys_of(t, &selected);
+    const int seq = a_.batch_->rows[size_t(t)].seq;
+    for (int i = 0; i < count; ++i) slots[i] = a_.kv_.slot(seq, selected ? selected[i] : i);
+    return count;
+  }
+
+ private:
+  const CpuAttention& a_;
+};
+
+void CpuAttention::start_remote_heads(const AttentionWeights& w) {
+  const int n = batch_->size();
+  // Rows of one sequence are consecutive; a table per sequence, in the order they come.
+  if (table_of_seq_.size() < size_t(kv_.max_seqs()))
+    table_of_seq_.assign(size_t(kv_.max_seqs()), -1);
+  remote_rows_.resize(size_t(n));
+  remote_offsets_.assign(1, 0);
+  remote_blocks_.clear();
+  remote_selected_.clear();
+  for (int t = 0; t < n; ++t) {
+    const BatchRow& row = batch_->rows[size_t(t)];
+    int32_t& table = table_of_seq_[size_t(row.seq)];
+    if (table < 0) {
+      table = int32_t(remote_offsets_.size() - 1);
+      const std::span<const int> blocks = kv_.block_list(row.seq);
+      remote_blocks_.insert(remote_blocks_.end(), blocks.begin(), blocks.end());
+      remote_offsets_.push_back(int32_t(remote_blocks_.size()));
+    }
+    const int* selected = nullptr;
+    const int count = keys_of(t, &selected);
+    if (selected) remote_selected_.insert(remote_selected_.end(), selected, selected + count);
+    remote_rows_[size_t(t)] = {table, row.pos, selected ? count : 0};
+  }
+  for (int t = 0; t < n; ++t) table_of_seq_[size_t(batch_->rows[size_t(t)].seq)] = -1;
+  RemoteHeads::Call call;
+  call.n = n;
+  call.rows = remote_rows_.data();
+  call.q = q_.data();
+  call.cache_rows = kv_a_.data();
+  call.offsets = remote_offsets_.data();
+  call.tables = int(remote_offsets_.size() - 1);
+  call.blocks = remote_blocks_.data();
+  call.selected = remote_selected_.data();
+  w.remote_heads->start(call);
+}
+
 void CpuAttention::attend(int layer, const AttentionWeights& w) {
-  const int n = batch_->size(), heads = c_.num_heads, dn = c_.qk_nope_head_dim;
-  const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), dv = c_.v_head_dim;
-  const int r = c_.kv_lora_rank;
-  const float scale = c_.softmax_scale();
-  const float* latent = kv_.latent(layer);
-  const float* k_rope = kv_.k_rope(layer);
+  const int n = batch_->size(), heads = c_.num_heads, dv = c_.v_head_dim;
   grow(heads_out_, size_t(n) * heads * dv);
+  if (w.remote_heads) start_remote_heads(w);
+  const BatchKeys keys(*this);
+  MlaHeads::Call call;
+  call.n = n;
+  call.heads = w.remote_heads ? w.local_heads : heads;
+  call.q = q_.data();
+  call.q_stride = heads;
+  call.kv_b = &w.kv_b_proj;
+  call.latent = kv_.latent(layer);
+  call.k_rope = kv_.k_rope(layer);
+  call.keys = &keys;
+  call.max_keys = max_keys_;
+  call.out = heads_out_.data();
+  call.out_stride = heads;
+  heads_.run(call);
+  if (w.remote_heads) w.remote_heads->finish(n, heads_out_.data());
+}
+
+void MlaHeads::run(const Call& call) {
+  const int n = call.n, heads = call.heads, dn = c_.qk_nope_head_dim;
+  const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), dv = c_.v_head_dim;
+  const int r = c_.kv_lora_rank, max_keys = call.max_keys;
+  const float scale = c_.softmax_scale();
+  const float* latent = call.latent;
+  const float* k_rope = call.k_rope;
+  const Matrix& kv_b = *call.kv_b;
+  if (heads == 0) return;
   // Heads in blocks of up to 8, a block per thread: each key's latent row is read once per block,
   // not once per head (at 1024 keys a layer's latent rows are 2.4 MB, beyond L2).
   const int threads = omp_get_max_threads();
   const int block = std::min(kHeadBlock, (heads + threads - 1) / threads);
   const int blocks = (heads + block - 1) / block;
   // Per thread and head of the block: q_abs [n, r], probabilities [max_keys], o_latent [r].
-  const size_t per_head = size_t(n) * r + size_t(max_keys_) + size_t(r);
+  const size_t per_head = size_t(n) * r + size_t(max_keys) + size_t(r);
   grow(scratch_, size_t(threads) * size_t(block) * per_head);
-  grow(key_slots_, size_t(threads) * size_t(max_keys_));
+  grow(key_slots_, size_t(threads) * size_t(max_keys));
 
   // A head's absorbed W_UK and W_UV (dn and dv rows of kv_b_proj) are read from memory once per
   // call; W_UK's product takes every row of the batch in one pass (axpy_rows). Each head's sums
@@ -251,20 +329,18 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   for (int b = 0; b < blocks; ++b) {
     const int h0 = b * block, nh = std::min(block, heads - h0);
     float* base = &scratch_[size_t(omp_get_thread_num()) * size_t(block) * per_head];
-    float* q_abs_all = base;                               // [nh][n][r]
-    float* p_all = q_abs_all + size_t(nh) * n * r;         // [nh][max_keys]
-    float* o_latent_all = p_all + size_t(nh) * max_keys_;  // [nh][r]
-    int32_t* slots = &key_slots_[size_t(omp_get_thread_num()) * max_keys_];
+    float* q_abs_all = base;                              // [nh][n][r]
+    float* p_all = q_abs_all + size_t(nh) * n * r;        // [nh][max_keys]
+    float* o_latent_all = p_all + size_t(nh) * max_keys;  // [nh][r]
+    int32_t* slots = &key_slots_[size_t(omp_get_thread_num()) * max_keys];
     // q_abs = W_UK^T q_nope for every row and head: the queries in latent space.
     std::fill_n(q_abs_all, size_t(nh) * n * r, 0.0f);
     for (int h = 0; h < nh; ++h)
-      kv_b_axpy_rows(w.kv_b_proj, int64_t(h0 + h) * (dn + dv), dn, &q_[size_t(h0 + h) * dq],
-                     int64_t(heads) * dq, n, q_abs_all + size_t(h) * n * r);
+      kv_b_axpy_rows(kv_b, int64_t(h0 + h) * (dn + dv), dn, call.q + size_t(h0 + h) * dq,
+                     int64_t(call.q_stride) * dq, n, q_abs_all + size_t(h) * n * r);
     for (int t = 0; t < n; ++t) {
-      const BatchRow& row = batch_->rows[size_t(t)];
-      const int* selected = nullptr;
-      const int count = keys_of(t, &selected);
-      const float* q = &q_[(size_t(t) * heads + h0) * dq];
+      const int count = call.keys->fill(t, slots);
+      const float* q = call.q + (size_t(t) * call.q_stride + h0) * dq;
       // Each key's latent and rope rows against the block's heads (dot_f32_rows: one dot_f32 per
       // head, bit for bit, reading the key's rows once for several heads).
       const float* q_latent[kHeadBlock];
@@ -273,31 +349,30 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
         q_latent[h] = q_abs_all + (size_t(h) * n + t) * r;
         q_rope[h] = q + size_t(h) * dq + dn;
       }
-      for (int i = 0; i < count; ++i) slots[i] = kv_.slot(row.seq, selected ? selected[i] : i);
       for (int i = 0; i < count; ++i) {
         const size_t s = size_t(slots[i]);
         float by_latent[kHeadBlock], by_rope[kHeadBlock];
         kernels::dot_f32_rows(q_latent, nh, latent + s * r, r, by_latent);
         kernels::dot_f32_rows(q_rope, nh, k_rope + s * dr, dr, by_rope);
         for (int h = 0; h < nh; ++h)
-          p_all[size_t(h) * max_keys_ + i] = scale * (by_latent[h] + by_rope[h]);
+          p_all[size_t(h) * max_keys + i] = scale * (by_latent[h] + by_rope[h]);
       }
-      for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys_, count);
+      for (int h = 0; h < nh; ++h) kernels::softmax(p_all + size_t(h) * max_keys, count);
       // o_latent = sum of p * latent over the keys, kKeysPerAxpy keys in one axpy_rows (the bits
       // of one axpy per head and key, in key order).
       std::fill_n(o_latent_all, size_t(nh) * r, 0.0f);
       for (int i = 0; i < count; i += kKeysPerAxpy) {
         const int keys = std::min(kKeysPerAxpy, count - i);
-        const kernels::AxpyRows a{p_all + i, max_keys_,    nh, keys,     r,
+        const kernels::AxpyRows a{p_all + i, max_keys,     nh, keys,     r,
                                   nullptr,   o_latent_all, r,  slots + i};
         kernels::axpy_rows_f32(a, latent);
       }
       for (int h = 0; h < nh; ++h) {
         // Rows of W_UV [dv, r] for this head in kv_b_proj.
         const int64_t uv_row = int64_t(h0 + h) * (dn + dv) + dn;
-        float* o = &heads_out_[(size_t(t) * heads + h0 + h) * dv];
+        float* o = call.out + (size_t(t) * call.out_stride + h0 + h) * dv;
         for (int j = 0; j < dv; ++j)
-          o[j] = kv_b_dot(w.kv_b_proj, uv_row + j, o_latent_all + size_t(h) * r);
+          o[j] = kv_b_dot(kv_b, uv_row + j, o_latent_all + size_t(h) * r);
       }
     }
   }

@@ -4,6 +4,7 @@
 // largest call seen and is reused: a decode step allocates nothing.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/profile.h"
@@ -11,8 +12,45 @@
 #include "coordinator/kv_manager.h"
 #include "coordinator/rope.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace colibri {
+
+// The cache slots each row of a call attends to.
+class KeySlots {
+ public:
+  virtual ~KeySlots() = default;
+  // Writes row t's key slots, in position order, and returns how many.
+  virtual int fill(int t, int32_t* slots) const = 0;
+};
+
+// The absorbed MLA attention of some heads over the compressed cache: each head's query moved
+// into latent space by its rows of W_UK, attended over the cached latent and rope keys, its value
+// moved out by its rows of W_UV. CpuAttention runs it for its heads, and a rank attending for
+// others (transport/split_linear.h) for theirs. Scratch grows to the largest call.
+class MlaHeads {
+ public:
+  struct Call {
+    int n = 0;                      // rows
+    int heads = 0;                  // heads here: kv_b holds their rows, in head order
+    const float* q = nullptr;       // head h of row t at (t * q_stride + h) * qk_head_dim
+    int q_stride = 0;               // heads a row of q holds
+    const Matrix* kv_b = nullptr;   // [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+    const float* latent = nullptr;  // the cache by slot: [slots, kv_lora_rank]
+    const float* k_rope = nullptr;  // [slots, qk_rope_head_dim]
+    const KeySlots* keys = nullptr;
+    int max_keys = 0;      // most keys of any row
+    float* out = nullptr;  // head h of row t at (t * out_stride + h) * v_head_dim
+    int out_stride = 0;
+  };
+  explicit MlaHeads(const ModelConfig& config) : c_(config) {}
+  void run(const Call& call);
+
+ private:
+  const ModelConfig& c_;
+  std::vector<float> scratch_;      // per thread: q_abs, probabilities, o_latent of a block
+  std::vector<int32_t> key_slots_;  // per thread: [max_keys] a row's keys' cache slots
+};
 
 class CpuAttention final : public AttentionBackend {
  public:
@@ -27,6 +65,9 @@ class CpuAttention final : public AttentionBackend {
   void attend(int layer, const AttentionWeights& w);
   // Positions row t attends to: the indexer's choice or 0..pos.
   int keys_of(int t, const int** selected) const;
+  // Sends the rows to the ranks attending for the other heads (w.remote_heads).
+  void start_remote_heads(const AttentionWeights& w);
+  class BatchKeys;
 
   const ModelConfig& c_;
   KvManager& kv_;
@@ -47,6 +88,10 @@ class CpuAttention final : public AttentionBackend {
   std::vector<int32_t> key_slots_;     // per thread: [max_keys] a row's keys' cache slots
   std::vector<float> index_q_t_;       // [n, index dim, padded heads] queries transposed
   std::vector<float> index_w_padded_;  // [n, padded heads] head weights
+  MlaHeads heads_;
+  // A call to the other heads' ranks: its rows, KV block tables and chosen positions.
+  std::vector<RemoteHeads::Row> remote_rows_;
+  std::vector<int32_t> remote_offsets_, remote_blocks_, remote_selected_, table_of_seq_;
 };
 
 }  // namespace colibri

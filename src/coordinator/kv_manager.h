@@ -40,6 +40,9 @@ class KvManager {
   // Blocks `seq` holds (reserved, possibly beyond its length).
   int blocks(int seq) const { return int(seqs_[size_t(seq)].blocks.size()); }
 
+  // The blocks `seq` holds, in position order.
+  std::span<const int> block_list(int seq) const { return seqs_[size_t(seq)].blocks; }
+
   // Pool slot of position `pos` of `seq` (reserved).
   int slot(int seq, int pos) const {
     const Sequence& s = seqs_[size_t(seq)];

@@ -70,6 +70,21 @@ std::vector<int64_t> split_bounds(const Matrix& m, int parts) {
   return bounds;
 }
 
+std::vector<int> split_head_bounds(const ModelConfig& config, const Matrix& kv_b, int parts) {
+  const int heads = config.num_heads;
+  const int64_t per_head = config.qk_nope_head_dim + config.v_head_dim;
+  if (kv_b.empty() || kv_b.remote || parts < 2 || heads < parts || kv_b.rows != heads * per_head)
+    return {};
+  const int64_t step = row_slice_step(kv_b);
+  std::vector<int> bounds;
+  for (int p = 0; p <= parts; ++p) {
+    const int h = int(int64_t(heads) * p / parts);
+    if (h * per_head % step != 0) return {};
+    bounds.push_back(h);
+  }
+  return bounds;
+}
+
 Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
   const int64_t step = row_slice_step(m);
   if (m.remote || r0 < 0 || r1 <= r0 || r1 > m.rows || r0 % step != 0 ||
@@ -295,7 +310,7 @@ class Loader {
     return w;
   }
 
-  // With `split_only`, only the projections split_targets lists.
+  // With `split_only`, only the projections split_targets lists and kv_b_proj (split by heads).
   AttentionWeights attention(int layer, bool with_indexer, bool split_only = false) const {
     const std::string p = layer_prefix(layer) + "self_attn.";
     const int64_t h = c_.hidden_size, heads = c_.num_heads;
@@ -310,6 +325,13 @@ class Loader {
     a.kv_a_proj =
         projection(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
     a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
+    // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
+    // or int8 per row, fp32 otherwise.
+    const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
+    a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank, /*by_rows=*/true);
+    if (a.kv_b_proj.stored_fp8() ||
+        (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
+      a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
     if (split_only) {
       if (with_indexer) {
         a.indexer.emplace();
@@ -319,13 +341,6 @@ class Loader {
       return a;
     }
     a.kv_a_norm = vector(p + "kv_a_layernorm.weight", c_.kv_lora_rank);
-    // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
-    // or int8 per row, fp32 otherwise.
-    const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
-    a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank, /*by_rows=*/true);
-    if (a.kv_b_proj.stored_fp8() ||
-        (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
-      a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
     if (with_indexer) {
       const std::string ip = p + "indexer.";
       IndexerWeights idx;

@@ -31,6 +31,34 @@ class RemoteRows {
   virtual void finish(const float* local, int64_t n, float* y) = 0;
 };
 
+// The heads of an MLA layer that other ranks attend for (tensor parallelism by heads,
+// transport/split_linear.h): kv_b_proj keeps the rows of heads [0, local_heads) here, and every
+// rank attending for others keeps a copy of the layer's compressed cache, which each call writes
+// its rows to. Every head's values are computed with the bits one process gives them.
+class RemoteHeads {
+ public:
+  struct Row {
+    int32_t table = 0;     // the row's sequence: its blocks are blocks[offsets[table] ..]
+    int32_t pos = 0;       // its position
+    int32_t selected = 0;  // positions the indexer chose for it (in `selected`); 0: all of 0..pos
+  };
+  struct Call {
+    int64_t n = 0;
+    const Row* rows = nullptr;          // [n]
+    const float* q = nullptr;           // [n, heads, qk_head_dim], rotated
+    const float* cache_rows = nullptr;  // [n, kv_lora_rank + rope dim]: the rows' new cache rows
+    const int32_t* offsets = nullptr;   // [tables + 1] into blocks
+    int tables = 0;
+    const int32_t* blocks = nullptr;    // each table's KV blocks, in position order
+    const int32_t* selected = nullptr;  // the rows' chosen positions, row after row
+  };
+  virtual ~RemoteHeads() = default;
+  // Sends the call to the ranks attending for the other heads, which start on them at once.
+  virtual void start(const Call& call) = 0;
+  // Waits for them and writes their heads [local_heads, heads) of out [n, heads, v_head_dim].
+  virtual void finish(int64_t n, float* out) = 0;
+};
+
 // Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 or FP8 (block-scaled) as
 // stored, or a container weight kept as stored (int8/int4 rows or groups with fp32 scales);
 // exactly one is non-empty. With `remote`, only rows [0, local_rows) are held here.
@@ -65,6 +93,10 @@ int64_t row_slice_step(const Matrix& m);
 // a multiple of row_slice_step(m), the slices as even as the steps allow. Empty when m has fewer
 // steps than parts: such a matrix is not split.
 std::vector<int64_t> split_bounds(const Matrix& m, int parts);
+// Head bounds of an MLA layer's attention split into `parts` (kv_b_proj cut by heads): parts + 1
+// ascending values from 0 to the config's heads, or empty when kv_b cannot be cut at them (fewer
+// heads than parts, or a head's rows not a multiple of row_slice_step).
+std::vector<int> split_head_bounds(const ModelConfig& config, const Matrix& kv_b, int parts);
 
 // The three matrices of a quantized expert, in the container's layout.
 struct QuantMlp {
@@ -91,15 +123,17 @@ struct IndexerWeights {
 };
 
 struct AttentionWeights {
-  Matrix q_a_proj;                        // [q_lora_rank, hidden]   (q_lora_rank > 0)
-  std::vector<float> q_a_norm;            // [q_lora_rank]
-  Matrix q_b_proj;                        // [H * qk_head_dim, q_lora_rank]
-  Matrix q_proj;                          // [H * qk_head_dim, hidden]  (q_lora_rank == 0)
-  Matrix kv_a_proj;                       // [kv_lora_rank + qk_rope_head_dim, hidden]
-  std::vector<float> kv_a_norm;           // [kv_lora_rank]
-  Matrix kv_b_proj;                       // [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
-  Matrix o_proj;                          // [hidden, H * v_head_dim]
-  std::optional<IndexerWeights> indexer;  // full DSA layers only
+  Matrix q_a_proj;                            // [q_lora_rank, hidden]   (q_lora_rank > 0)
+  std::vector<float> q_a_norm;                // [q_lora_rank]
+  Matrix q_b_proj;                            // [H * qk_head_dim, q_lora_rank]
+  Matrix q_proj;                              // [H * qk_head_dim, hidden]  (q_lora_rank == 0)
+  Matrix kv_a_proj;                           // [kv_lora_rank + qk_rope_head_dim, hidden]
+  std::vector<float> kv_a_norm;               // [kv_lora_rank]
+  Matrix kv_b_proj;                           // [H * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+  Matrix o_proj;                              // [hidden, H * v_head_dim]
+  std::optional<IndexerWeights> indexer;      // full DSA layers only
+  int local_heads = 0;                        // with remote_heads: the heads attended for here
+  std::shared_ptr<RemoteHeads> remote_heads;  // null: every head is attended for here
 };
 
 struct LayerWeights {
@@ -143,8 +177,9 @@ struct LoadOptions {
   // multiple of 16 (kv_b_proj: int8 rows or BF16 only, as the absorbed attention reads it by
   // rows); embeddings, norms and routers are fp32.
   bool keep_stored = false;
-  // Only the matrices split_targets lists, as `dense` with keep_stored would load them (a rank
-  // that serves rows of split linears cuts its rows from them); no routed expert.
+  // Only the matrices split_targets lists and each layer's kv_b_proj, as `dense` with
+  // keep_stored would load them (a rank that serves rows of split linears and attends for heads
+  // cuts its share from them); no routed expert.
   bool split_targets_only = false;
   // Which routed experts to load; all when empty.
   std::function<bool(int layer, int expert)> owns_expert;

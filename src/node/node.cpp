@@ -83,6 +83,11 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   SplitOptions split;
   split.max_rows = options_.max_rows;
   split.rank_timeout_s = options_.rank_timeout_s;
+  // The engine's KV pool (Engine: KvManager's default blocks), which ranks attending copy.
+  split.kv_block_tokens = KvManager::kDefaultBlockTokens;
+  split.kv_blocks = ((options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_)) +
+                     split.kv_block_tokens - 1) /
+                    split.kv_block_tokens;
   if (options_.split_linears) {
     split.ranks.push_back(layout_.coordinator());
     for (int r = 0; r < size_; ++r)
@@ -109,7 +114,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   try {
     if (serves_rows) {
       linear_server_ =
-          std::make_unique<LinearServer>(comm_, weights_, split_part, split, *profiler_);
+          std::make_unique<LinearServer>(comm_, config_, weights_, split_part, split, *profiler_);
       weights_ = ModelWeights();
     }
   } catch (const Error& e) {
@@ -211,7 +216,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
         fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
       if (!split_error.empty()) fail("--split-linears: {}", split_error);
       if (is_coordinator()) {
-        splitter_ = std::make_unique<LinearSplitter>(comm_, weights_, split, *profiler_);
+        splitter_ = std::make_unique<LinearSplitter>(comm_, config_, weights_, split, *profiler_);
       } else if (linear_server_) {
         linear_server_->set_request_hook(
             [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
@@ -272,9 +277,12 @@ std::string Node::memory_line(const std::string& host) const {
     line += fmt::format(", routed experts {:.3f} GB resident ({:.3f} pinned)",
                         gb(expert_store_->resident_bytes() + expert_store_->pinned_bytes()),
                         gb(expert_store_->pinned_bytes()));
-  if (splitter_) line += fmt::format(", {} linears split by rows", splitter_->split_count());
+  if (splitter_)
+    line += fmt::format(", {} linears split by rows, {} layers' attention by heads",
+                        splitter_->split_count(), splitter_->split_heads_count());
   if (linear_server_)
-    line += fmt::format(", rows of split linears {:.3f} GB", gb(linear_server_->bytes()));
+    line += fmt::format(", rows of split linears {:.3f} GB, KV copy {:.3f} GB reserved",
+                        gb(linear_server_->bytes()), gb(linear_server_->kv_copy_bytes()));
   if (engine_) line += fmt::format(", KV pool {:.3f} GB reserved", gb(engine_->kv_bytes()));
   // The process as the kernel sees it (VmRSS: what is in RAM now, mappings included).
   std::ifstream status("/proc/self/status");

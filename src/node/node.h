@@ -88,6 +88,9 @@ class Node {
 
   // Coordinator: how many linears --split-linears split across ranks.
   int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
+  int split_heads_count() const {
+    return splitter_ ? splitter_->split_heads_count() : 0;
+  }  // layers
   // Coordinator: the engine whose routed experts run on their owners.
   Engine& engine();
   // Coordinator: ends every expert rank's serve loop.

@@ -16,8 +16,8 @@ constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // row indices, empty requests to host-mates, host partials (--combine host); 7: HELLO says
 // whether NCCL is built, the plan carries the transport, NCCL count headers; 8: rows and
 // partials through shared segments on the coordinator's host; 9: the checksum is lane sums of
-// the payload (checksum) instead of its XXH3
-constexpr uint16_t kProtocolVersion = 9;
+// the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest)
+constexpr uint16_t kProtocolVersion = 10;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -32,6 +32,10 @@ enum class Opcode : uint16_t {
   kLinearRequest = 7,  // on kTagLinearRequest, coordinator -> a rank holding rows of a split
                        // linear (`layer`: its index in split_targets): the input rows, fp32
   kLinearReply = 8,    // on kTagLinearReply, the answer: that rank's output rows, fp32
+  kAttendRequest = 9,  // on kTagLinearRequest, coordinator -> a rank attending for some heads of
+                       // an MLA layer (split_linear.h): rows, KV block tables, chosen positions,
+                       // new cache rows and the heads' queries; n_pairs: the tables
+  kAttendReply = 10,   // on kTagLinearReply, the answer: those heads' outputs, fp32
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.

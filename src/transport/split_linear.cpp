@@ -17,22 +17,20 @@ namespace {
 constexpr size_t kHeaderBytes = sizeof(wire::Header);
 
 wire::Header linear_header(wire::Opcode opcode, uint32_t sequence, int target, int64_t n,
-                           size_t payload_bytes, uint32_t checksum) {
-  return {wire::kMagic,
-          wire::kProtocolVersion,
-          uint16_t(opcode),
-          sequence,
-          target,
-          uint32_t(n),
-          0,
-          uint32_t(payload_bytes),
-          checksum};
+                           size_t payload_bytes, uint32_t checksum, uint32_t n_pairs = 0) {
+  return {wire::kMagic, wire::kProtocolVersion,  uint16_t(opcode), sequence, target, uint32_t(n),
+          n_pairs,      uint32_t(payload_bytes), checksum};
 }
 
-// What is wrong with a message of `bytes` that should be `opcode` with `sequence` for a target
-// below `targets`; "" when nothing. The header is copied out.
-std::string check_linear_header(const std::byte* message, size_t bytes, wire::Opcode opcode,
-                                uint32_t sequence, size_t targets, int max_rows, wire::Header& h) {
+template <typename T>
+const std::byte* bytes_of(const T* p) {
+  return reinterpret_cast<const std::byte*>(p);
+}
+
+// What is wrong with a message of `bytes` that should be `opcode` with `sequence` and 1..max_rows
+// rows; "" when nothing. The header is copied out; the caller checks its layer and n_pairs.
+std::string check_header(const std::byte* message, size_t bytes, wire::Opcode opcode,
+                         uint32_t sequence, int max_rows, wire::Header& h) {
   if (bytes < kHeaderBytes) return fmt::format("{} bytes, shorter than a header", bytes);
   std::memcpy(&h, message, kHeaderBytes);
   if (h.magic != wire::kMagic) return fmt::format("bad magic {:#x}", h.magic);
@@ -41,15 +39,23 @@ std::string check_linear_header(const std::byte* message, size_t bytes, wire::Op
   if (h.opcode != uint16_t(opcode))
     return fmt::format("opcode {}, expected {}", h.opcode, uint16_t(opcode));
   if (h.sequence != sequence) return fmt::format("sequence {}, expected {}", h.sequence, sequence);
-  if (h.layer < 0 || size_t(h.layer) >= targets)
-    return fmt::format("split linear {} of {}", h.layer, targets);
   if (h.n_rows < 1 || h.n_rows > uint32_t(max_rows))
     return fmt::format("{} rows, expected 1..{}", h.n_rows, max_rows);
-  if (h.n_pairs != 0) return fmt::format("{} pairs, expected none", h.n_pairs);
   if (size_t(h.payload_bytes) != bytes - kHeaderBytes)
     return fmt::format("payload of {} bytes in a message of {}", h.payload_bytes, bytes);
   if (wire::checksum(message + kHeaderBytes, h.payload_bytes) != h.checksum)
     return "payload checksum mismatch";
+  return "";
+}
+
+// check_header for a split linear's request or reply: `layer` is a target below `targets`.
+std::string check_linear_header(const std::byte* message, size_t bytes, wire::Opcode opcode,
+                                uint32_t sequence, size_t targets, int max_rows, wire::Header& h) {
+  std::string problem = check_header(message, bytes, opcode, sequence, max_rows, h);
+  if (!problem.empty()) return problem;
+  if (h.layer < 0 || size_t(h.layer) >= targets)
+    return fmt::format("split linear {} of {}", h.layer, targets);
+  if (h.n_pairs != 0) return fmt::format("{} pairs, expected none", h.n_pairs);
   return "";
 }
 
@@ -80,9 +86,26 @@ class LinearSplitter::Rows final : public RemoteRows {
   int64_t cols;
 };
 
-LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const SplitOptions& options,
-                               Profiler& profiler)
-    : comm_(comm), options_(options), profiler_(profiler) {
+// The RemoteHeads of one MLA layer.
+class LinearSplitter::Heads final : public RemoteHeads {
+ public:
+  Heads(LinearSplitter& owner, int index, std::vector<int> head_bounds)
+      : splitter(owner),
+        layer(index),
+        where(fmt::format(" for layer {} attention", index)),
+        bounds(std::move(head_bounds)) {}
+  void start(const Call& call) override { splitter.start(*this, call); }
+  void finish(int64_t n, float* out) override { splitter.finish(*this, n, out); }
+
+  LinearSplitter& splitter;
+  int layer;
+  std::string where;        // " for layer L attention", for the waits' errors
+  std::vector<int> bounds;  // [parts + 1] head bounds
+};
+
+LinearSplitter::LinearSplitter(MPI_Comm comm, const ModelConfig& config, ModelWeights& weights,
+                               const SplitOptions& options, Profiler& profiler)
+    : config_(config), comm_(comm), options_(options), profiler_(profiler) {
   const int parts = int(options_.ranks.size());
   if (parts < 2) fail("splitting linears needs two ranks or more, not {}", parts);
   parts_.resize(size_t(parts - 1));
@@ -104,6 +127,16 @@ LinearSplitter::LinearSplitter(MPI_Comm comm, ModelWeights& weights, const Split
         std::make_shared<Rows>(*this, int(i), targets[i].name, std::move(bounds), m.cols);
     m = std::move(local);
     ++split_count_;
+  }
+  const int64_t per_head = config.qk_nope_head_dim + config.v_head_dim;
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    AttentionWeights& a = weights.layers[l].attn;
+    std::vector<int> bounds = split_head_bounds(config, a.kv_b_proj, parts);
+    if (bounds.empty()) continue;
+    a.kv_b_proj = slice_rows(a.kv_b_proj, 0, bounds[1] * per_head);
+    a.local_heads = bounds[1];
+    a.remote_heads = std::make_shared<Heads>(*this, int(l), std::move(bounds));
+    ++split_heads_count_;
   }
 }
 
@@ -151,11 +184,27 @@ float* LinearSplitter::local_buffer(const Rows& rows, int64_t n) {
   return local_.data();
 }
 
-void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, float* y) {
-  wait_within(recv_requests_, part_ranks_, options_.rank_timeout_s, "rows of a split linear",
-              rows.where, "--rank-timeout");
+void LinearSplitter::wait_all(const std::string& where) {
+  wait_within(recv_requests_, part_ranks_, options_.rank_timeout_s, "rows of a split linear", where,
+              "--rank-timeout");
   wait_within(send_requests_, part_ranks_, options_.rank_timeout_s,
-              "receipt of a split linear's input", rows.where, "--rank-timeout");
+              "receipt of a split linear's input", where, "--rank-timeout");
+}
+
+std::string LinearSplitter::check_reply(size_t i, wire::Opcode opcode, int target, int64_t n,
+                                        size_t payload) const {
+  const Part& part = parts_[i];
+  wire::Header h{};
+  std::string problem = check_header(part.recv.data(), kHeaderBytes + payload, opcode,
+                                     part.sequence, options_.max_rows, h);
+  if (problem.empty() && (h.layer != target || h.n_rows != uint32_t(n) || h.n_pairs != 0))
+    problem = fmt::format("target {} with {} rows and {} pairs, expected {} with {} and none",
+                          h.layer, h.n_rows, h.n_pairs, target, n);
+  return problem;
+}
+
+void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, float* y) {
+  wait_all(rows.where);
   const int64_t out = rows.bounds.back();
   for (int64_t t = 0; t < n; ++t)
     std::copy_n(local + t * rows.bounds[1], rows.bounds[1], y + t * out);
@@ -163,13 +212,7 @@ void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, flo
     const Part& part = parts_[i];
     const int64_t r0 = rows.bounds[i + 1], r1 = rows.bounds[i + 2];
     const size_t payload = size_t(n) * size_t(r1 - r0) * sizeof(float);
-    wire::Header h{};
-    std::string problem =
-        check_linear_header(part.recv.data(), kHeaderBytes + payload, wire::Opcode::kLinearReply,
-                            part.sequence, size_t(rows.target) + 1, options_.max_rows, h);
-    if (problem.empty() && (h.layer != rows.target || h.n_rows != uint32_t(n)))
-      problem = fmt::format("split linear {} with {} rows, expected {} with {}", h.layer, h.n_rows,
-                            rows.target, n);
+    const std::string problem = check_reply(i, wire::Opcode::kLinearReply, rows.target, n, payload);
     if (!problem.empty())
       abort_job(fmt::format("corrupted rows of {} from {}: {}", rows.name,
                             rank_identity().name_of(part.rank), problem));
@@ -178,9 +221,79 @@ void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, flo
   }
 }
 
-LinearServer::LinearServer(MPI_Comm comm, ModelWeights& weights, int part,
-                           const SplitOptions& options, Profiler& profiler)
-    : comm_(comm), coordinator_(options.ranks.at(0)), options_(options), profiler_(profiler) {
+void LinearSplitter::start(const Heads& heads, const RemoteHeads::Call& call) {
+  const int64_t n = call.n;
+  if (n > options_.max_rows)
+    fail("layer {} attention: {} rows exceed the split linears' buffers of {} rows", heads.layer, n,
+         options_.max_rows);
+  const int all_heads = config_.num_heads, dq = config_.qk_head_dim(), dv = config_.v_head_dim;
+  const size_t cache_row = size_t(config_.kv_lora_rank + config_.qk_rope_head_dim);
+  size_t selected = 0;
+  for (int64_t t = 0; t < n; ++t) selected += size_t(call.rows[t].selected);
+  const size_t tables = size_t(call.tables), blocks = size_t(call.offsets[tables]);
+  // What every part gets: rows, tables, blocks, chosen positions and cache rows, then its queries.
+  const std::pair<const std::byte*, size_t> common[] = {
+      {bytes_of(call.rows), size_t(n) * sizeof(RemoteHeads::Row)},
+      {bytes_of(call.offsets), (tables + 1) * sizeof(int32_t)},
+      {bytes_of(call.blocks), blocks * sizeof(int32_t)},
+      {bytes_of(call.selected), selected * sizeof(int32_t)},
+      {bytes_of(call.cache_rows), size_t(n) * cache_row * sizeof(float)}};
+  size_t common_bytes = 0;
+  for (const auto& [data, bytes] : common) common_bytes += bytes;
+  RankReport& counters = profiler_.counters();
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    Part& part = parts_[i];
+    const int h0 = heads.bounds[i + 1], h1 = heads.bounds[i + 2];
+    const size_t q_row = size_t(h1 - h0) * size_t(dq) * sizeof(float);
+    const size_t payload = common_bytes + size_t(n) * q_row;
+    if (part.send.size() < kHeaderBytes + payload) part.send.resize(kHeaderBytes + payload);
+    wire::Checksum sum;
+    std::byte* at = part.send.data() + kHeaderBytes;
+    for (const auto& [data, bytes] : common) {
+      if (bytes > 0) sum.add_copy(at, data, bytes);
+      at += bytes;
+    }
+    for (int64_t t = 0; t < n; ++t, at += q_row)
+      sum.add_copy(at, bytes_of(call.q + (size_t(t) * all_heads + h0) * dq), q_row);
+    const wire::Header h = linear_header(wire::Opcode::kAttendRequest, ++part.sequence, heads.layer,
+                                         n, payload, sum.value(), uint32_t(tables));
+    std::memcpy(part.send.data(), &h, kHeaderBytes);
+    const size_t reply = kHeaderBytes + size_t(n) * size_t(h1 - h0) * dv * sizeof(float);
+    if (part.recv.size() < reply) part.recv.resize(reply);
+    counters.bytes_out += kHeaderBytes + payload;
+    counters.bytes_in += reply;
+    CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
+                        comm_, &part.recv_request));
+    CHECK_MPI(MPI_Isend(part.send.data(), int(kHeaderBytes + payload), MPI_BYTE, part.rank,
+                        wire::kTagLinearRequest, comm_, &part.send_request));
+  }
+}
+
+void LinearSplitter::finish(const Heads& heads, int64_t n, float* out) {
+  wait_all(heads.where);
+  const int all_heads = config_.num_heads, dv = config_.v_head_dim;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const int h0 = heads.bounds[i + 1], h1 = heads.bounds[i + 2];
+    const size_t row = size_t(h1 - h0) * size_t(dv);
+    const std::string problem =
+        check_reply(i, wire::Opcode::kAttendReply, heads.layer, n, size_t(n) * row * sizeof(float));
+    if (!problem.empty())
+      abort_job(fmt::format("corrupted heads of layer {} attention from {}: {}", heads.layer,
+                            rank_identity().name_of(parts_[i].rank), problem));
+    const auto* theirs = reinterpret_cast<const float*>(parts_[i].recv.data() + kHeaderBytes);
+    for (int64_t t = 0; t < n; ++t)
+      std::copy_n(theirs + size_t(t) * row, row, out + (size_t(t) * all_heads + h0) * dv);
+  }
+}
+
+LinearServer::LinearServer(MPI_Comm comm, const ModelConfig& config, ModelWeights& weights,
+                           int part, const SplitOptions& options, Profiler& profiler)
+    : config_(config),
+      comm_(comm),
+      coordinator_(options.ranks.at(0)),
+      options_(options),
+      profiler_(profiler),
+      mla_(config) {
   const int parts = int(options_.ranks.size());
   if (part < 1 || part >= parts) fail("part {} of a split into {}", part, parts);
   const std::vector<SplitTarget> targets = split_targets(weights);
@@ -196,6 +309,37 @@ LinearServer::LinearServer(MPI_Comm comm, ModelWeights& weights, int part,
     *target.matrix = Matrix();
   }
   max_request_bytes_ = kHeaderBytes + size_t(options_.max_rows) * size_t(max_cols) * sizeof(float);
+
+  // Each layer's heads of this part, and a copy of the cache, untouched until used.
+  const int64_t per_head = config.qk_nope_head_dim + config.v_head_dim;
+  const size_t slots = size_t(options_.kv_blocks) * size_t(options_.kv_block_tokens);
+  int max_heads = 0;
+  heads_.resize(weights.layers.size());
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    Matrix& kv_b = weights.layers[l].attn.kv_b_proj;
+    const std::vector<int> bounds = split_head_bounds(config, kv_b, parts);
+    if (!bounds.empty()) {
+      if (slots == 0) fail("attention split by heads: no KV pool size");
+      HeadsSlice& h = heads_[l];
+      const int h0 = bounds[size_t(part)], h1 = bounds[size_t(part) + 1];
+      h.heads = h1 - h0;
+      h.kv_b = slice_rows(kv_b, h0 * per_head, h1 * per_head);
+      h.latent.reset(new float[slots * size_t(config.kv_lora_rank)]);
+      h.k_rope.reset(new float[slots * size_t(config.qk_rope_head_dim)]);
+      max_heads = std::max(max_heads, h.heads);
+    }
+    kv_b = Matrix();
+  }
+  if (max_heads > 0) {
+    const size_t rows = size_t(options_.max_rows);
+    const size_t max_selected = config.has_indexer() ? size_t(config.index_topk) : 0;
+    const size_t per_row = sizeof(RemoteHeads::Row) + sizeof(int32_t) * (1 + max_selected) +
+                           sizeof(float) * size_t(config.kv_lora_rank + config.qk_rope_head_dim) +
+                           sizeof(float) * size_t(max_heads) * size_t(config.qk_head_dim());
+    max_request_bytes_ =
+        std::max(max_request_bytes_, kHeaderBytes + rows * per_row +
+                                         sizeof(int32_t) * (1 + size_t(options_.kv_blocks)));
+  }
 }
 
 LinearServer::~LinearServer() {
@@ -213,6 +357,15 @@ bool LinearServer::ready() {
 uint64_t LinearServer::bytes() const {
   uint64_t total = 0;
   for (const Slice& slice : slices_) total += slice.rows.bytes();
+  for (const HeadsSlice& h : heads_) total += h.kv_b.bytes();
+  return total;
+}
+
+uint64_t LinearServer::kv_copy_bytes() const {
+  uint64_t total = 0;
+  const uint64_t slots = uint64_t(options_.kv_blocks) * uint64_t(options_.kv_block_tokens);
+  for (const HeadsSlice& h : heads_)
+    if (h.heads > 0) total += slots * uint64_t(config_.kv_lora_rank + config_.qk_rope_head_dim) * 4;
   return total;
 }
 
@@ -227,6 +380,10 @@ void LinearServer::serve() {
                           rank_identity().name_of(coordinator_), count, max_request_bytes_));
   if (request_.size() < size_t(count)) request_.resize(size_t(count));
   CHECK_MPI(MPI_Mrecv(request_.data(), count, MPI_BYTE, &message_, MPI_STATUS_IGNORE));
+  uint16_t opcode = 0;
+  if (size_t(count) >= kHeaderBytes)
+    std::memcpy(&opcode, request_.data() + offsetof(wire::Header, opcode), sizeof(opcode));
+  if (opcode == uint16_t(wire::Opcode::kAttendRequest)) return attend(count);
   wire::Header h{};
   std::string problem =
       check_linear_header(request_.data(), size_t(std::max(count, 0)), wire::Opcode::kLinearRequest,
@@ -242,26 +399,195 @@ void LinearServer::serve() {
                           rank_identity().name_of(coordinator_), problem));
   sequence_ = h.sequence;
   if (request_hook_) request_hook_(slice->layer);
-  std::vector<MPI_Request*> previous{&send_};
-  wait_within(previous, {coordinator_}, options_.rank_timeout_s, "receipt of split linear rows", "",
-              "--rank-timeout");
+  wait_reply_sent();
   const int64_t n = h.n_rows;
   const size_t payload = size_t(n) * size_t(slice->rows.rows) * sizeof(float);
   if (reply_.size() < kHeaderBytes + payload) reply_.resize(kHeaderBytes + payload);
-  auto* out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
   {
     auto scope = profiler_.scope(Phase::kCompute, slice->layer);
-    linear(slice->rows, reinterpret_cast<const float*>(request_.data() + kHeaderBytes), n, out);
+    linear(slice->rows, reinterpret_cast<const float*>(request_.data() + kHeaderBytes), n,
+           reinterpret_cast<float*>(reply_.data() + kHeaderBytes));
   }
+  send_reply(wire::Opcode::kLinearReply, h, payload, size_t(count));
+}
+
+void LinearServer::wait_reply_sent() {
+  std::vector<MPI_Request*> previous{&send_};
+  wait_within(previous, {coordinator_}, options_.rank_timeout_s, "receipt of split linear rows", "",
+              "--rank-timeout");
+}
+
+void LinearServer::send_reply(wire::Opcode opcode, const wire::Header& request, size_t payload,
+                              size_t request_bytes) {
   const wire::Header reply =
-      linear_header(wire::Opcode::kLinearReply, h.sequence, h.layer, n, payload,
-                    wire::checksum(reinterpret_cast<const std::byte*>(out), payload));
+      linear_header(opcode, request.sequence, request.layer, request.n_rows, payload,
+                    wire::checksum(reply_.data() + kHeaderBytes, payload));
   std::memcpy(reply_.data(), &reply, kHeaderBytes);
   RankReport& counters = profiler_.counters();
-  counters.bytes_in += size_t(count);
+  counters.bytes_in += request_bytes;
   counters.bytes_out += kHeaderBytes + payload;
   CHECK_MPI(MPI_Isend(reply_.data(), int(kHeaderBytes + payload), MPI_BYTE, coordinator_,
                       wire::kTagLinearReply, comm_, &send_));
+}
+
+namespace {
+
+// The key slots of an attend request's rows, from its KV block tables.
+class RequestKeys final : public KeySlots {
+ public:
+  const RemoteHeads::Row* rows = nullptr;
+  const int32_t* offsets = nullptr;
+  const int32_t* blocks = nullptr;
+  const int32_t* selected = nullptr;
+  const size_t* selected_at = nullptr;
+  int block_tokens = 0;
+
+  int fill(int t, int32_t* slots) const override {
+    const RemoteHeads::Row& row = rows[t];
+    const int32_t* table = blocks + offsets[row.table];
+    const auto slot = [&](int pos) {
+      return table[pos / block_tokens] * block_tokens + pos % block_tokens;
+    };
+    if (row.selected > 0) {
+      const int32_t* chosen = selected + selected_at[t];
+      for (int i = 0; i < row.selected; ++i) slots[i] = slot(chosen[i]);
+      return row.selected;
+    }
+    for (int i = 0; i <= row.pos; ++i) slots[i] = slot(i);
+    return row.pos + 1;
+  }
+};
+
+}  // namespace
+
+void LinearServer::attend(int count) {
+  wire::Header h{};
+  std::string problem =
+      check_header(request_.data(), size_t(std::max(count, 0)), wire::Opcode::kAttendRequest,
+                   sequence_ + 1, options_.max_rows, h);
+  const int64_t n = h.n_rows;
+  const int tables = int(h.n_pairs), bt = options_.kv_block_tokens;
+  const int cache_row = config_.kv_lora_rank + config_.qk_rope_head_dim;
+  const int max_selected = config_.has_indexer() ? config_.index_topk : 0;
+  const std::byte* at = request_.data() + kHeaderBytes;
+  size_t left = h.payload_bytes;
+  // The next `bytes` of the payload, or null (and `problem` says so) past its end.
+  const auto take = [&](size_t bytes, const char* what) -> const std::byte* {
+    if (!problem.empty()) return nullptr;
+    if (bytes > left) {
+      problem = fmt::format("a payload of {} bytes too short for its {}", h.payload_bytes, what);
+      return nullptr;
+    }
+    const std::byte* p = at;
+    at += bytes;
+    left -= bytes;
+    return p;
+  };
+  const HeadsSlice* slice = nullptr;
+  if (problem.empty()) {
+    if (h.layer < 0 || size_t(h.layer) >= heads_.size() || heads_[size_t(h.layer)].heads == 0)
+      problem = fmt::format("layer {} attention, whose heads are not split here", h.layer);
+    else if (tables < 1 || tables > n)
+      problem = fmt::format("{} KV tables for {} rows", tables, n);
+    else
+      slice = &heads_[size_t(h.layer)];
+  }
+  const auto* rows =
+      reinterpret_cast<const RemoteHeads::Row*>(take(size_t(n) * sizeof(RemoteHeads::Row), "rows"));
+  const auto* offsets =
+      reinterpret_cast<const int32_t*>(take(size_t(tables + 1) * sizeof(int32_t), "KV tables"));
+  if (problem.empty()) {
+    for (int i = 0; i < tables && problem.empty(); ++i)
+      if (offsets[0] != 0 || offsets[i + 1] < offsets[i] || offsets[tables] > options_.kv_blocks)
+        problem = fmt::format("KV table {} at blocks {}..{} of {}", i, offsets[i], offsets[i + 1],
+                              options_.kv_blocks);
+  }
+  const auto* blocks = reinterpret_cast<const int32_t*>(
+      take(problem.empty() ? size_t(offsets[tables]) * sizeof(int32_t) : 0, "KV blocks"));
+  if (problem.empty()) {
+    for (int32_t i = 0; i < offsets[tables] && problem.empty(); ++i)
+      if (blocks[i] < 0 || blocks[i] >= options_.kv_blocks)
+        problem = fmt::format("KV block {} of a pool of {}", blocks[i], options_.kv_blocks);
+  }
+  size_t selected = 0;
+  int max_keys = 0;
+  if (problem.empty()) {
+    if (selected_at_.size() < size_t(n)) selected_at_.resize(size_t(n));
+    for (int64_t t = 0; t < n && problem.empty(); ++t) {
+      const RemoteHeads::Row& row = rows[t];
+      const int64_t held = row.table >= 0 && row.table < tables
+                               ? int64_t(offsets[row.table + 1] - offsets[row.table]) * bt
+                               : 0;
+      if (row.pos < 0 || row.pos >= held || row.selected < 0 ||
+          row.selected > std::min(row.pos + 1, max_selected))
+        problem = fmt::format("row {}: position {} of KV table {} ({} positions), {} chosen", t,
+                              row.pos, row.table, held, row.selected);
+      selected_at_[size_t(t)] = selected;
+      selected += size_t(row.selected);
+      max_keys = std::max(max_keys, row.selected > 0 ? row.selected : row.pos + 1);
+    }
+  }
+  const auto* chosen =
+      reinterpret_cast<const int32_t*>(take(selected * sizeof(int32_t), "chosen positions"));
+  if (problem.empty()) {
+    for (int64_t t = 0; t < n && problem.empty(); ++t)
+      for (int i = 0; i < rows[t].selected; ++i) {
+        const int32_t pos = chosen[selected_at_[size_t(t)] + size_t(i)];
+        if (pos < 0 || pos > rows[t].pos) {
+          problem = fmt::format("row {} chose position {}, after its own {}", t, pos, rows[t].pos);
+          break;
+        }
+      }
+  }
+  const auto* cache_rows = reinterpret_cast<const float*>(
+      take(size_t(n) * size_t(cache_row) * sizeof(float), "cache rows"));
+  const int heads = slice ? slice->heads : 0, dq = config_.qk_head_dim(), dv = config_.v_head_dim;
+  const auto* q = reinterpret_cast<const float*>(
+      take(size_t(n) * size_t(heads) * size_t(dq) * sizeof(float), "queries"));
+  if (problem.empty() && left != 0)
+    problem = fmt::format("{} bytes past the queries in a payload of {}", left, h.payload_bytes);
+  if (!problem.empty())
+    abort_job(fmt::format("corrupted attention request from {}: {}",
+                          rank_identity().name_of(coordinator_), problem));
+  sequence_ = h.sequence;
+  if (request_hook_) request_hook_(h.layer);
+  wait_reply_sent();
+  const size_t payload = size_t(n) * size_t(heads) * size_t(dv) * sizeof(float);
+  if (reply_.size() < kHeaderBytes + payload) reply_.resize(kHeaderBytes + payload);
+  {
+    auto scope = profiler_.scope(Phase::kCompute, h.layer);
+    // The rows' cache rows first, as the coordinator wrote them before attending.
+    const int r = config_.kv_lora_rank, dr = config_.qk_rope_head_dim;
+    RequestKeys keys;
+    keys.rows = rows;
+    keys.offsets = offsets;
+    keys.blocks = blocks;
+    keys.selected = chosen;
+    keys.selected_at = selected_at_.data();
+    keys.block_tokens = bt;
+    for (int64_t t = 0; t < n; ++t) {
+      const RemoteHeads::Row& row = rows[t];
+      const int32_t* table = blocks + offsets[row.table];
+      const size_t slot = size_t(table[row.pos / bt]) * size_t(bt) + size_t(row.pos % bt);
+      const float* from = cache_rows + size_t(t) * size_t(cache_row);
+      std::copy_n(from, r, slice->latent.get() + slot * size_t(r));
+      std::copy_n(from + r, dr, slice->k_rope.get() + slot * size_t(dr));
+    }
+    MlaHeads::Call call;
+    call.n = int(n);
+    call.heads = heads;
+    call.q = q;
+    call.q_stride = heads;
+    call.kv_b = &slice->kv_b;
+    call.latent = slice->latent.get();
+    call.k_rope = slice->k_rope.get();
+    call.keys = &keys;
+    call.max_keys = max_keys;
+    call.out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
+    call.out_stride = heads;
+    mla_.run(call);
+  }
+  send_reply(wire::Opcode::kAttendReply, h, payload, size_t(count));
 }
 
 }  // namespace colibri

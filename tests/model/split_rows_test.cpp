@@ -2,6 +2,7 @@
 // compute the whole matrix's rows bit for bit, split_bounds cuts whole steps, linear() puts a
 // split matrix's rows together, and a quantized MLP held as three matrices keeps its bits.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/error.h"
+#include "coordinator/cpu_attention.h"
 #include "cpu/quant.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -269,7 +271,7 @@ bool same_matrix(const Matrix& a, const Matrix& b) {
 
 // What a serving rank loads (split_targets_only) is what the coordinator's split_targets lists:
 // the same matrices in the same order, and nothing else.
-TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesOnly) {
+TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesAndKvBOnly) {
   for (const char* fixture : {"glm5", "glm52", "dsv3", "kimi"}) {
     SCOPED_TRACE(fixture);
     const auto dir = std::filesystem::path(COLIBRI_TEST_DATA) / "parity" / fixture / "model";
@@ -295,6 +297,12 @@ TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesOnly) {
       EXPECT_TRUE(same_matrix(*got[i].matrix, *want[i].matrix)) << want[i].name;
       target_bytes += want[i].matrix->bytes();
     }
+    // And kv_b_proj, whose rows are cut by heads.
+    for (size_t l = 0; l < all.layers.size(); ++l) {
+      EXPECT_TRUE(same_matrix(only.layers[l].attn.kv_b_proj, all.layers[l].attn.kv_b_proj))
+          << "layer " << l << " kv_b_proj";
+      target_bytes += all.layers[l].attn.kv_b_proj.bytes();
+    }
     EXPECT_EQ(only_bytes, target_bytes) << "loaded more than the split matrices";
     const bool splits_indexer = std::any_of(want.begin(), want.end(), [](const SplitTarget& t) {
       return t.name.find("indexer.wq_b") != std::string::npos;
@@ -302,6 +310,82 @@ TEST(SplitRows, ARankThatServesRowsLoadsTheSplitMatricesOnly) {
     EXPECT_EQ(splits_indexer, config.has_indexer());
     EXPECT_LT(only_bytes, all_bytes);
   }
+}
+
+// Row t's keys: all of 0..pos or every third position, each at a scattered cache slot.
+class ScatteredKeys final : public KeySlots {
+ public:
+  ScatteredKeys(int slots, const std::vector<int>& pos) : slots_(slots), pos_(pos) {}
+  int fill(int t, int32_t* slots) const override {
+    int count = 0;
+    for (int p = 0; p <= pos_[size_t(t)]; p += (t % 2 ? 3 : 1)) slots[count++] = slot(t, p);
+    return count;
+  }
+  int slot(int t, int p) const { return (p * 7 + t * 13) % slots_; }
+
+ private:
+  int slots_;
+  const std::vector<int>& pos_;
+};
+
+// Split by heads (what --split-linears gives each rank of the attention): two parts of the heads,
+// each with kv_b_proj's rows of its heads, give the bits of all the heads in one call, for each
+// form the absorbed attention reads kv_b_proj in, on one thread and on several.
+TEST(SplitHeads, TwoPartsOfTheHeadsGiveTheWholeCallsBits) {
+  ModelConfig c;
+  c.num_heads = 6;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 8;
+  c.v_head_dim = 24;
+  c.kv_lora_rank = 64;
+  const int heads = c.num_heads, dq = c.qk_head_dim(), dv = c.v_head_dim;
+  const int per_head = c.qk_nope_head_dim + c.v_head_dim, slots = 97, n = 4;
+  const std::vector<int> pos{0, 12, 40, 41};
+  const ScatteredKeys keys(slots, pos);
+  const std::vector<float> q = normal(int64_t(n) * heads * dq, 11);
+  const std::vector<float> latent = normal(int64_t(slots) * c.kv_lora_rank, 12);
+  const std::vector<float> k_rope = normal(int64_t(slots) * c.qk_rope_head_dim, 13);
+  const int64_t kv_rows = int64_t(heads) * per_head;
+  std::vector<Case> forms;
+  forms.push_back({"f32", f32_matrix(kv_rows, c.kv_lora_rank, 14)});
+  forms.push_back({"bf16", bf16_matrix(kv_rows, c.kv_lora_rank, 15)});
+  forms.push_back(
+      {"int8-row", quant_matrix(kernels::QuantFormat::kInt8Row, 0, kernels::QuantLayout::kRows,
+                                kv_rows, c.kv_lora_rank, 16)});
+  const std::vector<int> bounds = split_head_bounds(c, forms[0].m, 2);
+  ASSERT_EQ(bounds, (std::vector<int>{0, 3, 6}));
+  EXPECT_TRUE(split_head_bounds(c, forms[0].m, 7).empty()) << "more parts than heads";
+  // Runs heads [h0, h1) with kv_b's rows of them, into out's heads h0.. (row stride: all heads).
+  const auto run = [&](const Matrix& kv_b, int h0, int h1, std::vector<float>& out) {
+    MlaHeads mla(c);
+    MlaHeads::Call call;
+    call.n = n;
+    call.heads = h1 - h0;
+    call.q = q.data() + size_t(h0) * dq;
+    call.q_stride = heads;
+    const Matrix rows = slice_rows(kv_b, int64_t(h0) * per_head, int64_t(h1) * per_head);
+    call.kv_b = &rows;
+    call.latent = latent.data();
+    call.k_rope = k_rope.data();
+    call.keys = &keys;
+    call.max_keys = 42;
+    call.out = out.data() + size_t(h0) * dv;
+    call.out_stride = heads;
+    mla.run(call);
+  };
+  for (const Case& form : forms)
+    for (int threads : {1, 3}) {
+      SCOPED_TRACE(form.name + ", threads " + std::to_string(threads));
+      const int before = omp_get_max_threads();
+      omp_set_num_threads(threads);
+      std::vector<float> whole(size_t(n) * heads * dv, std::nanf("")), parts = whole;
+      run(form.m, 0, heads, whole);
+      run(form.m, bounds[0], bounds[1], parts);
+      run(form.m, bounds[1], bounds[2], parts);
+      omp_set_num_threads(before);
+      for (float v : whole) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_EQ(0, std::memcmp(whole.data(), parts.data(), whole.size() * sizeof(float)));
+    }
 }
 
 }  // namespace

@@ -103,6 +103,10 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   }
   if (split_linears) {
     EXPECT_GT(node.split_linear_count(), 0);
+    // Every layer's heads split too (the fixtures have at least as many heads as ranks at np 2).
+    if (world_size() == 2) {
+      EXPECT_EQ(node.split_heads_count(), node.config().num_layers);
+    }
   }
   const Golden g = read_golden(fixture);
   Engine& engine = node.engine();
@@ -211,7 +215,8 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeCoordinatorExperts,
                          });
 
 // --split-linears: the coordinator's projections, dense MLPs and lm_head split by output rows
-// across it and every cpu-expert rank, alone and with the coordinator owning experts.
+// across it and every cpu-expert rank, and its attention by heads, alone and with the
+// coordinator owning experts.
 using SplitCase = std::tuple<std::string, bool>;  // fixture, coordinator owns experts
 class NodeSplitLinears : public ::testing::TestWithParam<SplitCase> {};
 
