@@ -274,9 +274,10 @@ std::vector<colibri::AgreedSetting> agreed_settings(const CLI::App& app, const A
   add("--ignore-eos", on_off(args.ignore_eos), Setting::kCoordinator);
   add("--sequences", std::to_string(args.sequences), Setting::kCoordinator);
   add("--max-seqs", std::to_string(args.node.max_seqs), Setting::kCoordinator);
+  // With --split-linears the expert ranks keep a copy of the compressed cache the pool's size.
   add("--kv-tokens",
       args.node.kv_tokens > 0 ? std::to_string(args.node.kv_tokens) : "(the model's context)",
-      Setting::kCoordinator);
+      args.split_linears ? Setting::kJob : Setting::kCoordinator);
   add("--logits-out", args.logits_out, Setting::kCoordinator);
   add("--profile-json", args.profile_json, Setting::kCoordinator);
   add("--trace", args.trace, Setting::kCoordinator);
@@ -687,8 +688,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"cpu", "gpu"}));
   app.add_flag("--split-linears", args.split_linears,
                "split the coordinator's attention projections, dense MLPs and lm_head by output "
-               "rows across it and the cpu-expert ranks, which compute theirs while they wait for "
-               "routed-expert requests (every output keeps the bits of one process's)");
+               "rows, and its attention by heads, across it and the cpu-expert ranks, which "
+               "compute theirs while they wait for routed-expert requests (every output keeps the "
+               "bits of one process's; each such rank keeps a copy of the compressed KV cache)");
   app.add_flag("--coordinator-gpu", args.coordinator_gpu,
                "a single process runs the coordinator's forward (attention, router, shared "
                "experts, dense layers, lm_head) on CUDA device 0; under mpirun, give the "

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -128,8 +129,11 @@ LinearSplitter::LinearSplitter(MPI_Comm comm, const ModelConfig& config, ModelWe
     m = std::move(local);
     ++split_count_;
   }
+  // COLIBRI_SPLIT_HEADS=0: the linears alone (the benchmarks' comparison).
+  const char* split_heads = std::getenv("COLIBRI_SPLIT_HEADS");
+  const bool keep_heads = split_heads && std::string(split_heads) == "0";
   const int64_t per_head = config.qk_nope_head_dim + config.v_head_dim;
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
+  for (size_t l = 0; l < weights.layers.size() && !keep_heads; ++l) {
     AttentionWeights& a = weights.layers[l].attn;
     std::vector<int> bounds = split_head_bounds(config, a.kv_b_proj, parts);
     if (bounds.empty()) continue;
