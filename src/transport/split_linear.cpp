@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "transport/attend_request.h"
 #include "transport/mpi_check.h"
 #include "transport/mpi_transport.h"
 
@@ -434,159 +435,59 @@ void LinearServer::send_reply(wire::Opcode opcode, const wire::Header& request, 
                       wire::kTagLinearReply, comm_, &send_));
 }
 
-namespace {
-
-// The key slots of an attend request's rows, from its KV block tables.
-class RequestKeys final : public KeySlots {
- public:
-  const RemoteHeads::Row* rows = nullptr;
-  const int32_t* offsets = nullptr;
-  const int32_t* blocks = nullptr;
-  const int32_t* selected = nullptr;
-  const size_t* selected_at = nullptr;
-  int block_tokens = 0;
-
-  int fill(int t, int32_t* slots) const override {
-    const RemoteHeads::Row& row = rows[t];
-    const int32_t* table = blocks + offsets[row.table];
-    const auto slot = [&](int pos) {
-      return table[pos / block_tokens] * block_tokens + pos % block_tokens;
-    };
-    if (row.selected > 0) {
-      const int32_t* chosen = selected + selected_at[t];
-      for (int i = 0; i < row.selected; ++i) slots[i] = slot(chosen[i]);
-      return row.selected;
-    }
-    for (int i = 0; i <= row.pos; ++i) slots[i] = slot(i);
-    return row.pos + 1;
-  }
-};
-
-}  // namespace
-
 void LinearServer::attend(int count) {
   wire::Header h{};
   std::string problem =
       check_header(request_.data(), size_t(std::max(count, 0)), wire::Opcode::kAttendRequest,
                    sequence_ + 1, options_.max_rows, h);
-  const int64_t n = h.n_rows;
-  const int tables = int(h.n_pairs), bt = options_.kv_block_tokens;
-  const int cache_row = config_.kv_lora_rank + config_.qk_rope_head_dim;
-  const int max_selected = config_.has_indexer() ? config_.index_topk : 0;
-  const std::byte* at = request_.data() + kHeaderBytes;
-  size_t left = h.payload_bytes;
-  // The next `bytes` of the payload, or null (and `problem` says so) past its end.
-  const auto take = [&](size_t bytes, const char* what) -> const std::byte* {
-    if (!problem.empty()) return nullptr;
-    if (bytes > left) {
-      problem = fmt::format("a payload of {} bytes too short for its {}", h.payload_bytes, what);
-      return nullptr;
-    }
-    const std::byte* p = at;
-    at += bytes;
-    left -= bytes;
-    return p;
-  };
   const HeadsSlice* slice = nullptr;
   if (problem.empty()) {
     if (h.layer < 0 || size_t(h.layer) >= heads_.size() || heads_[size_t(h.layer)].heads == 0)
       problem = fmt::format("layer {} attention, whose heads are not split here", h.layer);
-    else if (tables < 1 || tables > n)
-      problem = fmt::format("{} KV tables for {} rows", tables, n);
     else
       slice = &heads_[size_t(h.layer)];
   }
-  const auto* rows =
-      reinterpret_cast<const RemoteHeads::Row*>(take(size_t(n) * sizeof(RemoteHeads::Row), "rows"));
-  const auto* offsets =
-      reinterpret_cast<const int32_t*>(take(size_t(tables + 1) * sizeof(int32_t), "KV tables"));
   if (problem.empty()) {
-    for (int i = 0; i < tables && problem.empty(); ++i)
-      if (offsets[0] != 0 || offsets[i + 1] < offsets[i] || offsets[tables] > options_.kv_blocks)
-        problem = fmt::format("KV table {} at blocks {}..{} of {}", i, offsets[i], offsets[i + 1],
-                              options_.kv_blocks);
+    AttendLimits limits;
+    limits.kv_blocks = options_.kv_blocks;
+    limits.block_tokens = options_.kv_block_tokens;
+    limits.max_selected = config_.has_indexer() ? config_.index_topk : 0;
+    limits.cache_row = config_.kv_lora_rank + config_.qk_rope_head_dim;
+    limits.heads = slice->heads;
+    limits.qk_head_dim = config_.qk_head_dim();
+    problem = parse_attend_request(h, request_.data() + kHeaderBytes, limits, attend_);
   }
-  const auto* blocks = reinterpret_cast<const int32_t*>(
-      take(problem.empty() ? size_t(offsets[tables]) * sizeof(int32_t) : 0, "KV blocks"));
-  if (problem.empty()) {
-    for (int32_t i = 0; i < offsets[tables] && problem.empty(); ++i)
-      if (blocks[i] < 0 || blocks[i] >= options_.kv_blocks)
-        problem = fmt::format("KV block {} of a pool of {}", blocks[i], options_.kv_blocks);
-  }
-  size_t selected = 0;
-  int max_keys = 0;
-  if (problem.empty()) {
-    if (selected_at_.size() < size_t(n)) selected_at_.resize(size_t(n));
-    for (int64_t t = 0; t < n && problem.empty(); ++t) {
-      const RemoteHeads::Row& row = rows[t];
-      const int64_t held = row.table >= 0 && row.table < tables
-                               ? int64_t(offsets[row.table + 1] - offsets[row.table]) * bt
-                               : 0;
-      if (row.pos < 0 || row.pos >= held || row.selected < 0 ||
-          row.selected > std::min(row.pos + 1, max_selected))
-        problem = fmt::format("row {}: position {} of KV table {} ({} positions), {} chosen", t,
-                              row.pos, row.table, held, row.selected);
-      selected_at_[size_t(t)] = selected;
-      selected += size_t(row.selected);
-      max_keys = std::max(max_keys, row.selected > 0 ? row.selected : row.pos + 1);
-    }
-  }
-  const auto* chosen =
-      reinterpret_cast<const int32_t*>(take(selected * sizeof(int32_t), "chosen positions"));
-  if (problem.empty()) {
-    for (int64_t t = 0; t < n && problem.empty(); ++t)
-      for (int i = 0; i < rows[t].selected; ++i) {
-        const int32_t pos = chosen[selected_at_[size_t(t)] + size_t(i)];
-        if (pos < 0 || pos > rows[t].pos) {
-          problem = fmt::format("row {} chose position {}, after its own {}", t, pos, rows[t].pos);
-          break;
-        }
-      }
-  }
-  const auto* cache_rows = reinterpret_cast<const float*>(
-      take(size_t(n) * size_t(cache_row) * sizeof(float), "cache rows"));
-  const int heads = slice ? slice->heads : 0, dq = config_.qk_head_dim(), dv = config_.v_head_dim;
-  const auto* q = reinterpret_cast<const float*>(
-      take(size_t(n) * size_t(heads) * size_t(dq) * sizeof(float), "queries"));
-  if (problem.empty() && left != 0)
-    problem = fmt::format("{} bytes past the queries in a payload of {}", left, h.payload_bytes);
   if (!problem.empty())
     abort_job(fmt::format("corrupted attention request from {}: {}",
                           rank_identity().name_of(coordinator_), problem));
   sequence_ = h.sequence;
   if (request_hook_) request_hook_(h.layer);
   wait_reply_sent();
-  const size_t payload = size_t(n) * size_t(heads) * size_t(dv) * sizeof(float);
+  const AttendRequest& a = attend_;
+  const int bt = options_.kv_block_tokens, heads = slice->heads;
+  const size_t payload = size_t(a.n) * size_t(heads) * size_t(config_.v_head_dim) * sizeof(float);
   if (reply_.size() < kHeaderBytes + payload) reply_.resize(kHeaderBytes + payload);
   {
     auto scope = profiler_.scope(Phase::kCompute, h.layer);
     // The rows' cache rows first, as the coordinator wrote them before attending.
     const int r = config_.kv_lora_rank, dr = config_.qk_rope_head_dim;
-    RequestKeys keys;
-    keys.rows = rows;
-    keys.offsets = offsets;
-    keys.blocks = blocks;
-    keys.selected = chosen;
-    keys.selected_at = selected_at_.data();
-    keys.block_tokens = bt;
-    for (int64_t t = 0; t < n; ++t) {
-      const RemoteHeads::Row& row = rows[t];
-      const int32_t* table = blocks + offsets[row.table];
-      const size_t slot = size_t(table[row.pos / bt]) * size_t(bt) + size_t(row.pos % bt);
-      const float* from = cache_rows + size_t(t) * size_t(cache_row);
+    for (int t = 0; t < a.n; ++t) {
+      const size_t slot = size_t(a.slot(t, a.rows[t].pos, bt));
+      const float* from = a.cache_rows + size_t(t) * size_t(r + dr);
       std::copy_n(from, r, slice->latent.get() + slot * size_t(r));
       std::copy_n(from + r, dr, slice->k_rope.get() + slot * size_t(dr));
     }
+    const RequestKeys keys(a, bt);
     MlaHeads::Call call;
-    call.n = int(n);
+    call.n = a.n;
     call.heads = heads;
-    call.q = q;
+    call.q = a.q;
     call.q_stride = heads;
     call.kv_b = &slice->kv_b;
     call.latent = slice->latent.get();
     call.k_rope = slice->k_rope.get();
     call.keys = &keys;
-    call.max_keys = max_keys;
+    call.max_keys = a.max_keys;
     call.out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
     call.out_stride = heads;
     mla_.run(call);

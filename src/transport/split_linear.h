@@ -25,6 +25,7 @@
 #include "common/profile.h"
 #include "coordinator/cpu_attention.h"
 #include "model/weights.h"
+#include "transport/attend_request.h"
 #include "transport/protocol.h"
 
 namespace colibri {
@@ -36,7 +37,6 @@ struct SplitOptions {
   int kv_blocks = 0;  // the coordinator's KV pool, which ranks attending for heads copy
   int kv_block_tokens = 0;
 };
-
 
 // Coordinator: keeps part 0's rows of every matrix it splits and asks the other parts for theirs.
 class LinearSplitter {
@@ -134,7 +134,7 @@ class LinearServer {
   std::vector<Slice> slices_;      // by index in split_targets
   std::vector<HeadsSlice> heads_;  // by layer
   MlaHeads mla_;
-  std::vector<size_t> selected_at_;         // [n] where a request's rows' chosen positions start
+  AttendRequest attend_;                    // the last attend request, parsed
   std::vector<std::byte> request_, reply_;  // grown to the largest request and reply
   size_t max_request_bytes_ = 0;            // of a request with max_rows rows
   MPI_Message message_ = MPI_MESSAGE_NULL;  // the request ready() found
