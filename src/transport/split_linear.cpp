@@ -161,7 +161,6 @@ void LinearSplitter::start(const Rows& rows, const float* x, int64_t n) {
     fail("{}: {} rows exceed the split linears' buffers of {} rows", rows.name, n,
          options_.max_rows);
   const size_t payload = size_t(n) * size_t(rows.cols) * sizeof(float);
-  RankReport& counters = profiler_.counters();
   for (size_t i = 0; i < parts_.size(); ++i) {
     Part& part = parts_[i];
     // Buffers grow to the largest call (finish() has completed the last one's messages).
@@ -170,17 +169,21 @@ void LinearSplitter::start(const Rows& rows, const float* x, int64_t n) {
     sum.add_copy(part.send.data() + kHeaderBytes, reinterpret_cast<const std::byte*>(x), payload);
     const wire::Header h = linear_header(wire::Opcode::kLinearRequest, ++part.sequence, rows.target,
                                          n, payload, sum.value());
-    std::memcpy(part.send.data(), &h, kHeaderBytes);
-    const size_t reply =
-        kHeaderBytes + size_t(n) * size_t(rows.bounds[i + 2] - rows.bounds[i + 1]) * sizeof(float);
-    if (part.recv.size() < reply) part.recv.resize(reply);
-    counters.bytes_out += kHeaderBytes + payload;
-    counters.bytes_in += reply;
-    CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
-                        comm_, &part.recv_request));
-    CHECK_MPI(MPI_Isend(part.send.data(), int(kHeaderBytes + payload), MPI_BYTE, part.rank,
-                        wire::kTagLinearRequest, comm_, &part.send_request));
+    post(part, h, size_t(n) * size_t(rows.bounds[i + 2] - rows.bounds[i + 1]) * sizeof(float));
   }
+}
+
+void LinearSplitter::post(Part& part, const wire::Header& h, size_t reply_payload) {
+  std::memcpy(part.send.data(), &h, kHeaderBytes);
+  const size_t request = kHeaderBytes + h.payload_bytes, reply = kHeaderBytes + reply_payload;
+  if (part.recv.size() < reply) part.recv.resize(reply);
+  RankReport& counters = profiler_.counters();
+  counters.bytes_out += request;
+  counters.bytes_in += reply;
+  CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
+                      comm_, &part.recv_request));
+  CHECK_MPI(MPI_Isend(part.send.data(), int(request), MPI_BYTE, part.rank, wire::kTagLinearRequest,
+                      comm_, &part.send_request));
 }
 
 float* LinearSplitter::local_buffer(const Rows& rows, int64_t n) {
@@ -245,7 +248,6 @@ void LinearSplitter::start(const Heads& heads, const RemoteHeads::Call& call) {
       {bytes_of(call.cache_rows), size_t(n) * cache_row * sizeof(float)}};
   size_t common_bytes = 0;
   for (const auto& [data, bytes] : common) common_bytes += bytes;
-  RankReport& counters = profiler_.counters();
   for (size_t i = 0; i < parts_.size(); ++i) {
     Part& part = parts_[i];
     const int h0 = heads.bounds[i + 1], h1 = heads.bounds[i + 2];
@@ -262,15 +264,7 @@ void LinearSplitter::start(const Heads& heads, const RemoteHeads::Call& call) {
       sum.add_copy(at, bytes_of(call.q + (size_t(t) * all_heads + h0) * dq), q_row);
     const wire::Header h = linear_header(wire::Opcode::kAttendRequest, ++part.sequence, heads.layer,
                                          n, payload, sum.value(), uint32_t(tables));
-    std::memcpy(part.send.data(), &h, kHeaderBytes);
-    const size_t reply = kHeaderBytes + size_t(n) * size_t(h1 - h0) * dv * sizeof(float);
-    if (part.recv.size() < reply) part.recv.resize(reply);
-    counters.bytes_out += kHeaderBytes + payload;
-    counters.bytes_in += reply;
-    CHECK_MPI(MPI_Irecv(part.recv.data(), int(reply), MPI_BYTE, part.rank, wire::kTagLinearReply,
-                        comm_, &part.recv_request));
-    CHECK_MPI(MPI_Isend(part.send.data(), int(kHeaderBytes + payload), MPI_BYTE, part.rank,
-                        wire::kTagLinearRequest, comm_, &part.send_request));
+    post(part, h, size_t(n) * size_t(h1 - h0) * size_t(dv) * sizeof(float));
   }
 }
 

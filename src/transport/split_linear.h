@@ -67,6 +67,9 @@ class LinearSplitter {
   float* local_buffer(const Rows& rows, int64_t n);
   void finish(const Rows& rows, const float* local, int64_t n, float* y);
   void start(const Heads& heads, const RemoteHeads::Call& call);
+  // Writes the header `h` before part.send's payload, posts the receive of a reply of
+  // `reply_payload` bytes and sends the request.
+  void post(Part& part, const wire::Header& h, size_t reply_payload);
   void finish(const Heads& heads, int64_t n, float* out);
   // Waits for every part's reply and the receipt of its request.
   void wait_all(const std::string& where);
