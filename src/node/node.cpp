@@ -220,6 +220,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       } else if (linear_server_) {
         linear_server_->set_request_hook(
             [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
+        linear_server_->set_corrupt_attention_at(options_.fault.corrupt_reply_at_layer);
         if (channel_)
           channel_->set_idle_work(
               {[this] { return linear_server_->ready(); }, [this] { linear_server_->serve(); }});

@@ -422,6 +422,8 @@ void LinearServer::send_reply(wire::Opcode opcode, const wire::Header& request, 
       linear_header(opcode, request.sequence, request.layer, request.n_rows, payload,
                     wire::checksum(reply_.data() + kHeaderBytes, payload));
   std::memcpy(reply_.data(), &reply, kHeaderBytes);
+  if (opcode == wire::Opcode::kAttendReply && request.layer == corrupt_attention_at_ && payload > 0)
+    reply_[kHeaderBytes + payload / 2] ^= std::byte{0x5a};
   RankReport& counters = profiler_.counters();
   counters.bytes_in += request_bytes;
   counters.bytes_out += kHeaderBytes + payload;

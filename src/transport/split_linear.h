@@ -108,6 +108,8 @@ class LinearServer {
   uint64_t kv_copy_bytes() const;  // of the compressed cache's copy, reserved (touched as used)
   // Called with the layer of each valid request before it is computed (the test fault hook).
   void set_request_hook(std::function<void(int layer)> hook) { request_hook_ = std::move(hook); }
+  // Flips a byte of each attention reply for `layer` after its checksum (the test fault).
+  void set_corrupt_attention_at(int layer) { corrupt_attention_at_ = layer; }
 
  private:
   struct Slice {
@@ -146,6 +148,7 @@ class LinearServer {
   MPI_Request send_ = MPI_REQUEST_NULL;
   uint32_t sequence_ = 0;  // requests received
   std::function<void(int layer)> request_hook_;
+  int corrupt_attention_at_ = -1;
 };
 
 }  // namespace colibri

@@ -199,6 +199,23 @@ TEST(MpiCli, CorruptedReplyIsDetectedByChecksum) {
       << r.out;
 }
 
+// --split-linears: the expert rank flips a byte of its heads' outputs for layer 0's attention.
+TEST(MpiCli, CorruptedAttentionReplyIsDetectedByChecksum) {
+  const JobResult r = run_node(2,
+                               {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,
+                                "--ngen", "6", "--ignore-eos", "--split-linears"},
+                               {{"COLIBRI_TEST_FAULT", "corrupt:1:0"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.combined.find("corrupted heads of layer 0 attention from rank 1@" + short_hostname() +
+                            ": payload checksum mismatch"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_TRUE(r.out.empty() || parse_tokens(r.out).size() < 6u)
+      << "a corrupted run must not finish\n"
+      << r.out;
+}
+
 // ---- e.-f. start-up refused ------------------------------------------------------------------
 
 TEST(MpiCli, DifferentModelOnOneRankIsRefusedAtTheHandshake) {
