@@ -42,8 +42,8 @@ struct SplitOptions {
 class LinearSplitter {
  public:
   // Splits every target that split_bounds can split: its storage becomes part 0's rows, and its
-  // `remote` this splitter, which must outlive the weights' use.
-  // The same for every layer's heads (split_head_bounds): kv_b_proj keeps part 0's heads.
+  // `remote` this splitter, which must outlive the weights' use. Every layer's heads likewise
+  // (split_head_bounds): kv_b_proj keeps part 0's heads, `remote_heads` is this splitter.
   LinearSplitter(MPI_Comm comm, const ModelConfig& config, ModelWeights& weights,
                  const SplitOptions& options, Profiler& profiler);
   ~LinearSplitter();
@@ -89,8 +89,9 @@ class LinearSplitter {
   int split_heads_count_ = 0;
 };
 
-// A rank that serves rows: the rows of its part of every split target, cut from `weights` (whose
-// split targets it empties), computed for the coordinator on request.
+// A rank that serves rows: the rows of its part of every split target and kv_b_proj's rows of its
+// part of every layer's heads, cut from `weights` (whose split targets and kv_b_proj it empties),
+// computed for the coordinator on request.
 class LinearServer {
  public:
   LinearServer(MPI_Comm comm, const ModelConfig& config, ModelWeights& weights, int part,
