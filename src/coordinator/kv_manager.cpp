@@ -9,7 +9,7 @@ KvManager::KvManager(const ModelConfig& config, int kv_tokens, int max_seqs, int
   if (block_tokens < 1) fail("KV block size {} must be positive", block_tokens);
   if (kv_tokens < 1) fail("--kv-tokens {} must be positive", kv_tokens);
   if (max_seqs < 1) fail("--max-seqs {} must be positive", max_seqs);
-  const int blocks = (kv_tokens + block_tokens - 1) / block_tokens;
+  const int blocks = pool_blocks(kv_tokens, block_tokens);
   const size_t slots = size_t(blocks) * size_t(block_tokens);
   layers_.resize(size_t(config.num_layers));
   // new[] without value-initialisation: pages are touched only as sequences fill them.

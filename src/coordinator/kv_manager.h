@@ -21,6 +21,10 @@ class KvManager {
   // `max_seqs` sequences at once.
   KvManager(const ModelConfig& config, int kv_tokens, int max_seqs,
             int block_tokens = kDefaultBlockTokens);
+  // Blocks of the pool for `kv_tokens`.
+  static int pool_blocks(int kv_tokens, int block_tokens = kDefaultBlockTokens) {
+    return (kv_tokens + block_tokens - 1) / block_tokens;
+  }
 
   // A free sequence slot, empty; an Error when all max_seqs slots are in use.
   int open();

@@ -85,9 +85,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   split.rank_timeout_s = options_.rank_timeout_s;
   // The engine's KV pool (Engine: KvManager's default blocks), which ranks attending copy.
   split.kv_block_tokens = KvManager::kDefaultBlockTokens;
-  split.kv_blocks = ((options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_)) +
-                     split.kv_block_tokens - 1) /
-                    split.kv_block_tokens;
+  split.kv_blocks = KvManager::pool_blocks(
+      options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_),
+      split.kv_block_tokens);
   if (options_.split_linears) {
     split.ranks.push_back(layout_.coordinator());
     for (int r = 0; r < size_; ++r)

@@ -88,9 +88,8 @@ class Node {
 
   // Coordinator: how many linears --split-linears split across ranks.
   int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
-  int split_heads_count() const {
-    return splitter_ ? splitter_->split_heads_count() : 0;
-  }  // layers
+  // Layers whose attention is split by heads.
+  int split_heads_count() const { return splitter_ ? splitter_->split_heads_count() : 0; }
   // Coordinator: the engine whose routed experts run on their owners.
   Engine& engine();
   // Coordinator: ends every expert rank's serve loop.

@@ -192,9 +192,8 @@ float* LinearSplitter::local_buffer(const Rows& rows, int64_t n) {
   return local_.data();
 }
 
-void LinearSplitter::wait_all(const std::string& where) {
-  wait_within(recv_requests_, part_ranks_, options_.rank_timeout_s, "rows of a split linear", where,
-              "--rank-timeout");
+void LinearSplitter::wait_all(const char* what, const std::string& where) {
+  wait_within(recv_requests_, part_ranks_, options_.rank_timeout_s, what, where, "--rank-timeout");
   wait_within(send_requests_, part_ranks_, options_.rank_timeout_s,
               "receipt of a split linear's input", where, "--rank-timeout");
 }
@@ -212,7 +211,7 @@ std::string LinearSplitter::check_reply(size_t i, wire::Opcode opcode, int targe
 }
 
 void LinearSplitter::finish(const Rows& rows, const float* local, int64_t n, float* y) {
-  wait_all(rows.where);
+  wait_all("rows of a split linear", rows.where);
   const int64_t out = rows.bounds.back();
   for (int64_t t = 0; t < n; ++t)
     std::copy_n(local + t * rows.bounds[1], rows.bounds[1], y + t * out);
@@ -269,7 +268,7 @@ void LinearSplitter::start(const Heads& heads, const RemoteHeads::Call& call) {
 }
 
 void LinearSplitter::finish(const Heads& heads, int64_t n, float* out) {
-  wait_all(heads.where);
+  wait_all("heads of a split attention", heads.where);
   const int all_heads = config_.num_heads, dv = config_.v_head_dim;
   for (size_t i = 0; i < parts_.size(); ++i) {
     const int h0 = heads.bounds[i + 1], h1 = heads.bounds[i + 2];

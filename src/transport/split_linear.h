@@ -71,8 +71,8 @@ class LinearSplitter {
   // `reply_payload` bytes and sends the request.
   void post(Part& part, const wire::Header& h, size_t reply_payload);
   void finish(const Heads& heads, int64_t n, float* out);
-  // Waits for every part's reply and the receipt of its request.
-  void wait_all(const std::string& where);
+  // Waits for every part's reply (`what`) and the receipt of its request.
+  void wait_all(const char* what, const std::string& where);
   // What is wrong with part i's reply to a call of n rows, or "".
   std::string check_reply(size_t i, wire::Opcode opcode, int target, int64_t n,
                           size_t payload) const;
