@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -73,13 +74,23 @@ float quantize_values(const float* x, int64_t cols, int64_t k, int q[kInt8Block]
 // Quantizes block k of row t of x [n, cols] into rows (whose buffers are writable).
 void quantize_block(detail::QuantizeBlockFn quantize, const float* x, const Int8Rows& rows,
                     int64_t t, int64_t k) {
+  // Each input's byte within the block, by layout (int8_position), worked out once.
+  static const auto positions = [] {
+    std::array<std::array<uint8_t, kInt8Block>, 2> p{};
+    for (int64_t j = 0; j < kInt8Block; ++j) {
+      p[0][size_t(j)] = uint8_t(detail::int8_position(Int8Layout::kForInt4, j));
+      p[1][size_t(j)] = uint8_t(detail::int8_position(Int8Layout::kForInt8, j));
+    }
+    return p;
+  }();
+  const uint8_t* position = positions[rows.layout == Int8Layout::kForInt4 ? 0 : 1].data();
   const int64_t at = t * rows.blocks + k;
   int qb[kInt8Block];
   const_cast<float*>(rows.scale)[at] = quantize(x + t * rows.cols, rows.cols, k, qb);
   int8_t* q = const_cast<int8_t*>(rows.q) + at * kInt8Block;
   int32_t sum = 0;
   for (int64_t j = 0; j < kInt8Block; ++j) {
-    q[detail::int8_position(rows.layout, j)] = int8_t(qb[j]);
+    q[position[j]] = int8_t(qb[j]);
     sum += qb[j];
   }
   const_cast<int32_t*>(rows.sum)[at] = sum;
