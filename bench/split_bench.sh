@@ -15,6 +15,9 @@
 #            expert rank's 5/8
 #   lin38    split38 with COLIBRI_SPLIT_HEADS=0: the linears split, the attention's heads all on
 #            the coordinator
+#   sliced38 split38 with --placement sliced: each rank holds its budget's share of every routed
+#            expert's intermediate rows (3/8 on the coordinator), so a token's expert work splits
+#            the same way whatever experts it routes to
 #   np2_88   np 2 without --split-linears, each rank owns half the routed experts (8 + 8 GiB): the
 #            best np 2 before split linears
 # then quant_bench's read loop at two threads (the machine's read bandwidth that round). Prints each
@@ -51,8 +54,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b == 0) prin
 echo "split_bench: $slice, decode $ngen tokens, $rounds interleaved rounds"
 echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1) |" \
      "$(getconf _NPROCESSORS_ONLN) cores | $(mpirun --version | head -n 1) | commit $(git -C "$root" rev-parse --short HEAD)"
-printf '| round | one, 2 threads | split | split38 | lin38 | np2_88 | split / one | split38 / one | lin38 / one | np2_88 / one | read GB/s (2 threads) | load |\n'
-printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
+printf '| round | one, 2 threads | split | split38 | lin38 | sliced38 | np2_88 | split / one | split38 / one | lin38 / one | sliced38 / one | np2_88 / one | read GB/s (2 threads) | load |\n'
+printf '|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 : > "$scratch/ratios"
 for round in $(seq 1 "$rounds"); do
   one=$(OMP_NUM_THREADS=2 "$node" "${args[@]}" 2>&1 | rate)
@@ -61,17 +64,21 @@ for round in $(seq 1 "$rounds"); do
             --layout "$scratch/three-eighths.layout" 2>&1 | rate)
   lin38=$(COLIBRI_SPLIT_HEADS=0 OMP_NUM_THREADS=1 "${mpi[@]}" -x COLIBRI_SPLIT_HEADS "$node" "${args[@]}" \
           --split-linears --layout "$scratch/three-eighths.layout" 2>&1 | rate)
+  sliced38=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --split-linears \
+             --layout "$scratch/three-eighths.layout" --placement sliced 2>&1 | rate)
   np2_88=$(OMP_NUM_THREADS=1 "${mpi[@]}" "$node" "${args[@]}" --layout "$scratch/halves.layout" 2>&1 | rate)
   read=$("$quant_bench" --experts 2 --batch 1 --threads 2 --activations int8 --reps 5 --read-mib 1024 \
          2>/dev/null | sed -n 's/.*"read_gbps":{"median":\([0-9.]*\).*/\1/p' | head -n 1)
   r1=$(ratio "$split" "$one") r2=$(ratio "$split38" "$one") r3=$(ratio "$np2_88" "$one")
-  r4=$(ratio "$lin38" "$one")
-  echo "$r1 $r2 $r3 $r4" >> "$scratch/ratios"
-  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$round" "$one" "$split" \
-    "$split38" "$lin38" "$np2_88" "$r1" "$r2" "$r4" "$r3" "${read:-nan}" "$(cut -d' ' -f1 /proc/loadavg)"
+  r4=$(ratio "$lin38" "$one") r5=$(ratio "$sliced38" "$one")
+  echo "$r1 $r2 $r3 $r4 $r5" >> "$scratch/ratios"
+  printf '| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$round" "$one" \
+    "$split" "$split38" "$lin38" "$sliced38" "$np2_88" "$r1" "$r2" "$r4" "$r5" "$r3" "${read:-nan}" \
+    "$(cut -d' ' -f1 /proc/loadavg)"
 done
 echo
 echo "medians over rounds: split / one $(cut -d' ' -f1 "$scratch/ratios" | median)," \
      "split38 / one $(cut -d' ' -f2 "$scratch/ratios" | median)," \
      "lin38 / one $(cut -d' ' -f4 "$scratch/ratios" | median)," \
+     "sliced38 / one $(cut -d' ' -f5 "$scratch/ratios" | median)," \
      "np2_88 / one $(cut -d' ' -f3 "$scratch/ratios" | median)"

@@ -655,7 +655,9 @@ int main(int argc, char** argv) {
                  "coordinates, the others are expert ranks)");
   app.add_option("--placement", args.placement,
                  "expert placement policy: balanced, round-robin, contiguous, hosts (contiguous "
-                 "expert groups per host, in proportion to the hosts' budgets)")
+                 "expert groups per host, in proportion to the hosts' budgets), sliced (every "
+                 "owner holds a slice of every expert's intermediate rows, in proportion to its "
+                 "budget)")
       ->capture_default_str();
   app.add_flag("--print-placement", args.print_placement,
                "print the expert placement table at start-up");

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -114,6 +115,127 @@ Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
   } else {
     s.data = copy_range(m.data, r0 * m.cols, r1 * m.cols);
   }
+  return s;
+}
+
+namespace {
+
+// Rows [r0, r1) of a container matrix in its stored row layout.
+QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
+  QuantMatrix s = q;
+  s.rows = r1 - r0;
+  const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
+  s.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
+  s.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
+                        kernels::scale_count(q.format, r1, q.cols, q.group_size));
+  return s;
+}
+
+// Columns [c0, c1) of a container matrix in its stored row layout: c0 starts a group (and a byte).
+QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
+  const bool grouped = q.format == kernels::QuantFormat::kInt4Grouped;
+  if ((grouped && c0 % q.group_size != 0) || c0 % 2 != 0)
+    fail("columns {}..{} of a [{}, {}] matrix do not start a group of {}", c0, c1, q.rows, q.cols,
+         q.group_size);
+  QuantMatrix s = q;
+  s.cols = c1 - c0;
+  const int64_t from = kernels::row_bytes(q.format, q.cols), to = kernels::row_bytes(q.format, s.cols);
+  const int64_t b0 = q.format == kernels::QuantFormat::kInt8Row ? c0 : c0 / 2;
+  s.data.resize(size_t(q.rows * to));
+  for (int64_t r = 0; r < q.rows; ++r)
+    std::copy_n(q.data.begin() + r * from + b0, to, s.data.begin() + r * to);
+  if (grouped) {
+    const int64_t groups = (q.cols + q.group_size - 1) / q.group_size;
+    const int64_t g0 = c0 / q.group_size, g1 = (c1 + q.group_size - 1) / q.group_size;
+    s.scales.resize(size_t(q.rows * (g1 - g0)));
+    for (int64_t r = 0; r < q.rows; ++r)
+      std::copy_n(q.scales.begin() + r * groups + g0, g1 - g0, s.scales.begin() + r * (g1 - g0));
+  }
+  return s;
+}
+
+// Columns [c0, c1) of m (held whole, rows layout for a container weight).
+Matrix matrix_cols(const Matrix& m, int64_t c0, int64_t c1) {
+  Matrix s;
+  s.rows = m.rows;
+  s.cols = c1 - c0;
+  const auto cols_of = [&](const auto& v, auto& out) {
+    out.resize(size_t(m.rows * s.cols));
+    for (int64_t r = 0; r < m.rows; ++r)
+      std::copy_n(v.begin() + r * m.cols + c0, s.cols, out.begin() + r * s.cols);
+  };
+  if (m.quantized()) {
+    QuantMatrix rows = m.quant;
+    set_layout(rows, kernels::QuantLayout::kRows);
+    s.quant = quant_cols(rows, c0, c1);
+    if (m.quant.layout != kernels::QuantLayout::kRows) use_cpu_layout(s.quant);
+  } else if (m.stored_bf16()) {
+    cols_of(m.bf16, s.bf16);
+  } else if (m.stored_fp8()) {
+    if (c0 % m.fp8.block_cols != 0)
+      fail("columns {}..{} of a [{}, {}] FP8 matrix do not start a block of {}", c0, c1, m.rows,
+           m.cols, m.fp8.block_cols);
+    s.fp8.block_rows = m.fp8.block_rows;
+    s.fp8.block_cols = m.fp8.block_cols;
+    cols_of(m.fp8.bits, s.fp8.bits);
+    const int64_t blocks = (m.cols + m.fp8.block_cols - 1) / m.fp8.block_cols;
+    const int64_t k0 = c0 / m.fp8.block_cols, k1 = (c1 + m.fp8.block_cols - 1) / m.fp8.block_cols;
+    const int64_t block_rows = (m.rows + m.fp8.block_rows - 1) / m.fp8.block_rows;
+    s.fp8.scales.resize(size_t(block_rows * (k1 - k0)));
+    for (int64_t r = 0; r < block_rows; ++r)
+      std::copy_n(m.fp8.scales.begin() + r * blocks + k0, k1 - k0,
+                  s.fp8.scales.begin() + r * (k1 - k0));
+  } else {
+    cols_of(m.data, s.data);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double>& weights) {
+  // Halved (down to one row tile) while the expert has fewer steps than slices.
+  int64_t step = kExpertSliceStep;
+  while (step > kernels::kTileRows && (inter + step - 1) / step < int64_t(weights.size())) step /= 2;
+  const int64_t steps = (inter + step - 1) / step;
+  double total = 0;
+  for (double w : weights) total += w;
+  std::vector<int64_t> bounds{0};
+  double sum = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    sum += weights[i];
+    const int64_t upto =
+        i + 1 == weights.size() ? steps : int64_t(std::llround(double(steps) * sum / total));
+    const int64_t end = std::min(inter, upto * step);
+    if (!(weights[i] > 0) || end <= bounds.back())
+      fail("an expert's {} intermediate rows cannot be sliced {} ways in steps of {} (weights {})",
+           inter, weights.size(), step, fmt::join(weights, ", "));
+    bounds.push_back(end);
+  }
+  return bounds;
+}
+
+MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice) {
+  if (slice.whole()) return w;
+  const int64_t b = slice.begin, e = slice.end;
+  MlpWeights s;
+  if (w.quantized()) {
+    QuantMlp rows = w.quant;
+    for (QuantMatrix* q : {&rows.gate, &rows.up, &rows.down})
+      set_layout(*q, kernels::QuantLayout::kRows);
+    if (b < 0 || e <= b || e > rows.gate.rows || b % kernels::kTileRows != 0)
+      fail("slice {}..{} of an expert of {} intermediate rows", b, e, rows.gate.rows);
+    s.quant.gate = quant_rows(rows.gate, b, e);
+    s.quant.up = quant_rows(rows.up, b, e);
+    s.quant.down = quant_cols(rows.down, b, e);
+    for (QuantMatrix* q : {&s.quant.gate, &s.quant.up, &s.quant.down}) use_cpu_layout(*q);
+    return s;
+  }
+  if (b < 0 || e <= b || e > w.gate.rows)
+    fail("slice {}..{} of an expert of {} intermediate rows", b, e, w.gate.rows);
+  s.gate = slice_rows(w.gate, b, e);
+  s.up = slice_rows(w.up, b, e);
+  s.down = matrix_cols(w.down, b, e);
   return s;
 }
 
@@ -434,9 +556,15 @@ void refuse_unexpected_tensors(const ModelConfig& c, const Checkpoint& checkpoin
 }  // namespace
 
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
-                              int expert) {
-  return Loader(config, checkpoint, /*keep_stored=*/true)
-      .expert(expert_prefix(layer, expert), config.moe_intermediate_size);
+                              int expert, ExpertSlice slice) {
+  MlpWeights w = Loader(config, checkpoint, /*keep_stored=*/true)
+                     .expert(expert_prefix(layer, expert), config.moe_intermediate_size);
+  if (slice.whole()) return w;
+  try {
+    return slice_expert(w, slice);
+  } catch (const Error& e) {
+    fail("layer {} expert {}: {}", layer, expert, e.what());
+  }
 }
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,

@@ -207,11 +207,28 @@ struct SplitTarget {
 // A dense MLP held quantized for the fused expert kernel is held as its three matrices first.
 std::vector<SplitTarget> split_targets(ModelWeights& w);
 
+// A slice of a routed expert's intermediate dimension (--placement sliced): gate and up rows and
+// down columns [begin, end). Over a partition of [0, moe_intermediate_size) the slices' outputs
+// sum to the expert's, up to the order of that sum. end < 0: the whole expert.
+struct ExpertSlice {
+  int64_t begin = 0, end = -1;
+  bool whole() const { return end < 0; }
+};
+// Slice bounds are multiples of this (int8 activation blocks, kTiles columns, the usual int4 groups
+// and FP8 column blocks), or of a half of it down to 8 rows for experts too small for as many
+// steps as slices; a bound inside a group or FP8 block is refused when the expert is cut.
+inline constexpr int64_t kExpertSliceStep = 128;
+// Bounds of one slice of [0, inter) per weight, in proportion to the weights (in whole steps, the
+// last slice to inter): weights.size() + 1 ascending values. Fails when a slice would be empty.
+std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double>& weights);
+// Rows [begin, end) of gate and up and columns [begin, end) of down, copied.
+MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice);
+
 // One routed expert as stored (a container's int8/int4, BF16, or FP8 with column blocks a multiple
-// of 16; fp32 otherwise), as the engine's load_model_weights holds it. Thread-safe: the checkpoint
-// is only read.
+// of 16; fp32 otherwise), as the engine's load_model_weights holds it, or its `slice`. Thread-safe:
+// the checkpoint is only read.
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
-                              int expert);
+                              int expert, ExpertSlice slice = {});
 
 std::string layer_prefix(int layer);
 std::string expert_prefix(int layer, int expert);

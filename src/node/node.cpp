@@ -315,7 +315,7 @@ void Node::open_expert_store() {
   std::vector<std::pair<int, int>> owned;
   for (int l = 0; has_store && l < config_.num_layers; ++l)
     for (int e = 0; e < config_.n_routed_experts; ++e)
-      if (config_.layer_is_moe[size_t(l)] && placement_.owner_of(l, e) == rank_)
+      if (config_.layer_is_moe[size_t(l)] && placement_.holds(l, e, rank_))
         owned.emplace_back(l, e);
   const double layout_ram_gb = layout_.ranks[size_t(rank_)].ram_gb;
   ExpertStore::Options store_options;
@@ -324,9 +324,17 @@ void Node::open_expert_store() {
   store_options.pin_bytes =
       store_options.ram_bytes > 0 ? gib_to_bytes(options_.pin_gb, "--pin-gb") : 0;
 
+  // With --placement sliced, the rank's slice of each expert: its share of the rows, about its
+  // share of the bytes.
+  const ExpertSlice slice = placement_.slice_of(rank_);
+  const uint64_t held_bytes =
+      slice.whole() ? expert_bytes()
+                    : uint64_t(double(expert_bytes()) * double(slice.end - slice.begin) /
+                               double(config_.moe_intermediate_size)) +
+                          1;
   std::string refusal;
   if (has_store && store_options.ram_bytes > 0 && !owned.empty())
-    refusal = memory_refusal(expert_memory_plan(owned, config_.num_layers, expert_bytes(),
+    refusal = memory_refusal(expert_memory_plan(owned, config_.num_layers, held_bytes,
                                                 store_options.ram_bytes, store_options.pin_bytes),
                              available_memory_bytes(), rank_identity().name_of(rank_));
   // Collective, so that every rank refuses together and rank 0 can print the reason.
@@ -339,14 +347,14 @@ void Node::open_expert_store() {
   if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
   if (!has_store) return;
   // A budget that holds every owned expert loads them all at start, as no budget does.
-  if (store_options.ram_bytes >= uint64_t(owned.size()) * expert_bytes())
+  if (store_options.ram_bytes >= uint64_t(owned.size()) * held_bytes)
     store_options.ram_bytes = store_options.pin_bytes = 0;
   owned_ = owned;
 
   expert_store_ = std::make_unique<ExpertStore>(
       std::move(owned),
-      [this](int layer, int expert) {
-        return load_routed_expert(config_, *checkpoint_, layer, expert);
+      [this, slice](int layer, int expert) {
+        return load_routed_expert(config_, *checkpoint_, layer, expert, slice);
       },
       store_options);
 }

@@ -13,7 +13,8 @@ PlacementPolicy parse_placement_policy(const std::string& name) {
   if (name == "round-robin") return PlacementPolicy::kRoundRobin;
   if (name == "contiguous") return PlacementPolicy::kContiguous;
   if (name == "hosts") return PlacementPolicy::kHosts;
-  fail("--placement '{}' is unknown (balanced, round-robin, contiguous, hosts)", name);
+  if (name == "sliced") return PlacementPolicy::kSliced;
+  fail("--placement '{}' is unknown (balanced, round-robin, contiguous, hosts, sliced)", name);
 }
 
 const char* placement_policy_name(PlacementPolicy policy) {
@@ -26,19 +27,37 @@ const char* placement_policy_name(PlacementPolicy policy) {
       return "contiguous";
     case PlacementPolicy::kHosts:
       return "hosts";
+    case PlacementPolicy::kSliced:
+      return "sliced";
   }
   return "?";
+}
+
+bool PlacementTable::holds(int layer, int expert, int rank) const {
+  const int o = owner_of(layer, expert);
+  return o == rank || (o == kSliced && std::find(slice_ranks.begin(), slice_ranks.end(), rank) !=
+                                           slice_ranks.end());
+}
+
+ExpertSlice PlacementTable::slice_of(int rank) const {
+  const auto it = std::find(slice_ranks.begin(), slice_ranks.end(), rank);
+  if (it == slice_ranks.end()) return {};
+  const auto i = size_t(it - slice_ranks.begin());
+  return {slice_bounds[i], slice_bounds[i + 1]};
 }
 
 std::vector<int> PlacementTable::experts_of(int rank, int layer) const {
   std::vector<int> out;
   for (int e = 0; e < num_experts; ++e)
-    if (owner_of(layer, e) == rank) out.push_back(e);
+    if (holds(layer, e, rank)) out.push_back(e);
   return out;
 }
 
 int PlacementTable::count_owned(int rank) const {
-  return int(std::count(owner.begin(), owner.end(), rank));
+  int count = 0;
+  for (int l = 0; l < num_layers; ++l)
+    for (int e = 0; e < num_experts; ++e) count += holds(l, e, rank);
+  return count;
 }
 
 PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
@@ -94,12 +113,25 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
       for (int e = u * unit; e < (u + 1) * unit; ++e) host_of_expert[size_t(e)] = int(h);
     }
   }
+  if (policy == PlacementPolicy::kSliced && r > 1) {
+    for (int rank : ranks)
+      if (layout.ranks[size_t(rank)].role == Role::kGpuExpert)
+        fail("--placement sliced: rank {} is a gpu-expert rank; sliced experts run on CPU ranks",
+             rank);
+    table.slice_ranks = ranks;
+    table.slice_bounds = expert_slice_bounds(config.moe_intermediate_size, capacity);
+    for (int l = 0; l < table.num_layers; ++l)
+      if (config.layer_is_moe[size_t(l)])
+        std::fill_n(table.owner.begin() + int64_t(l) * experts, experts, PlacementTable::kSliced);
+    return table;
+  }
   int moe_index = 0;
   for (int l = 0; l < table.num_layers; ++l) {
     if (!config.layer_is_moe[size_t(l)]) continue;
     for (int e = 0; e < experts; ++e) {
       int pick = 0;
       switch (policy) {
+        case PlacementPolicy::kSliced:  // one owner: it holds them whole
         case PlacementPolicy::kRoundRobin:
           pick = int((int64_t(moe_index) * experts + e) % r);
           break;
@@ -145,14 +177,24 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
 
 std::string format_placement(const PlacementTable& table, const Layout& layout,
                              uint64_t bytes_per_expert) {
+  // The share of an expert's bytes a rank holds (its slice's rows, about its bytes).
+  const auto held_fraction = [&](int rank) {
+    const ExpertSlice slice = table.slice_of(rank);
+    return slice.whole() ? 1.0
+                         : double(slice.end - slice.begin) / double(table.slice_bounds.back());
+  };
   std::string out = fmt::format("placement ({}): {} layers x {} routed experts\n", table.policy,
                                 table.num_layers, table.num_experts);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
-    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}\n",
-                       spec.rank, role_name(spec.role), owned,
-                       double(owned) * double(bytes_per_expert) / (1 << 20),
+    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
+                       role_name(spec.role), owned,
+                       double(owned) * double(bytes_per_expert) * held_fraction(spec.rank) / (1 << 20),
                        spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
+    const ExpertSlice slice = table.slice_of(spec.rank);
+    if (!slice.whole())
+      out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
+    out += '\n';
   }
   // Per host (the layout's host column): its ranks, experts and bytes.
   std::vector<std::string> hosts;
@@ -160,14 +202,16 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
     if (std::find(hosts.begin(), hosts.end(), spec.host) == hosts.end()) hosts.push_back(spec.host);
   for (const std::string& host : hosts) {
     int n_ranks = 0, owned = 0;
+    double bytes = 0;
     for (const RankSpec& spec : layout.ranks)
       if (spec.host == host) {
         ++n_ranks;
         owned += table.count_owned(spec.rank);
+        bytes += double(table.count_owned(spec.rank)) * double(bytes_per_expert) *
+                 held_fraction(spec.rank);
       }
     out += fmt::format("  host {:<16} {:>3} ranks {:>6} experts {:>10.1f} MiB\n",
-                       host.empty() ? "(unnamed)" : host, n_ranks, owned,
-                       double(owned) * double(bytes_per_expert) / (1 << 20));
+                       host.empty() ? "(unnamed)" : host, n_ranks, owned, bytes / (1 << 20));
   }
   for (int l = 0; l < table.num_layers; ++l) {
     if (table.num_experts == 0 || table.owner_of(l, 0) < 0) continue;

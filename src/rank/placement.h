@@ -1,5 +1,6 @@
-// The placement table: every routed expert (layer, id) has exactly one owner rank. Computed once
-// at start-up on the coordinator, broadcast to every rank, printable with --print-placement.
+// The placement table: every routed expert (layer, id) has exactly one owner rank, or (sliced) every
+// owner rank holds a slice of it. Computed once at start-up on the coordinator, broadcast to every
+// rank, printable with --print-placement.
 #pragma once
 
 #include <cereal/types/string.hpp>
@@ -10,10 +11,11 @@
 
 #include "common/layout.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 namespace colibri {
 
-enum class PlacementPolicy { kBalanced, kRoundRobin, kContiguous, kHosts };
+enum class PlacementPolicy { kBalanced, kRoundRobin, kContiguous, kHosts, kSliced };
 
 PlacementPolicy parse_placement_policy(const std::string& name);
 const char* placement_policy_name(PlacementPolicy policy);
@@ -22,16 +24,25 @@ struct PlacementTable {
   int num_layers = 0;
   int num_experts = 0;
   std::string policy;
-  std::vector<int> owner;  // [num_layers * num_experts]; -1 on dense layers
+  std::vector<int> owner;  // [num_layers * num_experts]; -1 on dense layers, kSliced (sliced)
+  // sliced: every routed expert is held by every rank of slice_ranks, rank slice_ranks[i] its
+  // intermediate rows [slice_bounds[i], slice_bounds[i + 1]) (ExpertSlice).
+  std::vector<int> slice_ranks;
+  std::vector<int64_t> slice_bounds;
 
+  static constexpr int kSliced = -2;
   int owner_of(int layer, int expert) const { return owner[size_t(layer) * num_experts + expert]; }
-  // Experts of `layer` owned by `rank`, ascending.
+  // Whether `rank` holds expert `expert` of `layer` (whole, or a slice of it).
+  bool holds(int layer, int expert, int rank) const;
+  // The slice of every expert that `rank` holds (whole unless sliced).
+  ExpertSlice slice_of(int rank) const;
+  // Experts of `layer` held by `rank`, ascending.
   std::vector<int> experts_of(int rank, int layer) const;
   int count_owned(int rank) const;
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(num_layers, num_experts, policy, owner);
+    ar(num_layers, num_experts, policy, owner, slice_ranks, slice_bounds);
   }
 };
 
@@ -42,6 +53,10 @@ struct PlacementTable {
 //               per-layer expected load (uniform without routing statistics) spreads too.
 //  round-robin: expert e of MoE layer i goes to expert rank (i * E + e) mod R.
 //  contiguous:  expert e goes to expert rank floor(e * R / E) (blocks of ids).
+//  sliced:      every owner rank holds every routed expert's intermediate rows in a slice
+//               (gate and up rows, down columns) in proportion to its budget; each routed row
+//               goes to every owner, whose partial sums add up to the experts' output. The work of
+//               a token is split the same way whatever experts it routes to.
 //  hosts:       contiguous blocks of expert ids per host (the layout's host column), each host's
 //               block in proportion to its ranks' budgets, whole expert groups (n_group) when
 //               there are at least as many groups as hosts; within a host, balanced over its

@@ -20,19 +20,26 @@ void DispatchPlan::build(const PlacementTable& placement, int layer_index, const
   for (int t = 0; t < n; ++t) {
     for (int i = 0; i < k; ++i) {
       const int expert = routing.expert[size_t(t) * k + i];
+      const auto add = [&](int owner) {
+        if (size_t(owner) >= share_of_.size()) share_of_.resize(size_t(owner) + 1, -1);
+        int& index = share_of_[size_t(owner)];
+        if (index < 0) {
+          index = int(active++);
+          if (owners.size() < active) owners.emplace_back();
+          owners[size_t(index)].rank = owner;
+        }
+        OwnerShare& share = owners[size_t(index)];
+        if (share.rows.empty() || share.rows.back() != t) share.rows.push_back(t);
+        share.pairs.push_back(
+            {uint32_t(share.rows.size() - 1), uint32_t(expert), routing.weight[size_t(t) * k + i]});
+      };
       const int owner = placement.owner_of(layer, expert);
-      if (owner < 0) fail("expert {} of layer {} has no owner", expert, layer);
-      if (size_t(owner) >= share_of_.size()) share_of_.resize(size_t(owner) + 1, -1);
-      int& index = share_of_[size_t(owner)];
-      if (index < 0) {
-        index = int(active++);
-        if (owners.size() < active) owners.emplace_back();
-        owners[size_t(index)].rank = owner;
+      if (owner == PlacementTable::kSliced) {  // a slice of it on every slice rank
+        for (int rank : placement.slice_ranks) add(rank);
+        continue;
       }
-      OwnerShare& share = owners[size_t(index)];
-      if (share.rows.empty() || share.rows.back() != t) share.rows.push_back(t);
-      share.pairs.push_back(
-          {uint32_t(share.rows.size() - 1), uint32_t(expert), routing.weight[size_t(t) * k + i]});
+      if (owner < 0) fail("expert {} of layer {} has no owner", expert, layer);
+      add(owner);
     }
   }
   owners.resize(active);

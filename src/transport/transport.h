@@ -41,7 +41,7 @@ inline wire::RequestCheck expert_request_check(const PlacementTable& placement,
   check.num_experts = placement.num_experts;
   check.elem_bytes = elem_bytes;
   check.owned = [&placement, rank](int layer, uint32_t expert) {
-    return placement.owner_of(layer, int(expert)) == rank;
+    return placement.holds(layer, int(expert), rank);
   };
   return check;
 }

@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "common/layout.h"
 #include "rank/placement.h"
+#include "transport/transport.h"
 
 namespace colibri {
 namespace {
@@ -350,6 +351,77 @@ TEST(Placement, CoordinatorWithABudgetOwnsItsShare) {
   EXPECT_EQ(plain.owner_ranks(), (std::vector<int>{1}));
   EXPECT_EQ(make_placement(config, plain, PlacementPolicy::kBalanced, 1).count_owned(0), 0);
   EXPECT_TRUE(parse_layout("0 coordinator\n", "alone.layout", 1).coordinator_owns_experts());
+}
+
+// sliced: every owner holds every routed expert, a slice of its intermediate rows in proportion to
+// its budget; the dispatch sends every pair to every owner; the table survives the broadcast.
+TEST(Placement, SlicedGivesEveryOwnerASliceOfEveryExpert) {
+  ModelConfig config;
+  config.num_layers = 2;
+  config.layer_is_moe = {false, true};
+  config.n_routed_experts = 16;
+  config.moe_intermediate_size = 2048;
+  const Layout layout =
+      parse_layout("0 coordinator - - 6\n1 cpu-expert - - 10\n", "sliced.layout", 2);
+  const PlacementTable table = make_placement(config, layout, PlacementPolicy::kSliced, 1);
+  EXPECT_EQ(table.policy, "sliced");
+  EXPECT_EQ(table.slice_ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(table.slice_bounds, (std::vector<int64_t>{0, 768, 2048}));
+  EXPECT_EQ(table.slice_of(0).begin, 0);
+  EXPECT_EQ(table.slice_of(0).end, 768);
+  EXPECT_EQ(table.slice_of(1).begin, 768);
+  EXPECT_EQ(table.slice_of(1).end, 2048);
+  EXPECT_TRUE(table.slice_of(2).whole());
+  for (int e = 0; e < 16; ++e) {
+    EXPECT_FALSE(table.holds(0, e, 0) || table.holds(0, e, 1)) << "dense layer 0";
+    EXPECT_TRUE(table.holds(1, e, 0) && table.holds(1, e, 1)) << e;
+  }
+  EXPECT_EQ(table.count_owned(0), 16);
+  EXPECT_EQ(table.experts_of(1, 1).size(), 16u);
+
+  Routing routing;
+  routing.top_k = 2;
+  routing.expert = {3, 9, 0, 15};
+  routing.weight = {0.25f, 0.75f, 0.5f, 0.5f};
+  DispatchPlan plan;
+  plan.build(table, 1, routing, 2);
+  ASSERT_EQ(plan.owners.size(), 2u);
+  for (const OwnerShare& share : plan.owners) {
+    EXPECT_EQ(share.rows, (std::vector<int>{0, 1}));
+    ASSERT_EQ(share.pairs.size(), 4u);
+    EXPECT_EQ(share.pairs[1].expert, 9u);
+    EXPECT_EQ(share.pairs[1].weight, 0.75f);
+  }
+  EXPECT_EQ(plan.owners[0].rank, 0);
+  EXPECT_EQ(plan.owners[1].rank, 1);
+
+  std::stringstream stream;
+  {
+    cereal::BinaryOutputArchive out(stream);
+    out(table);
+  }
+  PlacementTable back;
+  {
+    cereal::BinaryInputArchive in(stream);
+    in(back);
+  }
+  EXPECT_EQ(back.slice_ranks, table.slice_ranks);
+  EXPECT_EQ(back.slice_bounds, table.slice_bounds);
+  EXPECT_EQ(back.owner, table.owner);
+
+  // One owner holds its experts whole; a GPU rank cannot hold slices.
+  const Layout alone = parse_layout("0 coordinator\n1 cpu-expert\n", "one.layout", 2);
+  const PlacementTable whole = make_placement(config, alone, PlacementPolicy::kSliced, 1);
+  EXPECT_TRUE(whole.slice_ranks.empty());
+  EXPECT_EQ(whole.owner_of(1, 5), 1);
+  const Layout gpu = parse_layout("0 coordinator\n1 gpu-expert 0\n2 cpu-expert\n", "g.layout", 3);
+  try {
+    make_placement(config, gpu, PlacementPolicy::kSliced, 1);
+    ADD_FAILURE() << "a gpu-expert rank was given slices";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 is a gpu-expert rank"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Layout, CoordinatorExpertsRunOnItsCpu) {

@@ -390,3 +390,121 @@ TEST(SplitHeads, TwoPartsOfTheHeadsGiveTheWholeCallsBits) {
 
 }  // namespace
 }  // namespace colibri
+
+// --placement sliced: an expert cut along its intermediate dimension (gate and up rows, down
+// columns); its slices' outputs sum to the expert's.
+namespace colibri {
+namespace {
+
+TEST(SliceExperts, BoundsFollowTheWeightsInWholeSteps) {
+  EXPECT_EQ(expert_slice_bounds(2048, {6, 10}), (std::vector<int64_t>{0, 768, 2048}));
+  EXPECT_EQ(expert_slice_bounds(1408, {1, 1}), (std::vector<int64_t>{0, 768, 1408}));
+  EXPECT_EQ(expert_slice_bounds(2048, {1, 1, 2}), (std::vector<int64_t>{0, 512, 1024, 2048}));
+  // Too few steps of 128 for the slices: halved, down to 8 rows.
+  EXPECT_EQ(expert_slice_bounds(16, {1, 2}), (std::vector<int64_t>{0, 8, 16}));
+  EXPECT_EQ(expert_slice_bounds(192, {1, 1}), (std::vector<int64_t>{0, 128, 192}));
+  // A slice would be empty: refused, naming the sizes.
+  for (const std::vector<double>& weights :
+       {std::vector<double>{1, 1, 1}, std::vector<double>{0, 1}, std::vector<double>{1, 100}}) {
+    try {
+      expert_slice_bounds(16, weights);
+      ADD_FAILURE() << "no error for " << weights.size() << " slices";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("16 intermediate rows"), std::string::npos) << e.what();
+    }
+  }
+}
+
+MlpWeights expert_of(const std::string& kind, int64_t hidden, int64_t inter) {
+  MlpWeights w;
+  if (kind == "f32" || kind == "bf16") {
+    const auto make = kind == "f32" ? f32_matrix : bf16_matrix;
+    w.gate = make(inter, hidden, 31);
+    w.up = make(inter, hidden, 32);
+    w.down = make(hidden, inter, 33);
+    return w;
+  }
+  const bool int8 = kind.rfind("int8", 0) == 0;
+  const auto format = int8                 ? kernels::QuantFormat::kInt8Row
+                      : kind == "int4-row" ? kernels::QuantFormat::kInt4Row
+                                           : kernels::QuantFormat::kInt4Grouped;
+  const int gs = format == kernels::QuantFormat::kInt4Grouped ? 64 : 0;
+  const auto layout = kind.find("tiles") != std::string::npos ? kernels::QuantLayout::kTiles
+                                                               : kernels::QuantLayout::kRows;
+  w.quant.gate = quant_matrix(format, gs, layout, inter, hidden, 34).quant;
+  w.quant.up = quant_matrix(format, gs, layout, inter, hidden, 35).quant;
+  w.quant.down = quant_matrix(format, gs, layout, hidden, inter, 36).quant;
+  return w;
+}
+
+TEST(SliceExperts, SlicesSumToTheWholeExpert) {
+  const int64_t hidden = 128, inter = 320;
+  const kernels::QuantActivations saved = kernels::quant_activations_selected();
+  for (const std::string kind :
+       {"f32", "bf16", "int8-row", "int8-row tiles", "int4-row", "int4-g64", "int4-g64 tiles"})
+    for (auto activations : {kernels::QuantActivations::kF32, kernels::QuantActivations::kInt8})
+      for (const std::vector<int64_t>& bounds :
+           {std::vector<int64_t>{0, 128, 320}, std::vector<int64_t>{0, 64, 192, 320}}) {
+        SCOPED_TRACE(kind + " activations " + std::to_string(int(activations)) + " slices " +
+                     std::to_string(bounds.size() - 1));
+        kernels::set_quant_activations(activations);
+        const MlpWeights whole = expert_of(kind, hidden, inter);
+        for (int n : {1, 3}) {
+          const std::vector<float> x = normal(n * hidden, 37);
+          std::vector<float> want(size_t(n * hidden)), sum(want.size(), 0.0f), part(want.size());
+          mlp_forward(whole, x.data(), n, want.data());
+          for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+            const MlpWeights s = slice_expert(whole, {bounds[i], bounds[i + 1]});
+            const int64_t rows = bounds[i + 1] - bounds[i];
+            EXPECT_EQ(s.quantized(), whole.quantized());
+            EXPECT_EQ(s.quantized() ? s.quant.gate.rows : s.gate.rows, rows);
+            EXPECT_EQ(s.quantized() ? s.quant.down.cols : s.down.cols, rows);
+            EXPECT_EQ(s.quantized() ? s.quant.down.rows : s.down.rows, hidden);
+            // Each slice is about its share of the bytes.
+            EXPECT_LT(s.bytes(), whole.bytes() * uint64_t(rows + 64) / uint64_t(inter));
+            mlp_forward(s, x.data(), n, part.data());
+            for (size_t j = 0; j < sum.size(); ++j) sum[j] += part[j];
+          }
+          // The same products; only the sum over the intermediate dimension is split, and with
+          // int8 activations the slices quantize the same 64-input blocks of h (bounds at
+          // multiples of 64).
+          float scale = 0, worst = 0;
+          for (size_t j = 0; j < want.size(); ++j) {
+            scale = std::max(scale, std::abs(want[j]));
+            worst = std::max(worst, std::abs(sum[j] - want[j]));
+          }
+          EXPECT_GT(scale, 0.0f);
+          EXPECT_LE(worst, 1e-5f * scale) << "n=" << n;
+        }
+      }
+  kernels::set_quant_activations(saved);
+}
+
+TEST(SliceExperts, ACutInsideAGroupOrABlockIsRefused) {
+  const auto message = [](const MlpWeights& w, ExpertSlice slice) {
+    try {
+      slice_expert(w, slice);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const MlpWeights grouped = expert_of("int4-g64", 128, 192);
+  EXPECT_NE(message(grouped, {32, 192}).find("do not start a group of 64"), std::string::npos)
+      << message(grouped, {32, 192});
+  EXPECT_EQ(message(grouped, {64, 192}), "no error");
+  EXPECT_EQ(message(grouped, {0, 32}), "no error");  // a short last group keeps its scale
+  MlpWeights fp8;  // blocks of 8 rows and 16 columns
+  fp8.gate = fp8_matrix(32, 64, 8, 16, 41);
+  fp8.up = fp8_matrix(32, 64, 8, 16, 42);
+  fp8.down = fp8_matrix(64, 32, 8, 16, 43);
+  EXPECT_NE(message(fp8, {8, 32}).find("FP8 matrix do not start a block of 16"), std::string::npos)
+      << message(fp8, {8, 32});
+  EXPECT_EQ(message(fp8, {16, 32}), "no error");
+  // Rows out of the expert, or a slice of none.
+  EXPECT_NE(message(grouped, {128, 256}).find("192 intermediate rows"), std::string::npos);
+  EXPECT_NE(message(grouped, {64, 64}).find("192 intermediate rows"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace colibri

@@ -101,6 +101,10 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   if (node.layout().coordinator_owns_experts()) {
     EXPECT_GT(node.placement().count_owned(node.layout().coordinator()), 0);
   }
+  if (placement == "sliced") {
+    EXPECT_EQ(node.placement().slice_ranks, node.layout().owner_ranks());
+    EXPECT_EQ(node.placement().slice_bounds, (std::vector<int64_t>{0, 8, 16}));
+  }
   if (split_linears) {
     EXPECT_GT(node.split_linear_count(), 0);
     // Every layer's heads split too (the fixtures have at least as many heads as ranks at np 2).
@@ -180,7 +184,8 @@ TEST_P(NodeHostCombine, LogitsAndGreedyTokensEqualTheReference) {
 // coordinator owns a share of the routed experts (a third at np 2), computes it while the expert
 // ranks compute theirs, and adds its partial first.
 void expect_equal_with_coordinator_experts(const std::string& fixture, bool host_combine,
-                                           bool split_linears) {
+                                           bool split_linears,
+                                           const std::string& placement = "balanced") {
   const auto file = std::filesystem::temp_directory_path() /
                     ("coordinator-experts-" + std::to_string(world_size()) + ".layout");
   int rank = 0;
@@ -191,7 +196,7 @@ void expect_equal_with_coordinator_experts(const std::string& fixture, bool host
     for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  expect_equal_to_reference(fixture, "balanced", host_combine, file.string(), split_linears);
+  expect_equal_to_reference(fixture, placement, host_combine, file.string(), split_linears);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove(file);
 }
@@ -235,6 +240,33 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeSplitLinears,
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) +
                                   (std::get<1>(param_info.param) ? "_coordinator_experts" : "");
+                         });
+
+// --placement sliced: two owners each hold a slice of every routed expert's intermediate rows
+// (the coordinator and an expert rank at np 2, with and without --split-linears; two expert ranks
+// at np 3). The fixtures' experts have 16 intermediate rows: two slices of 8 at most. The dsv3
+// fixture's FP8 blocks are wider than a slice (refused, SliceExperts tests).
+using SlicedCase = std::tuple<std::string, bool>;  // fixture, --split-linears
+class NodeSliced : public ::testing::TestWithParam<SlicedCase> {};
+
+TEST_P(NodeSliced, LogitsAndGreedyTokensEqualTheReference) {
+  const auto& [fixture, split_linears] = GetParam();
+  if (world_size() == 2) {
+    expect_equal_with_coordinator_experts(fixture, false, split_linears, "sliced");
+  } else if (world_size() == 3 && !split_linears) {
+    expect_equal_to_reference(fixture, "sliced", false);
+  } else {
+    GTEST_SKIP() << "two owners (np 2 with the coordinator owning experts, np 3) slice the "
+                    "fixtures' 16 intermediate rows; --split-linears at np 2 only";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeSliced,
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "kimi"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) +
+                                  (std::get<1>(param_info.param) ? "_split_linears" : "");
                          });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),
