@@ -139,7 +139,8 @@ QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
          q.group_size);
   QuantMatrix s = q;
   s.cols = c1 - c0;
-  const int64_t from = kernels::row_bytes(q.format, q.cols), to = kernels::row_bytes(q.format, s.cols);
+  const int64_t from = kernels::row_bytes(q.format, q.cols),
+                to = kernels::row_bytes(q.format, s.cols);
   const int64_t b0 = q.format == kernels::QuantFormat::kInt8Row ? c0 : c0 / 2;
   s.data.resize(size_t(q.rows * to));
   for (int64_t r = 0; r < q.rows; ++r)
@@ -196,7 +197,8 @@ Matrix matrix_cols(const Matrix& m, int64_t c0, int64_t c1) {
 std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double>& weights) {
   // Halved (down to one row tile) while the expert has fewer steps than slices.
   int64_t step = kExpertSliceStep;
-  while (step > kernels::kTileRows && (inter + step - 1) / step < int64_t(weights.size())) step /= 2;
+  while (step > kernels::kTileRows && (inter + step - 1) / step < int64_t(weights.size()))
+    step /= 2;
   const int64_t steps = (inter + step - 1) / step;
   double total = 0;
   for (double w : weights) total += w;

@@ -187,13 +187,13 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
                                 table.num_layers, table.num_experts);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
-    out += fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
-                       role_name(spec.role), owned,
-                       double(owned) * double(bytes_per_expert) * held_fraction(spec.rank) / (1 << 20),
-                       spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
+    out +=
+        fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
+                    role_name(spec.role), owned,
+                    double(owned) * double(bytes_per_expert) * held_fraction(spec.rank) / (1 << 20),
+                    spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
     const ExpertSlice slice = table.slice_of(spec.rank);
-    if (!slice.whole())
-      out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
+    if (!slice.whole()) out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
     out += '\n';
   }
   // Per host (the layout's host column): its ranks, experts and bytes.

@@ -1,6 +1,6 @@
-// The placement table: every routed expert (layer, id) has exactly one owner rank, or (sliced) every
-// owner rank holds a slice of it. Computed once at start-up on the coordinator, broadcast to every
-// rank, printable with --print-placement.
+// The placement table: every routed expert (layer, id) has exactly one owner rank, or (sliced)
+// every owner rank holds a slice of it. Computed once at start-up on the coordinator, broadcast to
+// every rank, printable with --print-placement.
 #pragma once
 
 #include <cereal/types/string.hpp>

@@ -430,7 +430,7 @@ MlpWeights expert_of(const std::string& kind, int64_t hidden, int64_t inter) {
                                            : kernels::QuantFormat::kInt4Grouped;
   const int gs = format == kernels::QuantFormat::kInt4Grouped ? 64 : 0;
   const auto layout = kind.find("tiles") != std::string::npos ? kernels::QuantLayout::kTiles
-                                                               : kernels::QuantLayout::kRows;
+                                                              : kernels::QuantLayout::kRows;
   w.quant.gate = quant_matrix(format, gs, layout, inter, hidden, 34).quant;
   w.quant.up = quant_matrix(format, gs, layout, inter, hidden, 35).quant;
   w.quant.down = quant_matrix(format, gs, layout, hidden, inter, 36).quant;
@@ -494,7 +494,7 @@ TEST(SliceExperts, ACutInsideAGroupOrABlockIsRefused) {
       << message(grouped, {32, 192});
   EXPECT_EQ(message(grouped, {64, 192}), "no error");
   EXPECT_EQ(message(grouped, {0, 32}), "no error");  // a short last group keeps its scale
-  MlpWeights fp8;  // blocks of 8 rows and 16 columns
+  MlpWeights fp8;                                    // blocks of 8 rows and 16 columns
   fp8.gate = fp8_matrix(32, 64, 8, 16, 41);
   fp8.up = fp8_matrix(32, 64, 8, 16, 42);
   fp8.down = fp8_matrix(64, 32, 8, 16, 43);
