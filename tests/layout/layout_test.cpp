@@ -229,20 +229,27 @@ TEST(Layout, LoadsFilesAndNamesMissingOnes) {
   }
 }
 
-TEST(Layout, CerealBinaryRoundTrip) {
-  const Layout layout = parse_layout(
-      "0 coordinator - 1\n1 gpu-expert 5 0 16.25 27.5 node-b\n2 cpu-expert - 1 99.75 -\n",
-      "rt.layout", 3);
+// `value` written to a cereal binary archive and read back, as the handshake broadcasts it.
+template <class T>
+T cereal_round_trip(const T& value) {
   std::stringstream stream;
   {
     cereal::BinaryOutputArchive out(stream);
-    out(layout);
+    out(value);
   }
-  Layout back;
+  T back;
   {
     cereal::BinaryInputArchive in(stream);
     in(back);
   }
+  return back;
+}
+
+TEST(Layout, CerealBinaryRoundTrip) {
+  const Layout layout = parse_layout(
+      "0 coordinator - 1\n1 gpu-expert 5 0 16.25 27.5 node-b\n2 cpu-expert - 1 99.75 -\n",
+      "rt.layout", 3);
+  const Layout back = cereal_round_trip(layout);
   EXPECT_EQ(back.source, "rt.layout");
   ASSERT_EQ(back.ranks.size(), layout.ranks.size());
   for (size_t r = 0; r < layout.ranks.size(); ++r) {
@@ -395,16 +402,7 @@ TEST(Placement, SlicedGivesEveryOwnerASliceOfEveryExpert) {
   EXPECT_EQ(plan.owners[0].rank, 0);
   EXPECT_EQ(plan.owners[1].rank, 1);
 
-  std::stringstream stream;
-  {
-    cereal::BinaryOutputArchive out(stream);
-    out(table);
-  }
-  PlacementTable back;
-  {
-    cereal::BinaryInputArchive in(stream);
-    in(back);
-  }
+  const PlacementTable back = cereal_round_trip(table);
   EXPECT_EQ(back.slice_ranks, table.slice_ranks);
   EXPECT_EQ(back.slice_bounds, table.slice_bounds);
   EXPECT_EQ(back.owner, table.owner);
