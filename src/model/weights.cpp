@@ -86,6 +86,22 @@ std::vector<int> split_head_bounds(const ModelConfig& config, const Matrix& kv_b
   return bounds;
 }
 
+namespace {
+
+// Rows [r0, r1) of a container matrix: a range of its bytes and scales in the rows layout, and in
+// the tiles layout when r0 and r1 are whole tiles.
+QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
+  QuantMatrix s = q;
+  s.rows = r1 - r0;
+  const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
+  s.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
+  s.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
+                        kernels::scale_count(q.format, r1, q.cols, q.group_size));
+  return s;
+}
+
+}  // namespace
+
 Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
   const int64_t step = row_slice_step(m);
   if (m.remote || r0 < 0 || r1 <= r0 || r1 > m.rows || r0 % step != 0 ||
@@ -96,13 +112,7 @@ Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
   s.rows = r1 - r0;
   s.cols = m.cols;
   if (m.quantized()) {
-    const QuantMatrix& q = m.quant;
-    s.quant = q;
-    s.quant.rows = s.rows;
-    const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
-    s.quant.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
-    s.quant.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
-                                kernels::scale_count(q.format, r1, q.cols, q.group_size));
+    s.quant = quant_rows(m.quant, r0, r1);
   } else if (m.stored_bf16()) {
     s.bf16 = copy_range(m.bf16, r0 * m.cols, r1 * m.cols);
   } else if (m.stored_fp8()) {
@@ -119,17 +129,6 @@ Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
 }
 
 namespace {
-
-// Rows [r0, r1) of a container matrix in its stored row layout.
-QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
-  QuantMatrix s = q;
-  s.rows = r1 - r0;
-  const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
-  s.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
-  s.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
-                        kernels::scale_count(q.format, r1, q.cols, q.group_size));
-  return s;
-}
 
 // Columns [c0, c1) of a container matrix in its stored row layout: c0 starts a group (and a byte).
 QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
@@ -405,12 +404,25 @@ class Loader {
 
   // A routed expert: kept quantized when the container stores it so (all three matrices), fp32
   // otherwise.
-  MlpWeights expert(const std::string& prefix, int64_t intermediate) const {
+  // slice_expert, its errors naming the expert.
+  static MlpWeights sliced(const MlpWeights& w, const std::string& prefix, ExpertSlice slice) {
+    try {
+      return slice_expert(w, slice);
+    } catch (const Error& e) {
+      fail("{}*: {}", prefix, e.what());
+    }
+  }
+  // With `slice`, only that slice of it (slice_expert).
+  MlpWeights expert(const std::string& prefix, int64_t intermediate, ExpertSlice slice = {}) const {
     const std::string names[3] = {prefix + "gate_proj.weight", prefix + "up_proj.weight",
                                   prefix + "down_proj.weight"};
     int quantized = 0;
     for (const auto& name : names) quantized += checkpoint_.is_quantized(name);
-    if (quantized == 0) return mlp(prefix, intermediate);
+    if (quantized == 0) {
+      MlpWeights w = mlp(prefix, intermediate);
+      if (!slice.whole()) return sliced(w, prefix, slice);
+      return w;
+    }
     if (quantized != 3) {
       for (const auto& name : names)
         if (!checkpoint_.is_quantized(name)) {
@@ -430,6 +442,7 @@ class Loader {
     check_finite(w.quant.gate.scales, where(names[0] + kQuantScaleSuffix));
     check_finite(w.quant.up.scales, where(names[1] + kQuantScaleSuffix));
     check_finite(w.quant.down.scales, where(names[2] + kQuantScaleSuffix));
+    if (!slice.whole()) return sliced(w, prefix, slice);  // cut as stored, then laid out
     for (QuantMatrix* q : {&w.quant.gate, &w.quant.up, &w.quant.down}) use_cpu_layout(*q);
     return w;
   }
@@ -559,14 +572,8 @@ void refuse_unexpected_tensors(const ModelConfig& c, const Checkpoint& checkpoin
 
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
                               int expert, ExpertSlice slice) {
-  MlpWeights w = Loader(config, checkpoint, /*keep_stored=*/true)
-                     .expert(expert_prefix(layer, expert), config.moe_intermediate_size);
-  if (slice.whole()) return w;
-  try {
-    return slice_expert(w, slice);
-  } catch (const Error& e) {
-    fail("layer {} expert {}: {}", layer, expert, e.what());
-  }
+  return Loader(config, checkpoint, /*keep_stored=*/true)
+      .expert(expert_prefix(layer, expert), config.moe_intermediate_size, slice);
 }
 
 ModelWeights load_model_weights(const ModelConfig& config, const Checkpoint& checkpoint,

@@ -6,6 +6,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "common/error.h"
@@ -324,14 +325,10 @@ void Node::open_expert_store() {
   store_options.pin_bytes =
       store_options.ram_bytes > 0 ? gib_to_bytes(options_.pin_gb, "--pin-gb") : 0;
 
-  // With --placement sliced, the rank's slice of each expert: its share of the rows, about its
-  // share of the bytes.
+  // With --placement sliced, the rank's slice of each expert.
   const ExpertSlice slice = placement_.slice_of(rank_);
   const uint64_t held_bytes =
-      slice.whole() ? expert_bytes()
-                    : uint64_t(double(expert_bytes()) * double(slice.end - slice.begin) /
-                               double(config_.moe_intermediate_size)) +
-                          1;
+      uint64_t(std::ceil(double(expert_bytes()) * placement_.held_fraction(rank_)));
   std::string refusal;
   if (has_store && store_options.ram_bytes > 0 && !owned.empty())
     refusal = memory_refusal(expert_memory_plan(owned, config_.num_layers, held_bytes,

@@ -46,6 +46,11 @@ ExpertSlice PlacementTable::slice_of(int rank) const {
   return {slice_bounds[i], slice_bounds[i + 1]};
 }
 
+double PlacementTable::held_fraction(int rank) const {
+  const ExpertSlice slice = slice_of(rank);
+  return slice.whole() ? 1.0 : double(slice.end - slice.begin) / double(slice_bounds.back());
+}
+
 std::vector<int> PlacementTable::experts_of(int rank, int layer) const {
   std::vector<int> out;
   for (int e = 0; e < num_experts; ++e)
@@ -177,21 +182,15 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
 
 std::string format_placement(const PlacementTable& table, const Layout& layout,
                              uint64_t bytes_per_expert) {
-  // The share of an expert's bytes a rank holds (its slice's rows, about its bytes).
-  const auto held_fraction = [&](int rank) {
-    const ExpertSlice slice = table.slice_of(rank);
-    return slice.whole() ? 1.0
-                         : double(slice.end - slice.begin) / double(table.slice_bounds.back());
-  };
   std::string out = fmt::format("placement ({}): {} layers x {} routed experts\n", table.policy,
                                 table.num_layers, table.num_experts);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
-    out +=
-        fmt::format("  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
-                    role_name(spec.role), owned,
-                    double(owned) * double(bytes_per_expert) * held_fraction(spec.rank) / (1 << 20),
-                    spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
+    out += fmt::format(
+        "  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
+        role_name(spec.role), owned,
+        double(owned) * double(bytes_per_expert) * table.held_fraction(spec.rank) / (1 << 20),
+        spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
     const ExpertSlice slice = table.slice_of(spec.rank);
     if (!slice.whole()) out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
     out += '\n';
@@ -208,7 +207,7 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
         ++n_ranks;
         owned += table.count_owned(spec.rank);
         bytes += double(table.count_owned(spec.rank)) * double(bytes_per_expert) *
-                 held_fraction(spec.rank);
+                 table.held_fraction(spec.rank);
       }
     out += fmt::format("  host {:<16} {:>3} ranks {:>6} experts {:>10.1f} MiB\n",
                        host.empty() ? "(unnamed)" : host, n_ranks, owned, bytes / (1 << 20));

@@ -36,6 +36,8 @@ struct PlacementTable {
   bool holds(int layer, int expert, int rank) const;
   // The slice of every expert that `rank` holds (whole unless sliced).
   ExpertSlice slice_of(int rank) const;
+  // Its share of an expert's rows (1 when whole): about its share of the bytes.
+  double held_fraction(int rank) const;
   // Experts of `layer` held by `rank`, ascending.
   std::vector<int> experts_of(int rank, int layer) const;
   int count_owned(int rank) const;

@@ -506,5 +506,32 @@ TEST(SliceExperts, ACutInsideAGroupOrABlockIsRefused) {
   EXPECT_NE(message(grouped, {64, 64}).find("192 intermediate rows"), std::string::npos);
 }
 
+// load_routed_expert with a slice: the slice of what it loads whole, and a cut it refuses names
+// the expert.
+TEST(SliceExperts, TheLoaderCutsTheSliceAndNamesTheExpertItRefuses) {
+  for (const char* fixture : {"glm52", "dsv3"}) {
+    SCOPED_TRACE(fixture);
+    const auto dir = std::filesystem::path(COLIBRI_TEST_DATA) / "parity" / fixture / "model";
+    const ModelConfig config = load_model_config(dir);
+    const Checkpoint checkpoint(dir, config.fp8_block);
+    int layer = 0;
+    while (!config.layer_is_moe[size_t(layer)]) ++layer;
+    const MlpWeights whole = load_routed_expert(config, checkpoint, layer, 3);
+    try {
+      const MlpWeights s = load_routed_expert(config, checkpoint, layer, 3, {8, 16});
+      EXPECT_EQ(s.gate.rows, 8);
+      EXPECT_EQ(s.down.cols, 8);
+      EXPECT_TRUE(same_matrix(s.up, slice_rows(whole.up, 8, 16)));
+      EXPECT_EQ(std::string(fixture), "glm52");
+    } catch (const Error& e) {
+      // dsv3's experts are FP8 in blocks of 128 rows and columns: a slice from row 8 is refused.
+      EXPECT_EQ(std::string(fixture), "dsv3") << e.what();
+      const std::string message = e.what();
+      EXPECT_NE(message.find(expert_prefix(layer, 3)), std::string::npos) << message;
+      EXPECT_NE(message.find("whole 128-row steps"), std::string::npos) << message;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace colibri
