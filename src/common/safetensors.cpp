@@ -72,10 +72,17 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 void SafetensorsFile::read(const TensorView& view, void* dst) const {
+  read(view, 0, view.nbytes, dst);
+}
+
+void SafetensorsFile::read(const TensorView& view, size_t begin, size_t bytes, void* dst) const {
+  if (begin > view.nbytes || bytes > view.nbytes - begin)
+    fail("{}: tensor '{}': bytes {}..{} are outside its {} bytes", path_.string(), view.name, begin,
+         begin + bytes, view.nbytes);
   const auto* base = static_cast<const std::byte*>(mapping_);
-  auto offset = off_t(view.data - base);
+  auto offset = off_t(view.data - base) + off_t(begin);
   auto* out = static_cast<char*>(dst);
-  size_t left = view.nbytes;
+  size_t left = bytes;
   while (left > 0) {
     const ssize_t got = ::pread(fd_, out, left, offset);
     if (got < 0 && errno == EINTR) continue;

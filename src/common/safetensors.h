@@ -42,6 +42,8 @@ class SafetensorsFile {
   // Copies a tensor of this file into dst with pread (one request per call, retried until done),
   // so the bytes land in owned memory without faulting the mapping in page by page.
   void read(const TensorView& view, void* dst) const;
+  // Bytes [begin, begin + bytes) of a tensor of this file, likewise.
+  void read(const TensorView& view, size_t begin, size_t bytes, void* dst) const;
 
  private:
   void parse_header(std::string_view header, const std::byte* buffer, uint64_t buffer_bytes);

@@ -234,7 +234,8 @@ const SafetensorsFile& Checkpoint::shard_of(const TensorView& view) const {
   fail("{}: tensor '{}' belongs to no open shard", dir_.string(), view.name);
 }
 
-QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_t cols) const {
+QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_t cols,
+                                   int64_t row_begin, int64_t row_end) const {
   const TensorView* view = find(name);
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
   const std::string file = view->file->string();
@@ -251,18 +252,28 @@ QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_
   if (!r.ok())
     fail("{}: quantized tensor '{}' ({} bytes, {} scales, expected [{}, {}]): {}", file, name,
          view->nbytes, scale->numel(), rows, cols, r.error);
+  if (row_end < 0) row_end = rows;
+  if (row_begin < 0 || row_end <= row_begin || row_end > rows)
+    fail("{}: rows {}..{} of quantized tensor '{}' [{}, {}]", file, row_begin, row_end, name, rows,
+         cols);
   QuantMatrix q;
   q.format = r.spec.format;
-  q.rows = rows;
+  q.rows = row_end - row_begin;
   q.cols = cols;
   q.group_size = r.spec.group_size;
   // pread into owned buffers: an expert rank reads each expert it loads with one request per
-  // tensor instead of faulting the mapping in page by page.
-  q.data.resize(view->nbytes);
-  shard_of(*view).read(*view, q.data.data());
-  q.scales.resize(size_t(scale->numel()));
-  shard_of(*scale).read(*scale, q.scales.data());
-  bytes_loaded_ += view->nbytes + scale->nbytes;
+  // tensor instead of faulting the mapping in page by page. Rows are contiguous in the stored
+  // layout, their scales too.
+  const auto row_bytes = size_t(kernels::row_bytes(q.format, cols));
+  const auto scale_at = [&](int64_t row) {
+    return size_t(kernels::scale_count(q.format, row, cols, q.group_size));
+  };
+  q.data.resize(size_t(q.rows) * row_bytes);
+  shard_of(*view).read(*view, size_t(row_begin) * row_bytes, q.data.size(), q.data.data());
+  q.scales.resize(scale_at(row_end) - scale_at(row_begin));
+  shard_of(*scale).read(*scale, scale_at(row_begin) * sizeof(float),
+                        q.scales.size() * sizeof(float), q.scales.data());
+  bytes_loaded_ += q.data.size() + q.scales.size() * sizeof(float);
   return q;
 }
 

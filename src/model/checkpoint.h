@@ -61,7 +61,10 @@ class Checkpoint {
   // [rows, cols], keeping it quantized. The format is inferred from the byte and scale counts (the
   // U8 shape is not used); an inconsistent or ambiguous pair is refused with an error naming the
   // file, the tensor and the sizes.
-  QuantMatrix load_quant(const std::string& name, int64_t rows, int64_t cols) const;
+  // With row_end >= 0, only rows [row_begin, row_end) are read (their bytes and scales): a
+  // [row_end - row_begin, cols] matrix, as slicing the whole one would give.
+  QuantMatrix load_quant(const std::string& name, int64_t rows, int64_t cols, int64_t row_begin = 0,
+                         int64_t row_end = -1) const;
 
   // Bytes of tensor data converted so far (scales included): what this process read.
   uint64_t bytes_loaded() const { return bytes_loaded_.load(); }

@@ -216,6 +216,16 @@ std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double
   return bounds;
 }
 
+namespace {
+
+void check_slice(ExpertSlice slice, int64_t inter, bool quantized) {
+  const int64_t b = slice.begin, e = slice.end;
+  if (b < 0 || e <= b || e > inter || (quantized && b % kernels::kTileRows != 0))
+    fail("slice {}..{} of an expert of {} intermediate rows", b, e, inter);
+}
+
+}  // namespace
+
 MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice) {
   if (slice.whole()) return w;
   const int64_t b = slice.begin, e = slice.end;
@@ -224,16 +234,14 @@ MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice) {
     QuantMlp rows = w.quant;
     for (QuantMatrix* q : {&rows.gate, &rows.up, &rows.down})
       set_layout(*q, kernels::QuantLayout::kRows);
-    if (b < 0 || e <= b || e > rows.gate.rows || b % kernels::kTileRows != 0)
-      fail("slice {}..{} of an expert of {} intermediate rows", b, e, rows.gate.rows);
+    check_slice(slice, rows.gate.rows, true);
     s.quant.gate = quant_rows(rows.gate, b, e);
     s.quant.up = quant_rows(rows.up, b, e);
     s.quant.down = quant_cols(rows.down, b, e);
     for (QuantMatrix* q : {&s.quant.gate, &s.quant.up, &s.quant.down}) use_cpu_layout(*q);
     return s;
   }
-  if (b < 0 || e <= b || e > w.gate.rows)
-    fail("slice {}..{} of an expert of {} intermediate rows", b, e, w.gate.rows);
+  check_slice(slice, w.gate.rows, false);
   s.gate = slice_rows(w.gate, b, e);
   s.up = slice_rows(w.up, b, e);
   s.down = matrix_cols(w.down, b, e);
@@ -402,17 +410,18 @@ class Loader {
     return w;
   }
 
-  // A routed expert: kept quantized when the container stores it so (all three matrices), fp32
-  // otherwise.
-  // slice_expert, its errors naming the expert.
-  static MlpWeights sliced(const MlpWeights& w, const std::string& prefix, ExpertSlice slice) {
+  // f(), its errors naming the expert.
+  template <typename F>
+  static auto naming(const std::string& prefix, F f) {
     try {
-      return slice_expert(w, slice);
+      return f();
     } catch (const Error& e) {
       fail("{}*: {}", prefix, e.what());
     }
   }
-  // With `slice`, only that slice of it (slice_expert).
+  // A routed expert: kept quantized when the container stores it so (all three matrices), fp32
+  // otherwise. With `slice`, only that slice of it (slice_expert); of a container's expert only
+  // the slice's gate and up rows are read.
   MlpWeights expert(const std::string& prefix, int64_t intermediate, ExpertSlice slice = {}) const {
     const std::string names[3] = {prefix + "gate_proj.weight", prefix + "up_proj.weight",
                                   prefix + "down_proj.weight"};
@@ -420,7 +429,7 @@ class Loader {
     for (const auto& name : names) quantized += checkpoint_.is_quantized(name);
     if (quantized == 0) {
       MlpWeights w = mlp(prefix, intermediate);
-      if (!slice.whole()) return sliced(w, prefix, slice);
+      if (!slice.whole()) return naming(prefix, [&] { return slice_expert(w, slice); });
       return w;
     }
     if (quantized != 3) {
@@ -435,14 +444,18 @@ class Loader {
         }
     }
     const int64_t h = c_.hidden_size;
+    // Cut as stored (rows), then laid out.
+    if (!slice.whole()) naming(prefix, [&] { check_slice(slice, intermediate, true); });
+    const int64_t b = slice.whole() ? 0 : slice.begin, e = slice.whole() ? -1 : slice.end;
     MlpWeights w;
-    w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h);
-    w.quant.up = checkpoint_.load_quant(names[1], intermediate, h);
+    w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h, b, e);
+    w.quant.up = checkpoint_.load_quant(names[1], intermediate, h, b, e);
     w.quant.down = checkpoint_.load_quant(names[2], h, intermediate);
     check_finite(w.quant.gate.scales, where(names[0] + kQuantScaleSuffix));
     check_finite(w.quant.up.scales, where(names[1] + kQuantScaleSuffix));
     check_finite(w.quant.down.scales, where(names[2] + kQuantScaleSuffix));
-    if (!slice.whole()) return sliced(w, prefix, slice);  // cut as stored, then laid out
+    if (!slice.whole())
+      w.quant.down = naming(prefix, [&] { return quant_cols(w.quant.down, b, e); });
     for (QuantMatrix* q : {&w.quant.gate, &w.quant.up, &w.quant.down}) use_cpu_layout(*q);
     return w;
   }

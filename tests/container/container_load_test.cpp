@@ -195,6 +195,51 @@ TEST_P(ContainerModel, ExpertRanksLoadOnlyOwnedExperts) {
   EXPECT_TRUE(q->weights.layers[1].experts[1].quantized());
 }
 
+// --placement sliced: a slice reads its gate and up rows and the whole down (whose columns it
+// keeps), and equals the slice cut from the whole expert.
+TEST_P(ContainerModel, ASliceReadsOnlyItsRowsOfGateAndUp) {
+  const Container c = make_container(GetParam());
+  TempDir dir;
+  c.model.write(dir.path());
+  const ModelConfig config = load_model_config(dir.path());
+  const Checkpoint checkpoint(dir.path(), config.fp8_block);
+  const MlpWeights whole = load_routed_expert(config, checkpoint, 1, 2);
+  const uint64_t whole_bytes = checkpoint.bytes_loaded();
+  const ExpertSlice slice{16, kInter};
+  const MlpWeights s = load_routed_expert(config, checkpoint, 1, 2, slice);
+  const MlpWeights want = slice_expert(whole, slice);
+  for (auto [got, expected] :
+       {std::pair{&s.quant.gate, &want.quant.gate}, std::pair{&s.quant.up, &want.quant.up},
+        std::pair{&s.quant.down, &want.quant.down}}) {
+    EXPECT_EQ(got->rows, expected->rows);
+    EXPECT_EQ(got->cols, expected->cols);
+    EXPECT_EQ(got->layout, expected->layout);
+    EXPECT_EQ(got->data, expected->data);
+    EXPECT_EQ(got->scales, expected->scales);
+  }
+  EXPECT_EQ(s.quant.gate.rows, kInter - 16);
+  const QuantMlp& q = whole.quant;
+  const uint64_t gate_up = 2 * (q.gate.data.size() + 4 * q.gate.scales.size());
+  const uint64_t down = q.down.data.size() + 4 * q.down.scales.size();
+  const uint64_t slice_gate_up = 2 * (s.quant.gate.data.size() + 4 * s.quant.gate.scales.size());
+  EXPECT_EQ(whole_bytes, gate_up + down);
+  EXPECT_EQ(checkpoint.bytes_loaded() - whole_bytes, slice_gate_up + down);
+  EXPECT_LT(slice_gate_up, gate_up);
+
+  // A cut inside an int4 group or a row tile is refused, naming the expert.
+  for (const ExpertSlice bad : {ExpertSlice{4, kInter}, ExpertSlice{0, kInter + 8}}) {
+    try {
+      load_routed_expert(config, checkpoint, 1, 2, bad);
+      ADD_FAILURE() << "slice " << bad.begin << ".." << bad.end << " was loaded";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("model.layers.1.mlp.experts.2.*"));
+    }
+  }
+  if (GetParam().format == QuantFormat::kInt4Grouped) {
+    EXPECT_THROW(load_routed_expert(config, checkpoint, 1, 2, {8, kInter}), Error);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, ContainerModel,
                          ::testing::Values(QuantSpec{QuantFormat::kInt4Grouped, 16},
                                            QuantSpec{QuantFormat::kInt4Row, 0},

@@ -57,6 +57,27 @@ TEST(Safetensors, ReadsEveryTensorAndTheMetadata) {
   EXPECT_EQ(one, 1.0f);
 }
 
+TEST(Safetensors, ReadsATensorOrARangeOfItsBytes) {
+  test::TempDir dir;
+  const auto path = dir.path() / "one.safetensors";
+  const test::Tensor a = test::make_tensor("before", {3}, "F32");
+  const test::Tensor t = test::make_tensor("t", {4, 6}, "F32");
+  test::write_safetensors(path, {&a, &t});
+  const SafetensorsFile file(path);
+  const TensorView& view = *file.find("t");
+  std::string all(view.nbytes, '\0'), part(40, '\0');
+  file.read(view, all.data());
+  EXPECT_EQ(all, std::string(t.bytes.begin(), t.bytes.end()));
+  file.read(view, 24, 40, part.data());
+  EXPECT_EQ(part, all.substr(24, 40));
+  try {
+    file.read(view, 90, 8, part.data());
+    ADD_FAILURE() << "a range past the tensor's end was read";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("tensor 't': bytes 90..98 are outside its 96 bytes"));
+  }
+}
+
 TEST(Safetensors, EmptyHeaderObjectIsAnEmptyFile) {
   test::TempDir dir;
   const auto path = dir.path() / "empty.safetensors";
