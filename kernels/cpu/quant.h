@@ -136,9 +136,9 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
 //
 // The activations of each row are quantized to int8 in blocks of 64 inputs (scale amax / 127,
 // round to nearest; quant_int8_detail.h) and multiplied with the int4/int8 weights as integers
-// (vpdpbusd with AVX-512 VNNI, pmaddubsw on AVX2): a block's dot product is exact, then scaled in
-// fp32. Each row is quantized alone, so a row's result does not depend on the batch; the error
-// against fp32 activations is that of rounding each input to 1/254 of its block's largest
+// (vpdpbusd with AVX-512 VNNI or AVX-VNNI, else pmaddubsw): a block's dot product is exact, then
+// scaled in fp32. Each row is quantized alone, so a row's result does not depend on the batch; the
+// error against fp32 activations is that of rounding each input to 1/254 of its block's largest
 // magnitude. Used for every batch size, decode included, by quant_linear(w, ...) and
 // quant_expert_ffn(gate, ...) when selected and supported; otherwise those run fp32 activations.
 
@@ -159,7 +159,14 @@ bool int8_activations_supported(const QuantMatrixView& w);
 // Whether quant_linear(w, ...) and quant_expert_ffn take int8 activations for w: supported, and
 // selected for its format.
 bool int8_activations_for(const QuantMatrixView& w);
-// Whether the int8 kernels on `isa` use VNNI (AVX-512 only; without it they run the AVX2 code).
+// VNNI: vpdpbusd, 4 products a lane in one instruction. The int8 kernels on AVX-512 use AVX-512
+// VNNI where the CPU has it; on AVX2 (or AVX-512 without it), AVX-VNNI on ymm where the CPU has
+// that; otherwise pmaddubsw + pmaddwd. Available: the CPU and build have one; enabled: available
+// and not turned off (set_vnni, or COLIBRI_VNNI=0 in the environment; the kernel tests run both).
+bool vnni_available();
+bool vnni_enabled();
+void set_vnni(bool allowed);
+// Whether the int8 kernels on `isa` use VNNI now.
 bool int8_activations_vnni(QuantIsa isa);
 
 // The int8-activation kernels on an explicit ISA (std::invalid_argument when the ISA is not

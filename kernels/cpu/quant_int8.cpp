@@ -141,6 +141,19 @@ bool cpu_has_vnni() {
 #endif
 }
 
+bool cpu_has_avx_vnni() {
+#if COLIBRI_QUANT_X86
+  return __builtin_cpu_supports("avxvnni");
+#else
+  return false;
+#endif
+}
+
+std::atomic<bool> g_vnni_allowed{[] {
+  const char* value = std::getenv("COLIBRI_VNNI");
+  return value == nullptr || std::strcmp(value, "0") != 0;
+}()};
+
 detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 #if COLIBRI_QUANT_X86
   if (isa == QuantIsa::kAvx512) return detail::quantize_block_avx512;
@@ -150,12 +163,15 @@ detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 }
 
 // The int8 kernel for matrices in `layout` on `isa`: on AVX-512 VNNI the 16-row kernel for kRows
-// and the tile kernel (two tiles a zmm) for kTiles, which reads them as they are.
+// and the tile kernel (two tiles a zmm) for kTiles, which reads them as they are; with AVX-VNNI
+// (and no AVX-512 VNNI) the 8-row kernel with vpdpbusd on ymm; else with pmaddubsw.
 detail::Int8RowsKernel int8_kernel(QuantIsa isa, QuantLayout layout) {
 #if COLIBRI_QUANT_X86
-  if (isa == QuantIsa::kAvx512 && cpu_has_vnni())
+  const bool vnni = vnni_enabled();
+  if (isa == QuantIsa::kAvx512 && vnni && cpu_has_vnni())
     return layout == QuantLayout::kTiles ? detail::int8_tiles_vnni : detail::int8_rows_avx512vnni;
-  if (isa == QuantIsa::kAvx512 || isa == QuantIsa::kAvx2) return detail::int8_rows_avx2;
+  if (isa == QuantIsa::kAvx512 || isa == QuantIsa::kAvx2)
+    return vnni && cpu_has_avx_vnni() ? detail::int8_rows_avxvnni : detail::int8_rows_avx2;
 #endif
   return int8_rows_scalar;
 }
@@ -163,7 +179,8 @@ detail::Int8RowsKernel int8_kernel(QuantIsa isa, QuantLayout layout) {
 // Whether kernel reads kTiles matrices as they are.
 bool reads_tiles(detail::Int8RowsKernel kernel) {
 #if COLIBRI_QUANT_X86
-  return kernel == detail::int8_rows_avx2 || kernel == detail::int8_tiles_vnni;
+  return kernel == detail::int8_rows_avx2 || kernel == detail::int8_rows_avxvnni ||
+         kernel == detail::int8_tiles_vnni;
 #else
   return false;
 #endif
@@ -277,8 +294,28 @@ bool tiles_preferred(const QuantMatrixView& w) {
 #endif
 }
 
+bool vnni_available() {
+  return (quant_isa_available(QuantIsa::kAvx512) && cpu_has_vnni()) ||
+         (quant_isa_available(QuantIsa::kAvx2) && cpu_has_avx_vnni());
+}
+
+bool vnni_enabled() {
+  return g_vnni_allowed.load(std::memory_order_relaxed) && vnni_available();
+}
+
+void set_vnni(bool allowed) {
+  g_vnni_allowed.store(allowed, std::memory_order_relaxed);
+}
+
 bool int8_activations_vnni(QuantIsa isa) {
-  return isa == QuantIsa::kAvx512 && quant_isa_available(isa) && cpu_has_vnni();
+  if (!quant_isa_available(isa)) return false;
+  const detail::Int8RowsKernel kernel = int8_kernel(isa, QuantLayout::kRows);
+#if COLIBRI_QUANT_X86
+  return kernel == detail::int8_rows_avx512vnni || kernel == detail::int8_rows_avxvnni;
+#else
+  (void)kernel;
+  return false;
+#endif
 }
 
 void quantize_activations_int8(const float* x, int64_t cols, int8_t* q, float* scales) {

@@ -64,6 +64,9 @@ float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8
 // pmaddubsw + pmaddwd (every AVX2 CPU).
 void int8_rows_avx2(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                     int64_t row_begin, int64_t row_end);
+// vpdpbusd on ymm (AVX2 CPUs with AVX-VNNI): the tile kernel of int8_rows_avx2, either layout.
+void int8_rows_avxvnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+                       int64_t row_begin, int64_t row_end);
 // vpdpbusd over two kTiles tiles at once (AVX-512 VNNI): the kernel for kTiles matrices on
 // AVX-512 VNNI CPUs (a kRows w goes through the 8-row transpose).
 void int8_tiles_vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,

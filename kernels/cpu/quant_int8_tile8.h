@@ -1,8 +1,9 @@
-// The int8-activation kernel over tiles of 8 weight rows in 256-bit vectors, for two instruction
-// sets: pmaddubsw + pmaddwd (AVX2, quant_int8_avx2.cpp) and vpdpbusd on ymm (AVX-512 VL + VNNI,
-// quant_int8_tiles_vnni.cpp, for its last 8 rows). The operations: quant_int8_detail.h.
+// The int8-activation kernel over tiles of 8 weight rows in 256-bit vectors, for three instruction
+// sets: pmaddubsw + pmaddwd (AVX2, quant_int8_avx2.cpp), vpdpbusd on ymm with AVX-VNNI
+// (quant_int8_avxvnni.cpp) and with AVX-512 VL + VNNI (quant_int8_tiles_vnni.cpp, for its last 8
+// rows). The operations: quant_int8_detail.h.
 //
-// Included only by those two files, each compiled with its own flags: everything here has
+// Included only by those files, each compiled with its own flags: everything here has
 // internal linkage (anonymous namespace), so no copy built for one ISA is linked into the other
 // (quant_detail.h).
 //
@@ -83,6 +84,21 @@ inline void load_group_scales(const float* scales, int valid, int64_t ng, int64_
   for (int i = 0; i < 8; ++i) _mm256_store_si256(reinterpret_cast<__m256i*>(group_scales[i]), z[i]);
 }
 
+// vpdpbusd on ymm: the EVEX form (AVX-512 VL + VNNI) or the VEX one (AVX-VNNI), the same result.
+// Never called where neither is compiled in (the pmaddubsw kernels).
+inline __m256i dpbusd(__m256i acc, __m256i u8, __m256i s8) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u8, s8);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u8, s8);
+#else
+  (void)u8;
+  (void)s8;
+  __builtin_unreachable();
+  return acc;
+#endif
+}
+
 inline __m256i broadcast_word(const int8_t* p) {
   int32_t v;
   std::memcpy(&v, p, 4);
@@ -161,7 +177,7 @@ template <bool Vnni, bool Int8, bool Tiled, int T>
           const __m256i biased = _mm256_xor_si256(z[j], sign8);
           for (int t = 0; t < T; ++t) {
             const int8_t* q = x.q + ((t0 + t) * x.blocks + k) * kInt8Block + 32 * half;
-            dot[t][0] = _mm256_dpbusd_epi32(dot[t][0], biased, broadcast_word(q + 4 * j));
+            dot[t][0] = dpbusd(dot[t][0], biased, broadcast_word(q + 4 * j));
           }
         }
       } else if constexpr (Int8) {

@@ -31,6 +31,20 @@ inline std::vector<QuantIsa> available_isas() {
   return isas;
 }
 
+// f(isa) for every available ISA, and again with VNNI on where the int8 kernels of that ISA use
+// it when enabled (set_vnni; restored after): every int8 kernel this machine can run.
+template <typename F>
+void for_each_int8_kernel(F f) {
+  const bool saved = vnni_enabled() || !vnni_available();
+  for (QuantIsa isa : available_isas()) {
+    set_vnni(false);
+    f(isa);
+    set_vnni(true);
+    if (int8_activations_vnni(isa)) f(isa);
+  }
+  set_vnni(saved);
+}
+
 inline std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.0f, stddev);

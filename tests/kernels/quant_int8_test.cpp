@@ -23,7 +23,6 @@
 namespace colibri::kernels {
 namespace {
 
-using test::available_isas;
 using test::FormatCase;
 using test::normal;
 
@@ -157,18 +156,19 @@ TEST(Int8Activations, NonFiniteInputPoisonsOnlyItsBlock) {
 
   const FormatCase fc = kFormats[1];
   const QuantMatrix m = quantized_normal(fc, {8, 128}, 3);
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (float bad : {std::nanf(""), INFINITY}) {
       x[70] = bad;
       const std::vector<float> y = run_int8(isa, m, x, 1);
       for (float v : y) EXPECT_TRUE(std::isnan(v)) << isa_label(isa);
     }
+  });
 }
 
 // ---- quant_linear_int8 --------------------------------------------------------------------------
 
 TEST(QuantLinearInt8, EveryIsaWithinTheBoundOfTheExactProduct) {
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats)
       for (const Shape& s : kShapes)
         for (int64_t n : kBatches) {
@@ -178,12 +178,13 @@ TEST(QuantLinearInt8, EveryIsaWithinTheBoundOfTheExactProduct) {
           const std::vector<float> x = normal(n * s.cols, uint32_t(n + 7));
           expect_exact_within_bound(m, x, n, run_int8(isa, m, x, n));
         }
+  });
 }
 
 // Every ISA performs the same fp32 operations in the same order (quant_int8_detail.h): bit for
 // bit the scalar reference, for every format, shape (partial tiles and blocks) and batch.
 TEST(QuantLinearInt8, EveryIsaEqualsTheScalarReferenceBitForBit) {
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats)
       for (const Shape& s : kShapes)
         for (int64_t n : kBatches) {
@@ -193,6 +194,7 @@ TEST(QuantLinearInt8, EveryIsaEqualsTheScalarReferenceBitForBit) {
           const std::vector<float> x = normal(n * s.cols, uint32_t(n + 3));
           ASSERT_EQ(run_int8(isa, m, x, n), run_int8(QuantIsa::kScalar, m, x, n));
         }
+  });
 }
 
 // Activations at the edges of the quantization rule: values whose scaled product is a tie
@@ -220,17 +222,17 @@ TEST(QuantLinearInt8, EveryIsaQuantizesEdgeValuesAlike) {
   EXPECT_TRUE(std::all_of(q.begin(), q.begin() + 64, [](int8_t v) { return v == 0; }));
   EXPECT_EQ(scales[1], 0.75f / 127.0f);
   EXPECT_EQ(q[70], 127);
-  for (QuantIsa isa : available_isas()) {
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     SCOPED_TRACE(isa_label(isa));
     ASSERT_EQ(run_int8(isa, m, x, 3), run_int8(QuantIsa::kScalar, m, x, 3));
-  }
+  });
 }
 
 // Codes at the ends of their ranges, where a 16-bit pair sum could saturate: int4 nibbles 0 and
 // 15 against +-127, int8 weights -128 (never written by the quantizer, but readable) and 127.
 TEST(QuantLinearInt8, ExtremeCodesDoNotSaturate) {
   const Shape s{4, 256};
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : {kFormats[1], kFormats[4]}) {
       SCOPED_TRACE(isa_label(isa) + " " + fc.name);
       QuantMatrix m(fc, s);
@@ -242,6 +244,7 @@ TEST(QuantLinearInt8, ExtremeCodesDoNotSaturate) {
       for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 3) % 2 ? -1.0f : 1.0f;
       expect_exact_within_bound(m, x, 2, run_int8(isa, m, x, 2));
     }
+  });
 }
 
 // A row's result is the same alone or in a batch, and with any thread count: the engine's
@@ -250,7 +253,7 @@ TEST(QuantLinearInt8, RowResultIndependentOfBatchAndThreads) {
   const Shape s{301, 640};
   const int64_t n = 13;
   const int threads = omp_get_max_threads();
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats) {
       SCOPED_TRACE(isa_label(isa) + " " + fc.name);
       const QuantMatrix m = quantized_normal(fc, s, 5);
@@ -265,6 +268,7 @@ TEST(QuantLinearInt8, RowResultIndependentOfBatchAndThreads) {
         EXPECT_TRUE(std::equal(alone.begin(), alone.end(), batch.begin() + t * s.rows)) << t;
       }
     }
+  });
   omp_set_num_threads(threads);
 }
 
@@ -350,7 +354,7 @@ TEST(QuantLinearInt8, ResolvesTheName) {
 TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
   const int64_t hidden = 200, inter = 136;
   const int threads = omp_get_max_threads();
-  for (QuantIsa isa : available_isas())
+  test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats)
       for (int64_t n : {int64_t(1), int64_t(3), int64_t(9)}) {
         SCOPED_TRACE(isa_label(isa) + " " + fc.name + " n=" + std::to_string(n));
@@ -369,6 +373,7 @@ TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
           EXPECT_EQ(y, want) << nth << " threads";
         }
       }
+  });
   omp_set_num_threads(threads);
 }
 

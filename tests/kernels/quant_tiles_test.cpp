@@ -18,7 +18,6 @@
 namespace colibri::kernels {
 namespace {
 
-using test::available_isas;
 using test::FormatCase;
 using test::normal;
 
@@ -118,9 +117,10 @@ TEST(QuantTiles, EveryKernelGivesTheRowsResult) {
         std::vector<float> want_f32(size_t(n * rows)), want_i8(want_f32.size());
         quant_linear(QuantIsa::kScalar, m.view(), x.data(), n, want_f32.data());
         quant_linear_int8(QuantIsa::kScalar, m.view(), x.data(), n, want_i8.data());
-        for (QuantIsa isa : available_isas())
+        test::for_each_int8_kernel([&](QuantIsa isa) {
           for (int nth : {1, std::max(2, threads)}) {
-            SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name + " " +
+            SCOPED_TRACE(std::string(quant_isa_name(isa)) +
+                         (int8_activations_vnni(isa) ? "+vnni " : " ") + fc.name + " " +
                          std::to_string(rows) + "x" + std::to_string(cols) +
                          " n=" + std::to_string(n) + " threads " + std::to_string(nth));
             omp_set_num_threads(nth);
@@ -132,6 +132,7 @@ TEST(QuantTiles, EveryKernelGivesTheRowsResult) {
             quant_linear_int8(isa, t.view(), x.data(), n, tiles_i8.data());
             EXPECT_EQ(tiles_i8, want_i8);
           }
+        });
       }
     }
   omp_set_num_threads(threads);
@@ -148,7 +149,7 @@ TEST(QuantTiles, ARowSliceGivesTheWholeMatrixsRows) {
       const Owned m = quantized_normal(fc, rows, cols, 7).in(layout);
       for (int64_t n : {int64_t(1), int64_t(3), int64_t(9)}) {
         const std::vector<float> x = normal(n * cols, 8);
-        for (QuantIsa isa : available_isas())
+        test::for_each_int8_kernel([&](QuantIsa isa) {
           for (bool int8 : {false, true})
             for (int nth : {1, std::max(2, threads)}) {
               omp_set_num_threads(nth);
@@ -163,7 +164,8 @@ TEST(QuantTiles, ARowSliceGivesTheWholeMatrixsRows) {
               const std::vector<float> whole = product(m.view());
               for (const auto& [r0, r1] :
                    {std::pair<int64_t, int64_t>{0, 16}, {8, 40}, {24, 48}, {40, 48}}) {
-                SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name +
+                SCOPED_TRACE(std::string(quant_isa_name(isa)) +
+                             (int8_activations_vnni(isa) ? "+vnni " : " ") + fc.name +
                              (layout == QuantLayout::kTiles ? " tiles" : " rows") +
                              (int8 ? " int8" : " f32") + " n=" + std::to_string(n) + " rows " +
                              std::to_string(r0) + ".." + std::to_string(r1) + " threads " +
@@ -180,6 +182,7 @@ TEST(QuantTiles, ARowSliceGivesTheWholeMatrixsRows) {
                 EXPECT_EQ(part, want);
               }
             }
+        });
       }
     }
   omp_set_num_threads(threads);
@@ -196,9 +199,10 @@ TEST(QuantTiles, ExpertFfnGivesTheRowsResult) {
                 down_t = down.in(QuantLayout::kTiles);
     for (int64_t n : {int64_t(1), int64_t(5)}) {
       const std::vector<float> x = normal(n * hidden, 24);
-      for (QuantIsa isa : available_isas())
+      test::for_each_int8_kernel([&](QuantIsa isa) {
         for (int nth : {1, std::max(2, threads)}) {
-          SCOPED_TRACE(std::string(quant_isa_name(isa)) + " " + fc.name +
+          SCOPED_TRACE(std::string(quant_isa_name(isa)) +
+                       (int8_activations_vnni(isa) ? "+vnni " : " ") + fc.name +
                        " n=" + std::to_string(n) + " threads " + std::to_string(nth));
           omp_set_num_threads(nth);
           std::vector<float> want(size_t(n * hidden)), got(want.size(), std::nanf(""));
@@ -216,6 +220,7 @@ TEST(QuantTiles, ExpertFfnGivesTheRowsResult) {
                                 got.data());
           EXPECT_EQ(got, want) << "int8 activations, up as rows";
         }
+      });
     }
   }
   omp_set_num_threads(threads);
