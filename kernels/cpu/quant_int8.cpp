@@ -295,8 +295,10 @@ bool tiles_preferred(const QuantMatrixView& w) {
 }
 
 bool vnni_available() {
-  return (quant_isa_available(QuantIsa::kAvx512) && cpu_has_vnni()) ||
-         (quant_isa_available(QuantIsa::kAvx2) && cpu_has_avx_vnni());
+  // The CPU's features do not change: looked up once, not at every kernel call (int8_kernel).
+  static const bool available = (quant_isa_available(QuantIsa::kAvx512) && cpu_has_vnni()) ||
+                                (quant_isa_available(QuantIsa::kAvx2) && cpu_has_avx_vnni());
+  return available;
 }
 
 bool vnni_enabled() {

@@ -35,7 +35,7 @@ inline std::vector<QuantIsa> available_isas() {
 // it when enabled (set_vnni; restored after): every int8 kernel this machine can run.
 template <typename F>
 void for_each_int8_kernel(F f) {
-  const bool saved = vnni_enabled() || !vnni_available();
+  const bool saved = vnni_enabled() || !vnni_available();  // the switch (on where there is no VNNI)
   for (QuantIsa isa : available_isas()) {
     set_vnni(false);
     f(isa);
