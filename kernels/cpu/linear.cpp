@@ -248,9 +248,12 @@ void axpy_rows_f32(const AxpyRows& a, const float* x) {
   axpy_rows_by_calls(
       a, x, [](float al, const float* xr, float* y, int64_t m) { axpy_f32(al, xr, y, m); });
 }
+// BF16 and int8 rows are kv_b_proj's: one row of y (decode) takes them in one axpy per row, which
+// walks each row in order with its prefetch ahead; the tiles walk columns in strips.
 void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x) {
 #if COLIBRI_VEC_X86
-  if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_bf16_avx512(a, x);
+  if (quant_isa_selected() == QuantIsa::kAvx512 && a.n > 1)
+    return detail::axpy_rows_bf16_avx512(a, x);
   if (quant_isa_selected() == QuantIsa::kAvx2 && a.n > 1) return detail::axpy_rows_bf16_avx2(a, x);
 #endif
   axpy_rows_by_calls(
@@ -258,7 +261,8 @@ void axpy_rows_bf16(const AxpyRows& a, const uint16_t* x) {
 }
 void axpy_rows_i8(const AxpyRows& a, const int8_t* x) {
 #if COLIBRI_VEC_X86
-  if (quant_isa_selected() == QuantIsa::kAvx512) return detail::axpy_rows_i8_avx512(a, x);
+  if (quant_isa_selected() == QuantIsa::kAvx512 && a.n > 1)
+    return detail::axpy_rows_i8_avx512(a, x);
   if (quant_isa_selected() == QuantIsa::kAvx2 && a.n > 1) return detail::axpy_rows_i8_avx2(a, x);
 #endif
   axpy_rows_by_calls(

@@ -2,6 +2,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/vec_detail.h"
 
@@ -69,9 +70,13 @@ float dot(const float* a, B b, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                    _mm256_setzero_ps()};
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
+  for (; i + 32 <= n; i += 32) {
+    if constexpr (std::is_same_v<B, const uint16_t*>) prefetch_row_ahead(b + i);  // a line
+    if constexpr (std::is_same_v<B, const int8_t*>)                               // half a line
+      if (i % 64 == 0) prefetch_row_ahead(b + i);
     for (int k = 0; k < 4; ++k)
       acc[k] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8 * k), load(b + i + 8 * k), acc[k]);
+  }
   for (; i + 8 <= n; i += 8) acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load(b + i), acc[0]);
   const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
   float total = hsum(sum);
@@ -142,8 +147,10 @@ template <typename X>
 void axpy(float alpha, const X* x, float* y, int64_t n) {
   const __m256 a = _mm256_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
+  for (; i + 8 <= n; i += 8) {
+    if ((i * int64_t(sizeof(X))) % 64 == 0) prefetch_row_ahead(x + i);
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, load(x + i), _mm256_loadu_ps(y + i)));
+  }
   for (; i < n; ++i)
     y[i] =
         _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(alpha), _mm_set_ss(value(x + i)), _mm_set_ss(y[i])));

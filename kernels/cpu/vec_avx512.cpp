@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/vec_detail.h"
 
@@ -64,9 +65,12 @@ float dot(const float* a, B b, int64_t n) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
   int64_t i = 0;
-  for (; i + 64 <= n; i += 64)
+  for (; i + 64 <= n; i += 64) {
+    prefetch_row_ahead(b + i);  // a cache line of int8, or half one of BF16
+    if constexpr (std::is_same_v<B, const uint16_t*>) prefetch_row_ahead(b + i + 32);
     for (int k = 0; k < 4; ++k)
       acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), load(b + i + 16 * k), acc[k]);
+  }
   for (; i + 16 <= n; i += 16)
     acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load(b + i), acc[0]);
   if (i < n) {
@@ -102,8 +106,10 @@ template <typename X>
 void axpy(float alpha, const X* x, float* y, int64_t n) {
   const __m512 a = _mm512_set1_ps(alpha);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
+  for (; i + 16 <= n; i += 16) {
+    if ((i * int64_t(sizeof(X))) % 64 == 0) prefetch_row_ahead(x + i);
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(a, load(x + i), _mm512_loadu_ps(y + i)));
+  }
   if (i < n) {
     const __mmask16 m = __mmask16((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(
