@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/huge_pages.h"
 #include "common/safetensors.h"
 #include "model/container.h"
 
@@ -20,8 +21,8 @@ namespace colibri {
 // An FP8 E4M3 weight as stored, with its fp32 block scales ("<name>_scale_inv"): weight [i, j] is
 // e4m3(bits[i * cols + j]) * scales[(i / block_rows) * ceil(cols / block_cols) + j / block_cols].
 struct Fp8Matrix {
-  std::vector<uint8_t> bits;
-  std::vector<float> scales;
+  WeightVector<uint8_t> bits;
+  WeightVector<float> scales;
   int64_t block_rows = 0, block_cols = 0;
   bool empty() const { return bits.empty(); }
   uint64_t bytes() const { return bits.size() + 4 * scales.size(); }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "common/huge_pages.h"
+
 #include "cpu/quant.h"
 
 namespace colibri {
@@ -20,9 +22,9 @@ inline constexpr const char* kQuantScaleSuffix = ".qs";
 struct QuantMatrix {
   kernels::QuantFormat format = kernels::QuantFormat::kInt8Row;
   int64_t rows = 0, cols = 0;
-  int group_size = 0;         // 0 for the per-row formats
-  std::vector<uint8_t> data;  // [rows, row_bytes(format, cols)] in `layout`
-  std::vector<float> scales;  // [scale_count(format, rows, cols, group_size)] in `layout`
+  int group_size = 0;          // 0 for the per-row formats
+  WeightVector<uint8_t> data;  // [rows, row_bytes(format, cols)] in `layout`
+  WeightVector<float> scales;  // [scale_count(format, rows, cols, group_size)] in `layout`
   kernels::QuantLayout layout = kernels::QuantLayout::kRows;  // as stored: kRows
 
   bool empty() const { return data.empty(); }

@@ -40,9 +40,9 @@ void linear_held(const Matrix& w, const float* x, int64_t n, float* y) {
   }
 }
 
-template <class T>
-std::vector<T> copy_range(const std::vector<T>& v, int64_t begin, int64_t end) {
-  return std::vector<T>(v.begin() + begin, v.begin() + end);
+template <class V>
+V copy_range(const V& v, int64_t begin, int64_t end) {
+  return V(v.begin() + begin, v.begin() + end);
 }
 
 }  // namespace

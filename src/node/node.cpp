@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "common/error.h"
+#include "common/huge_pages.h"
 #include "model/container.h"
 #include "node/devices.h"
 #include "node/handshake.h"
@@ -293,6 +294,8 @@ std::string Node::memory_line(const std::string& host) const {
       line += fmt::format("; RSS {:.3f} GB", double(std::stoull(entry.substr(6))) * 1024 / 1e9);
       break;
     }
+  if (const long long huge = huge_page_bytes(); huge >= 0)
+    line += fmt::format(", {:.3f} GB on huge pages", gb(uint64_t(huge)));
   const int numa = layout_.ranks[size_t(rank_)].numa;
   const std::string by_node = resident_by_numa_node();
   if (!by_node.empty())

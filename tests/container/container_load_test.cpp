@@ -76,8 +76,8 @@ TEST(QuantMatrixLayout, SetLayoutInPlaceAndBack) {
     QuantMatrix q = stored;
     set_layout(q, kernels::QuantLayout::kTiles);
     EXPECT_EQ(q.layout, kernels::QuantLayout::kTiles);
-    std::vector<uint8_t> data(stored.data.size());
-    std::vector<float> scales(stored.scales.size());
+    WeightVector<uint8_t> data(stored.data.size());
+    WeightVector<float> scales(stored.scales.size());
     kernels::relayout(stored.view(), kernels::QuantLayout::kTiles, data.data(), scales.data());
     EXPECT_EQ(q.data, data);
     EXPECT_EQ(q.scales, scales);

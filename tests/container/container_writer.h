@@ -68,11 +68,12 @@ inline void quantize_in_place(TinyModel& m, TinyModel& twin, const std::string& 
   const std::vector<int64_t> shape =
       flat ? std::vector<int64_t>{int64_t(q.data.size())}
            : std::vector<int64_t>{rows, kernels::row_bytes(q.format, cols)};
-  t = u8_tensor(name, shape, q.data);
+  t = u8_tensor(name, shape, {q.data.begin(), q.data.end()});
   std::vector<int64_t> scale_shape = {int64_t(q.scales.size())};
   if (q.format == kernels::QuantFormat::kInt4Grouped)
     scale_shape = {rows, int64_t(q.scales.size()) / rows};
-  m.tensors.push_back(f32_tensor(name + kQuantScaleSuffix, scale_shape, q.scales));
+  m.tensors.push_back(
+      f32_tensor(name + kQuantScaleSuffix, scale_shape, {q.scales.begin(), q.scales.end()}));
 }
 
 }  // namespace colibri::test
