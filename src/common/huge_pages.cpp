@@ -60,6 +60,11 @@ class Arena {
   }
   void free(void* p, size_t bytes) {
     const size_t size = round_up(bytes, kBlockAlign);
+    // Its whole huge pages go back to the system (a page it shares with a neighbour stays, not to
+    // split it); they come back zeroed, as huge pages, when the block is used again.
+    const auto begin = round_up(reinterpret_cast<uintptr_t>(p), kHugePageBytes);
+    const auto end = (reinterpret_cast<uintptr_t>(p) + size) / kHugePageBytes * kHugePageBytes;
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
     std::lock_guard lock(mutex_);
     free_[size].push_back(p);
     in_use_ -= size;

@@ -1,6 +1,7 @@
 // Weight buffers (common/huge_pages.h): contents kept apart whatever their sizes, freed blocks
 // reused by the next buffer of their size, the arena's accounting.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -55,6 +56,24 @@ TEST(WeightBuffers, AFreedBlockServesTheNextBufferOfItsSize) {
   WeightVector<uint8_t> c(size + 1);  // one more page: a block of its own
   EXPECT_NE(c.data(), first);
   EXPECT_EQ(weight_arena_bytes().mapped % kHugePageBytes, 0u);
+}
+
+// Its whole 2 MiB pages leave RAM (mincore: not resident) while the block waits for reuse.
+TEST(WeightBuffers, AFreedBlockGivesItsWholeHugePagesBack) {
+  if (!weight_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
+  const size_t size = size_t(9) << 20;
+  uint8_t* p;
+  {
+    WeightVector<uint8_t> a(size, 1);
+    p = a.data();
+  }
+  const auto begin =
+      (reinterpret_cast<uintptr_t>(p) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  const size_t pages = 4 * kHugePageBytes / 4096;  // at least 4 whole huge pages inside 9 MiB
+  std::vector<unsigned char> resident(pages);
+  ASSERT_EQ(mincore(reinterpret_cast<void*>(begin), 4 * kHugePageBytes, resident.data()), 0);
+  EXPECT_EQ(std::count_if(resident.begin(), resident.end(), [](unsigned char r) { return r & 1; }),
+            0);
 }
 
 TEST(WeightBuffers, ALargeBufferStartsOnAHugePage) {
