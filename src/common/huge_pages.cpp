@@ -107,12 +107,12 @@ Arena& arena() {
 
 }  // namespace
 
-void* allocate_weight_bytes(size_t bytes) {
+void* allocate_on_huge_pages(size_t bytes) {
   if (!kArena || bytes < kArenaMinBytes) return ::operator new(bytes);
   return arena().allocate(bytes);
 }
 
-void free_weight_bytes(void* p, size_t bytes) {
+void free_on_huge_pages(void* p, size_t bytes) {
   if (!kArena || bytes < kArenaMinBytes) return ::operator delete(p, bytes);
   arena().free(p, bytes);
 }

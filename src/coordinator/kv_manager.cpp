@@ -12,14 +12,15 @@ KvManager::KvManager(const ModelConfig& config, int kv_tokens, int max_seqs, int
   const int blocks = pool_blocks(kv_tokens, block_tokens);
   const size_t slots = size_t(blocks) * size_t(block_tokens);
   layers_.resize(size_t(config.num_layers));
-  // new[] without value-initialisation: pages are touched only as sequences fill them.
+  // Not initialised: pages are touched only as sequences fill them (huge pages:
+  // common/huge_pages.h).
   for (int l = 0; l < config.num_layers; ++l) {
     LayerStore& s = layers_[size_t(l)];
-    s.latent.reset(new float[slots * size_t(config.kv_lora_rank)]);
-    s.k_rope.reset(new float[slots * size_t(config.qk_rope_head_dim)]);
+    s.latent = HugePageArray<float>(slots * size_t(config.kv_lora_rank));
+    s.k_rope = HugePageArray<float>(slots * size_t(config.qk_rope_head_dim));
     bytes_ += slots * size_t(config.kv_lora_rank + config.qk_rope_head_dim) * sizeof(float);
     if (config.has_indexer() && config.indexer_is_full[size_t(l)]) {
-      s.index_k.reset(new float[slots * size_t(config.index_head_dim)]);
+      s.index_k = HugePageArray<float>(slots * size_t(config.index_head_dim));
       bytes_ += slots * size_t(config.index_head_dim) * sizeof(float);
     }
   }

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "common/huge_pages.h"
 #include "model/config.h"
 
 namespace colibri {
@@ -73,7 +74,7 @@ class KvManager {
     std::vector<int> blocks;
   };
   struct LayerStore {
-    std::unique_ptr<float[]> latent, k_rope, index_k;
+    HugePageArray<float> latent, k_rope, index_k;
   };
 
   const ModelConfig& config_;

@@ -1,11 +1,13 @@
-// Weight buffers (common/huge_pages.h): contents kept apart whatever their sizes, freed blocks
-// reused by the next buffer of their size, the arena's accounting.
+// Buffers on the huge-page arena (common/huge_pages.h): contents kept apart whatever their sizes,
+// freed blocks reused by the next buffer of their size and their huge pages given back, the
+// arena's accounting, arrays owned through moves.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/huge_pages.h"
@@ -80,6 +82,20 @@ TEST(WeightBuffers, ALargeBufferStartsOnAHugePage) {
   if (!weight_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
   WeightVector<uint8_t> big(size_t(48) << 20);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes, 0u);
+}
+
+TEST(WeightBuffers, AHugePageArrayOwnsItsBlockThroughMoves) {
+  const size_t n = size_t(3) << 20;  // floats: 12 MiB
+  HugePageArray<float> a(n);
+  for (size_t i = 0; i < n; i += 1021) a.get()[i] = float(i);
+  const float* p = a.get();
+  HugePageArray<float> b(std::move(a));
+  EXPECT_EQ(b.get(), p);
+  EXPECT_EQ(a.get(), nullptr);
+  HugePageArray<float> c(16);
+  c = std::move(b);
+  EXPECT_EQ(c.get(), p);
+  for (size_t i = 0; i < n; i += 1021) ASSERT_EQ(c.get()[i], float(i));
 }
 
 TEST(WeightBuffers, HugePageBytesAreReadFromTheKernel) {
