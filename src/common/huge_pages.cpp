@@ -19,14 +19,14 @@ size_t round_up(size_t n, size_t to) {
   return (n + to - 1) / to * to;
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kArena = false;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kArena = false;
+// AddressSanitizer checks heap buffers, not mappings: under it every buffer is on the heap.
+#if defined(__has_feature)
+#define COLIBRI_HAS_FEATURE(x) __has_feature(x)
 #else
-constexpr bool kArena = true;
+#define COLIBRI_HAS_FEATURE(x) 0
 #endif
+#if defined(__SANITIZE_ADDRESS__) || COLIBRI_HAS_FEATURE(address_sanitizer)
+constexpr bool kArena = false;
 #else
 constexpr bool kArena = true;
 #endif
@@ -69,7 +69,7 @@ class Arena {
     free_[size].push_back(p);
     in_use_ -= size;
   }
-  WeightArenaBytes bytes() {
+  HugePageArenaBytes bytes() {
     std::lock_guard lock(mutex_);
     return {in_use_, mapped_};
   }
@@ -117,12 +117,12 @@ void free_on_huge_pages(void* p, size_t bytes) {
   arena().free(p, bytes);
 }
 
-bool weight_arena_enabled() {
+bool huge_page_arena_enabled() {
   return kArena;
 }
 
-WeightArenaBytes weight_arena_bytes() {
-  return kArena ? arena().bytes() : WeightArenaBytes{};
+HugePageArenaBytes huge_page_arena_bytes() {
+  return kArena ? arena().bytes() : HugePageArenaBytes{};
 }
 
 long long huge_page_bytes() {

@@ -64,13 +64,13 @@ class HugePageArray {
 };
 
 // False under AddressSanitizer, which checks heap buffers only: every buffer is then on the heap.
-bool weight_arena_enabled();
+bool huge_page_arena_enabled();
 
 // The arena now: bytes handed out and not freed, and bytes mapped for it.
-struct WeightArenaBytes {
+struct HugePageArenaBytes {
   uint64_t in_use = 0, mapped = 0;
 };
-WeightArenaBytes weight_arena_bytes();
+HugePageArenaBytes huge_page_arena_bytes();
 
 // This process's anonymous memory on huge pages now (AnonHugePages), -1 where unknown.
 long long huge_page_bytes();

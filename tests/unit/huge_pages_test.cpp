@@ -41,28 +41,28 @@ TEST(WeightBuffers, KeepTheirContentsApart) {
 }
 
 TEST(WeightBuffers, AFreedBlockServesTheNextBufferOfItsSize) {
-  if (!weight_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
+  if (!huge_page_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
   const size_t size = size_t(1400) << 10;
-  const WeightArenaBytes before = weight_arena_bytes();
+  const HugePageArenaBytes before = huge_page_arena_bytes();
   const uint8_t* first;
   {
     WeightVector<uint8_t> a(size, 7);
     first = a.data();
-    EXPECT_EQ(weight_arena_bytes().in_use, before.in_use + size);  // whole 4 KiB pages already
-    EXPECT_GE(weight_arena_bytes().mapped, weight_arena_bytes().in_use);
+    EXPECT_EQ(huge_page_arena_bytes().in_use, before.in_use + size);  // whole 4 KiB pages already
+    EXPECT_GE(huge_page_arena_bytes().mapped, huge_page_arena_bytes().in_use);
   }
-  EXPECT_EQ(weight_arena_bytes().in_use, before.in_use);
+  EXPECT_EQ(huge_page_arena_bytes().in_use, before.in_use);
   WeightVector<uint8_t> b(size);
   EXPECT_EQ(b.data(), first);
   EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](uint8_t v) { return v == 0; }));
   WeightVector<uint8_t> c(size + 1);  // one more page: a block of its own
   EXPECT_NE(c.data(), first);
-  EXPECT_EQ(weight_arena_bytes().mapped % kHugePageBytes, 0u);
+  EXPECT_EQ(huge_page_arena_bytes().mapped % kHugePageBytes, 0u);
 }
 
 // Its whole 2 MiB pages leave RAM (mincore: not resident) while the block waits for reuse.
 TEST(WeightBuffers, AFreedBlockGivesItsWholeHugePagesBack) {
-  if (!weight_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
+  if (!huge_page_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
   const size_t size = size_t(9) << 20;
   uint8_t* p;
   {
@@ -79,7 +79,7 @@ TEST(WeightBuffers, AFreedBlockGivesItsWholeHugePagesBack) {
 }
 
 TEST(WeightBuffers, ALargeBufferStartsOnAHugePage) {
-  if (!weight_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
+  if (!huge_page_arena_enabled()) GTEST_SKIP() << "AddressSanitizer build: weights on the heap";
   WeightVector<uint8_t> big(size_t(48) << 20);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % kHugePageBytes, 0u);
 }
