@@ -167,11 +167,16 @@ OMPI_MCA_mpi_yield_when_idle=0 dry 2
 check "the user's yield setting wins" lacks "mpi_yield_when_idle 1"
 
 # ---- errors ------------------------------------------------------------------------------------
-fails() {  # fails EXPECTED_MESSAGE ARGS...
-  local expected=$1
+fails() {  # fails EXPECTED_MESSAGE ARGS...: exit 2 (die); cores from $fail_cores, else 2
+  local expected=$1 rc=0
   shift
-  if COLIBRI_LOCAL_CORES=2 "$launch" --dry-run "$@" >"$work/out" 2>"$work/err"; then return 1; fi
+  COLIBRI_LOCAL_CORES=${fail_cores-2} "$launch" --dry-run "$@" >"$work/out" 2>"$work/err" || rc=$?
+  ((rc == 2)) || { echo "exit $rc"; cat "$work/err"; return 1; }
   grep -qF -- "$expected" "$work/err" || { cat "$work/err"; return 1; }
+}
+fails_in_one_line() {  # fails_in_one_line EXPECTED_MESSAGE ARGS...: fails, with nothing else said
+  fails "$@" || return 1
+  [[ $(wc -l <"$work/err") -eq 1 ]] || { cat "$work/err"; return 1; }
 }
 check "--np against the layout" fails "--np 5, but layout" --np 5 --layout "$hf/localhost.layout"
 check "a missing layout" fails "layout file 'nope.layout' not found" --layout nope.layout
@@ -181,6 +186,34 @@ check "a gpu-expert without GPU, with file:line" \
   fails "bad.layout:2: gpu is missing" --layout "$work/bad.layout"
 printf '0 coordinator\n2 cpu-expert\n' >"$work/gap.layout"
 check "a missing rank" fails "rank 1 is missing" --layout "$work/gap.layout"
+
+# Every number read is a count from 1 to 1048576; a bad one in a hostfile is named by file:line.
+count_rule="is not a positive integer up to 1048576"
+slots_hf=$(readlink -f "$work")/slots
+for value in -1 abc 0 1e20 "" 99999999999999999999 +4 1048577; do
+  printf '# two hosts\nlocalhost slots=2\nnode-b slots=%s max_slots=4\n' "$value" >"$slots_hf"
+  check "hostfile slots=$value: refused at file:line" \
+    fails_in_one_line "$slots_hf:3: slots '$value' $count_rule" --hostfile "$slots_hf"
+done
+for value in 0 abc 99999999999999999999; do
+  printf 'localhost slots=2 max_slots=%s\n' "$value" >"$slots_hf"
+  check "hostfile max_slots=$value: refused at file:line" \
+    fails_in_one_line "$slots_hf:1: max_slots '$value' $count_rule" --hostfile "$slots_hf"
+done
+printf 'localhost slots=1048576 max_slots=1048576 foo=bar\n' >"$slots_hf"
+dry 64 --hostfile "$slots_hf"
+check "hostfile slots=1048576, an unknown key: accepted" has " -np 1048576 /opt/colibri/colibri-node"
+printf 'localhost\tslots=05' >"$slots_hf"  # a tab, a leading zero, no final newline
+dry 64 --hostfile "$slots_hf"
+check "hostfile slots=05: 5 ranks" has " -np 5 /opt/colibri/colibri-node"
+for value in 99999999999999999999 -1 abc 0 "" 1048577; do
+  check "--np '$value': refused" fails_in_one_line "--np '$value' $count_rule" --np "$value"
+done
+check "--np= empty: refused" fails_in_one_line "--np '' $count_rule" --np=
+for value in abc -1 0 99999999999999999999; do
+  fail_cores=$value check "COLIBRI_LOCAL_CORES=$value: refused" \
+    fails_in_one_line "COLIBRI_LOCAL_CORES='$value' $count_rule"
+done
 
 # ---- a real mpirun: each rank reports its GPU, NUMA binding and arguments ----------------------
 if command -v mpirun >/dev/null; then
