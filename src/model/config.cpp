@@ -258,7 +258,9 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
 
   // DSA indexer
   if (glm) {
-    c.index_topk = config.integer("index_topk", 1, 1 << 30);
+    // A key past the context is never there to select: a larger top-k selects every key, as the
+    // context's does, and would only size buffers by it.
+    c.index_topk = std::min(config.integer("index_topk", 1, 1 << 30), c.max_position_embeddings);
     c.index_n_heads = config.integer("index_n_heads", 1, 4096);
     c.index_head_dim = config.integer("index_head_dim", 1, 65536);
     if (c.index_head_dim < c.qk_rope_head_dim)

@@ -98,7 +98,11 @@ QuantMatrix quantize_matrix(const std::string& name, QuantSpec spec, const float
   q.group_size = spec.group_size;
   q.data.resize(size_t(kernels::packed_bytes(spec.format, rows, cols)));
   q.scales.resize(size_t(kernels::scale_count(spec.format, rows, cols, spec.group_size)));
-  kernels::quantize(spec.format, spec.group_size, w, rows, cols, q.data.data(), q.scales.data());
+  try {
+    kernels::quantize(spec.format, spec.group_size, w, rows, cols, q.data.data(), q.scales.data());
+  } catch (const std::invalid_argument& e) {  // a non-finite weight, at its row and column
+    fail("{}: {}", name, e.what());
+  }
   const QuantResolution back =
       resolve_quant_format(int64_t(q.data.size()), int64_t(q.scales.size()), rows, cols);
   if (!back.ok() || back.spec.format != spec.format || back.spec.group_size != spec.group_size)

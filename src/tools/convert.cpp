@@ -296,6 +296,11 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     fail("--dense-bits {}: expected 4, 8, 16 or 32", o.dense_bits);
   if (o.io_bits != 8 && o.io_bits != 16 && o.io_bits != 32)
     fail("--io-bits {}: expected 8, 16 or 32", o.io_bits);
+  std::error_code ec;
+  const fs::file_status out_status = fs::status(o.output_dir, ec);
+  if (fs::exists(out_status) && !fs::is_directory(out_status))
+    fail("{}: the output is not a directory (it must be a new or an existing directory)",
+         o.output_dir.string());
   if (fs::exists(o.output_dir) && fs::equivalent(o.input_dir, o.output_dir))
     fail("{}: output directory is the input directory", o.output_dir.string());
 
@@ -333,7 +338,8 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     plans.push_back(std::move(plan));
   }
 
-  fs::create_directories(o.output_dir);
+  if (!fs::create_directories(o.output_dir, ec) && ec)
+    fail("{}: cannot create the output directory: {}", o.output_dir.string(), ec.message());
   const json manifest = manifest_of(o, source_shards);
   const fs::path manifest_path = o.output_dir / kConvertManifest;
   if (fs::exists(manifest_path)) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -210,6 +211,40 @@ TEST(Convert, RefusesAGroupSizeTheReaderCouldNotResolve) {
     EXPECT_THAT(e.what(), HasSubstr("down_proj"));
   }
   EXPECT_FALSE(fs::exists(out.path() / "c"));  // refused before anything was written
+}
+
+// A weight the quantizer cannot take is named with its tensor; an output that is a file is
+// refused with one line and kept.
+TEST(Convert, ANonFiniteWeightIsNamedAndAFileAsOutputIsRefused) {
+  const TinyModel model;
+  TempDir source, out;
+  model.write(source.path());
+  const std::string name = "model.layers.1.mlp.experts.2.up_proj.weight";
+  const fs::path shard = source.path() / model.shard_file(name);
+  test::SafetensorsParts parts = test::split_safetensors(shard);
+  const uint64_t begin = parts.header[name]["data_offsets"][0].get<uint64_t>();
+  const float nan = std::nanf("");
+  std::memcpy(parts.data.data() + begin + 4 * 9, &nan, 4);
+  test::write_file_bytes(shard, test::encode_safetensors(parts.header, parts.data));
+  try {
+    convert_checkpoint(options_for(source.path(), out.path() / "c"));
+    ADD_FAILURE() << "a NaN weight was quantized";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(name + ": quantize: non-finite weight at row 0, column 9"));
+  }
+
+  const fs::path file = out.path() / "file";
+  std::ofstream(file) << "kept";
+  try {
+    convert_checkpoint(options_for(source.path(), file));
+    ADD_FAILURE() << "a file taken as the output directory";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file.string() + ": the output is not a directory"));
+  }
+  std::ifstream in(file);
+  std::string kept;
+  in >> kept;
+  EXPECT_EQ(kept, "kept");
 }
 
 // ---- held-out perplexity of the embedded model -----------------------------------------------

@@ -101,6 +101,17 @@ TEST(Config, Glm5DefaultsWithoutLayerTypeLists) {
   EXPECT_THAT(c.indexer_is_full, ElementsAre(true, true, false, true, false));
 }
 
+// A top-k beyond the context selects every key either way: bounded by the context, so that
+// nothing is sized by it (1e9 once took 12 GB for 4 tokens).
+TEST(Config, IndexTopkIsBoundedByTheContext) {
+  json config = glm_config();
+  config["index_topk"] = 1000000000;
+  const ModelConfig c = parse(config);
+  EXPECT_EQ(c.index_topk, c.max_position_embeddings);
+  config["index_topk"] = 3;
+  EXPECT_EQ(parse(config).index_topk, 3);
+}
+
 TEST(Config, IndexTopkPattern) {
   json config = glm_config();
   config.erase("indexer_types");
