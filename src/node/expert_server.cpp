@@ -45,15 +45,21 @@ TestFault test_fault_from_env(int rank) {
   const int fields =
       std::sscanf(spec, "%15[a-z]:%d:%15[a-z0-9-]:%d", kind, &fault_rank, where, &after);
   if (fields < 3 || after < 1)
-    fail("COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER] or KIND:RANK:startup|load", spec);
+    fail(
+        "COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER] or "
+        "KIND:RANK:init|split|startup|load",
+        spec);
   const std::string k = kind, w = where;
   if (k != "corrupt" && k != "kill" && k != "stop" && k != "abort" && k != "exit")
     fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, abort, exit, corrupt)", k);
   int layer = -1;
   TestFault::Stage stage = TestFault::kNone;
-  if (w == "startup" || w == "load") {
+  if (w == "init" || w == "split" || w == "startup" || w == "load") {
     if (k == "corrupt") fail("COLIBRI_TEST_FAULT: corrupt needs a layer, not '{}'", w);
-    stage = w == "startup" ? TestFault::kStartup : TestFault::kLoad;
+    stage = w == "init"      ? TestFault::kInit
+            : w == "split"   ? TestFault::kSplit
+            : w == "startup" ? TestFault::kStartup
+                             : TestFault::kLoad;
   } else {
     char* end = nullptr;
     layer = int(std::strtol(where, &end, 10));

@@ -12,11 +12,13 @@ namespace colibri {
 // kills itself (SIGKILL), stops itself (SIGSTOP), aborts (SIGABRT), exits with status 1 without
 // MPI_Finalize, or corrupts its reply when serving LAYER (all but corrupt: at the AFTER-th request
 // for LAYER, counting from 1; default the first). LAYER may instead name a start-up point (not
-// with corrupt): "startup" (before the ranks compare their argument checks) or "load" (after the
-// handshake, before loading weights); those apply to any rank, the coordinator too. With
+// with corrupt): "init" (before MPI_Init, the rank taken from the launcher's environment),
+// "split" (before the node's first communicator split), "startup" (before the ranks compare
+// their argument checks) or "load" (after the handshake, before loading weights); those apply to
+// any rank, the coordinator too. With
 // --split-linears, a request for a split linear of LAYER counts as a request for LAYER.
 struct TestFault {
-  enum Stage { kNone, kStartup, kLoad };
+  enum Stage { kNone, kInit, kSplit, kStartup, kLoad };
   int signal_at_layer = -1;         // raise `signal` when a request for this layer arrives
   Stage signal_at_stage = kNone;    // or at this start-up point
   int signal = 0;                   // 0: exit with status 1 instead

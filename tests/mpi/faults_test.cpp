@@ -203,6 +203,30 @@ TEST(MpiFaults, ARankKilledDuringStartupEndsTheJobQuickly) {
   }
 }
 
+// A rank stopped in its first instant (before MPI_Init, or before the node's first communicator
+// split) leaves the others in a call without a deadline of its own: the watchdog ends the job
+// within --startup-timeout, naming the step (MPI cannot tell which rank is missing there).
+TEST(MpiFaults, ARankStoppedBeforeMpiInitOrTheFirstSplitEndsTheJobInTime) {
+  const double timeout = 3;
+  for (const auto& [fault, step] :
+       {std::pair{"stop:1:init", "MPI_Init"},
+        std::pair{"stop:2:split", "the communicator split at start-up"}}) {
+    SCOPED_TRACE(fault);
+    const JobResult r =
+        run_mpmd({{3, plus(generate_args(), {"--startup-timeout", std::to_string(timeout)})}},
+                 {{"COLIBRI_TEST_FAULT", fault}});
+    expect_clean_end(r);
+    EXPECT_NE(r.exit_code, 0) << describe(r);
+    EXPECT_GE(r.elapsed_s, timeout) << "ended before the deadline could fire\n" << describe(r);
+    EXPECT_LT(r.elapsed_s, timeout + kAfterDeadlineSeconds) << describe(r);
+    EXPECT_NE(
+        r.combined.find(std::string(step) + " did not finish within 3.0 s (--startup-timeout)"),
+        std::string::npos)
+        << describe(r);
+    EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+  }
+}
+
 // ---- 2. ranks that disagree ---------------------------------------------------------------------
 
 TEST(MpiFaults, RanksThatDisagreeOnASettingAreRefusedNamingBothAndTheField) {
@@ -245,6 +269,15 @@ TEST(MpiFaults, RanksThatDisagreeOnASettingAreRefusedNamingBothAndTheField) {
                      {rank_at(first) + " and " + rank_at(second) + " disagree on " + c.field,
                       "'" + c.odd_value, "'" + c.other_value + "'"});
   }
+}
+
+// --serve on an expert rank of an MPMD job whose coordinator generates from the command line
+// would be ignored: refused at the handshake naming both ranks.
+TEST(MpiFaults, ServeOnAnExpertRankAloneIsRefused) {
+  const JobResult r =
+      run_three_with_one_odd(1, generate_args(), {"--model", kModel.string(), "--serve"});
+  expect_one_error(r, "colibri-node: error: ",
+                   {rank_at(1) + " and " + rank_at(0) + " disagree on --serve", "'on'", "'off'"});
 }
 
 // Adds 1 to the lowest mantissa bit of every F32, BF16 and F16 value: the same config, names,

@@ -15,11 +15,13 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "model_writer.h"
+#include "node/command_line.h"
 
 extern char** environ;
 
@@ -410,6 +412,9 @@ const ArgsCase kArgsCases[] = {
     {"LogitsOutWithScore",
      {"--score", "x.txt", "--logits-out", "l.npy"},
      {"--logits-out", "--score"}},
+    {"TransportNcclAlone", {"--transport", "nccl"}, {"--transport nccl", "a single process"}},
+    {"ThinkEmpty", {"--think", ""}, {"--think is given an empty value"}},
+    {"LayoutEmpty", {"--layout", ""}, {"--layout is given an empty value"}},
 };
 
 class CliArgs : public ::testing::TestWithParam<ArgsCase> {};
@@ -433,6 +438,101 @@ TEST(CliArgs, EmptyPromptIsRefusedNotReplacedByTheDefault) {
   expect_refused(
       run_node({"--model", kEmbeddedModel.string(), "--prompt", "", "--ngen", "2"}, scratch.path()),
       {"--prompt is empty"});
+}
+
+TEST(CliArgs, EmptyPromptIdsAreRefusedNotReplacedByTheDefaultPrompt) {
+  test::TempDir scratch;
+  expect_refused(run_node({"--model", kEmbeddedModel.string(), "--prompt-ids", "", "--ngen", "2"},
+                          scratch.path()),
+                 {"--prompt-ids is given an empty value"});
+}
+
+// Every flag the table gives to one kind of run (generation from the command line, --serve, a run
+// with a GPU), given for another, is refused naming it: it would be ignored.
+TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
+  const std::map<std::string, std::string> values = {{"--prompt", "x"},
+                                                     {"--prompt-ids", "1,2"},
+                                                     {"--chat", ""},
+                                                     {"--score", "x.txt"},
+                                                     {"--chat-format", ""},
+                                                     {"--think", "on"},
+                                                     {"--ngen", "2"},
+                                                     {"--temp", "0.5"},
+                                                     {"--top-p", "0.9"},
+                                                     {"--seed", "3"},
+                                                     {"--ignore-eos", ""},
+                                                     {"--logits-out", "l.npy"},
+                                                     {"--sequences", "2"},
+                                                     {"--host", "127.0.0.1"},
+                                                     {"--port", "8081"},
+                                                     {"--api-key", "k"},
+                                                     {"--max-batch-tokens", "64"},
+                                                     {"--max-queue", "8"},
+                                                     {"--max-body-mb", "2"},
+                                                     {"--no-prefix-cache", ""},
+                                                     {"--vram-gb", "1"},
+                                                     {"--pcie-gbps", "20"},
+                                                     {"--cpu-expert-gbps", "5"}};
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  int checked = 0;
+  for (const FlagRow& row : flag_table()) {
+    if (row.use == FlagUse::kAny) continue;
+    const auto value = values.find(row.name);
+    if (value == values.end()) {
+      ADD_FAILURE() << row.name << ": no value to try it with";
+      continue;
+    }
+    std::vector<std::string> args = {"--model", dir.path().string()};
+    std::string expected;
+    if (row.use == FlagUse::kOffline) {
+      args.push_back("--serve");
+      expected = "does not apply to --serve";
+    } else {
+      args.insert(args.end(), {"--prompt-ids", "1,2", "--ngen", "2"});
+      expected = row.use == FlagUse::kServe ? "is a --serve flag" : "applies to a run with a GPU";
+    }
+    args.push_back(row.name);
+    if (!value->second.empty()) args.push_back(value->second);
+    SCOPED_TRACE(row.name);
+    expect_refused(run_node(args, scratch.path()), {row.name + " " + expected});
+    ++checked;
+  }
+  EXPECT_GE(checked, 20);
+}
+
+// Sets an environment variable for one scope (the colibri-node started inherits it).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(CliArgs, EmptyApiKeyIsRefusedNotAnOpenServer) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  expect_refused(
+      run_node({"--model", dir.path().string(), "--serve", "--api-key", ""}, scratch.path()),
+      {"--api-key is empty"});
+  const ScopedEnv empty("COLIBRI_API_KEY", "");
+  expect_refused(run_node({"--model", dir.path().string(), "--serve"}, scratch.path()),
+                 {"COLIBRI_API_KEY is set but empty"});
+}
+
+TEST(CliArgs, EnvironmentKnobsAreCheckedAtStart) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  const std::vector<std::string> args = {"--model", dir.path().string(), "--prompt-ids", "1,2"};
+  {
+    const ScopedEnv isa("COLIBRI_ISA", "sse9");
+    expect_refused(run_node(args, scratch.path()),
+                   {"COLIBRI_ISA=sse9: expected scalar, avx2 or avx512"});
+  }
+  const ScopedEnv vnni("COLIBRI_VNNI", "yes");
+  expect_refused(run_node(args, scratch.path()), {"COLIBRI_VNNI='yes' must be 0 (off) or 1 (on)"});
 }
 
 TEST(CliArgs, LargestSeedIsAccepted) {
@@ -623,6 +723,33 @@ TEST(CliInputs, Bf16WeightWithNanIsRefusedAtLoad) {
   test::write_file_bytes(file, test::encode_safetensors(parts.header, parts.data));
   expect_refused(run_node({"--model", dir.path().string(), "--prompt-ids", "1,2"}, scratch.path()),
                  {file.string(), "tensor 'lm_head.weight'", "nan at index 5"});
+}
+
+// Sets every value of F32 tensor `name` in its shard.
+void fill_f32(const fs::path& dir, const test::TinyModel& m, const std::string& name, float value) {
+  const fs::path file = dir / m.shard_file(name);
+  test::SafetensorsParts parts = test::split_safetensors(file);
+  const uint64_t begin = parts.header[name]["data_offsets"][0].get<uint64_t>();
+  const uint64_t end = parts.header[name]["data_offsets"][1].get<uint64_t>();
+  for (uint64_t at = begin; at < end; at += 4) std::memcpy(parts.data.data() + at, &value, 4);
+  test::write_file_bytes(file, test::encode_safetensors(parts.header, parts.data));
+}
+
+// Finite weights whose products overflow: the first logits are refused, naming where, and no
+// token is sampled from them.
+TEST(CliInputs, LogitsThatOverflowAreRefusedNotSampled) {
+  test::TempDir dir, scratch;
+  const test::TinyModel model;
+  model.write(dir.path());
+  fill_f32(dir.path(), model, "model.norm.weight", 1e20f);
+  fill_f32(dir.path(), model, "lm_head.weight", 1e20f);
+  const RunResult r = run_node(
+      {"--model", dir.path().string(), "--prompt-ids", "1,2", "--ngen", "3", "--temp", "1"},
+      scratch.path());
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("the lm_head made the logits non-finite"));
+  EXPECT_THAT(r.err, HasSubstr("at sequence 0 position 1"));
+  EXPECT_EQ(r.out, "");
 }
 
 // ---- context limits (the tiny model has max_position_embeddings 256) -----------------------
