@@ -127,7 +127,8 @@ std::string json_string(const std::string& text) {
 
 // ---- table -----------------------------------------------------------------------------------
 
-void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const RunSummary& run) {
+void print_profile(std::FILE* out, const std::vector<RankReport>& reports,
+                   const std::optional<RunSummary>& served) {
   size_t role_w = 4, host_w = 4;
   for (const RankReport& r : reports) {
     role_w = std::max(role_w, r.role.size());
@@ -199,6 +200,8 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const
     }
   }
 
+  if (!served) return;
+  const RunSummary& run = *served;
   fmt::print(
       out,
       "prefill {} tok in {:.3f} s | decode {} tok in {:.3f} s ({:.2f} tok/s) | TTFT {:.3f} s\n",

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -171,9 +172,11 @@ class OptionalScope {
 };
 
 // One table (per rank: busy %, wait %, rows, experts, bytes in/out, slowest count), then the
-// coordinator phase split and the run line
-// "prefill N tok in X s | decode M tok in Y s (Z tok/s) | TTFT T s".
-void print_profile(std::FILE* out, const std::vector<RankReport>& reports, const RunSummary& run);
+// coordinator phase split and, for a run from the command line, the run line
+// "prefill N tok in X s | decode M tok in Y s (Z tok/s) | TTFT T s" (none after --serve, whose
+// requests' figures are in /metrics).
+void print_profile(std::FILE* out, const std::vector<RankReport>& reports,
+                   const std::optional<RunSummary>& run);
 void write_profile_json(const std::filesystem::path& path, const std::vector<RankReport>& reports,
                         const RunSummary& run);
 // Chrome trace-event JSON: one process per rank (pid = rank, named "rank r (role)@host").

@@ -1,8 +1,10 @@
 #include "coordinator/engine.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/error.h"
+#include "common/finite.h"
 
 namespace colibri {
 
@@ -52,6 +54,20 @@ void Engine::check(const Batch& batch) {
     if (seq_end_[size_t(s)] >= 0) kv_.reserve(s, seq_end_[size_t(s)]);
 }
 
+void Engine::check_logits(const Batch& batch, std::span<const float> logits) const {
+  const std::optional<size_t> bad = find_non_finite(logits);
+  if (!bad) return;
+  const size_t vocab = size_t(config_.vocab_size);
+  size_t row = *bad / vocab;
+  for (const BatchRow& r : batch.rows) {
+    if (!r.logits) continue;
+    if (row-- > 0) continue;
+    fail("the lm_head made the logits non-finite ({} for token id {} at sequence {} position {})",
+         logits[*bad], *bad % vocab, r.seq, r.pos);
+  }
+  fail("the lm_head made the logits non-finite ({} at index {})", logits[*bad], *bad);
+}
+
 std::vector<float> Engine::forward(const Batch& batch) {
   check(batch);
   const int n = batch.size();
@@ -85,6 +101,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
     OptionalScope scope(profiler_, Phase::kLmHead);
     logits = compute_->logits(batch);  // a GPU compute reports a non-finite residual here
   }
+  check_logits(batch, logits);
   for (int s = 0; s < int(seq_end_.size()); ++s)
     if (seq_end_[size_t(s)] >= 0) kv_.set_length(s, seq_end_[size_t(s)]);
   return logits;

@@ -59,6 +59,8 @@ class Engine {
 
  private:
   void check(const Batch& batch);
+  // Refuses logits holding a NaN or ±Inf (an lm_head whose products overflow), naming the row.
+  void check_logits(const Batch& batch, std::span<const float> logits) const;
 
   const ModelConfig& config_;
   const ModelWeights& weights_;

@@ -73,9 +73,9 @@ class Api {
         format_(chat_format_for(config)),
         chat_stop_ids_(chat_stop_ids(format_, config, tokenizer)) {}
 
-  void completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void completions(const std::string& body, httplib::Response& res, bool chat) {
     try {
-      handle(req, res, chat);
+      handle(body, res, chat);
     } catch (const ApiError& e) {
       reply_error(res, e);
     }
@@ -84,8 +84,8 @@ class Api {
  private:
   static constexpr int kDefaultMaxTokens = 512;
 
-  void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
-    const CompletionRequest r = parse_completion_request(req.body, chat, config_.vocab_size);
+  void handle(const std::string& body, httplib::Response& res, bool chat) {
+    const CompletionRequest r = parse_completion_request(body, chat, config_.vocab_size);
     auto job = std::make_shared<ServeJob>();
     ServeRequest& s = job->request;
     if (chat) {
@@ -106,9 +106,11 @@ class Api {
       throw ApiError(400, "the prompt has no tokens", chat ? "messages" : "prompt");
     const int64_t context = config_.max_position_embeddings;
     const int64_t prompt_tokens = int64_t(s.prompt.size());
-    const int64_t max_tokens = r.max_tokens
-                                   ? *r.max_tokens
-                                   : std::min<int64_t>(kDefaultMaxTokens, context - prompt_tokens);
+    // Without max_tokens: what fits the context and the KV pool, at most kDefaultMaxTokens.
+    const int64_t max_tokens =
+        r.max_tokens ? *r.max_tokens
+                     : std::min({int64_t(kDefaultMaxTokens), context - prompt_tokens,
+                                 int64_t(scheduler_.kv_capacity_tokens()) - prompt_tokens});
     // max_tokens may be as large as int64 allows: compare before adding.
     const int64_t positions =
         max_tokens > context ? context + 1 : prompt_tokens + std::max<int64_t>(max_tokens, 1);
@@ -348,12 +350,36 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
                                {"max_model_len", engine.config().max_position_embeddings}}})}};
     res.set_content(dump_json(body), "application/json");
   });
-  server.Post("/v1/chat/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    api.completions(req, res, true);
-  });
-  server.Post("/v1/completions", [&](const httplib::Request& req, httplib::Response& res) {
-    api.completions(req, res, false);
-  });
+  // The body through a content reader, counted as it arrives and after any decompression, so that
+  // --max-body-mb holds for chunked and compressed bodies too (cpp-httplib's own limit sees only
+  // Content-Length).
+  for (const auto& [path, chat] :
+       {std::pair{"/v1/chat/completions", true}, std::pair{"/v1/completions", false}}) {
+    server.Post(path, [&, chat = chat](const httplib::Request&, httplib::Response& res,
+                                       const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      const bool read = reader([&](const char* data, size_t bytes) {
+        too_large = bytes > options.max_body_bytes - body.size();
+        if (!too_large) body.append(data, bytes);
+        return !too_large;
+      });
+      if (too_large || res.status == 413) {
+        res.set_header("Connection", "close");  // the rest of the body is not read
+        reply_error(res, ApiError(413,
+                                  fmt::format("the request body is larger than --max-body-mb "
+                                              "({} bytes, after decompression)",
+                                              options.max_body_bytes),
+                                  {}, {}, "invalid_request_error"));
+      } else if (!read) {
+        res.set_header("Connection", "close");
+        reply_error(res, ApiError(400, "the request body could not be read", {}, {},
+                                  "invalid_request_error"));
+      } else {
+        api.completions(body, res, chat);
+      }
+    });
+  }
 
   int port = options.port;
   if (port == 0) {
@@ -381,6 +407,13 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
                "'{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":32}'\n",
                options.model_name.c_str(), base.c_str(), base.c_str(),
                options.api_key.empty() ? "" : " -H \"Authorization: Bearer $COLIBRI_API_KEY\"");
+  const bool loopback =
+      options.host == "127.0.0.1" || options.host == "localhost" || options.host == "::1";
+  if (options.api_key.empty() && !loopback)
+    std::fprintf(stderr,
+                 "colibri-node: warning: no --api-key: every route is open to whoever reaches %s "
+                 "(give --api-key or COLIBRI_API_KEY)\n",
+                 base.c_str());
   std::fflush(stderr);
 
   // The watcher: a first signal drains; a second one, or (in a job) a signal while an exchange

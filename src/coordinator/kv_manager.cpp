@@ -30,6 +30,18 @@ KvManager::KvManager(const ModelConfig& config, int kv_tokens, int max_seqs, int
   for (int b = blocks - 1; b >= 0; --b) free_.push_back(b);  // block 0 handed out first
 }
 
+uint64_t KvManager::pool_bytes(const ModelConfig& config, int kv_tokens, int block_tokens,
+                               bool indexer) {
+  const uint64_t slots = uint64_t(pool_blocks(kv_tokens, block_tokens)) * uint64_t(block_tokens);
+  uint64_t values = 0;
+  for (int l = 0; l < config.num_layers; ++l) {
+    values += uint64_t(config.kv_lora_rank + config.qk_rope_head_dim);
+    if (indexer && config.has_indexer() && config.indexer_is_full[size_t(l)])
+      values += uint64_t(config.index_head_dim);
+  }
+  return slots * values * sizeof(float);
+}
+
 int KvManager::open() {
   for (size_t s = 0; s < seqs_.size(); ++s) {
     if (seqs_[s].open) continue;

@@ -26,6 +26,10 @@ class KvManager {
   static int pool_blocks(int kv_tokens, int block_tokens = kDefaultBlockTokens) {
     return (kv_tokens + block_tokens - 1) / block_tokens;
   }
+  // Bytes of the pool for `kv_tokens`; `indexer` false: the MLA cache alone (a rank's copy for
+  // split heads).
+  static uint64_t pool_bytes(const ModelConfig& config, int kv_tokens,
+                             int block_tokens = kDefaultBlockTokens, bool indexer = true);
 
   // A free sequence slot, empty; an Error when all max_seqs slots are in use.
   int open();

@@ -48,6 +48,7 @@ V copy_range(const V& v, int64_t begin, int64_t end) {
 }  // namespace
 
 void linear(const Matrix& w, const float* x, int64_t n, float* y) {
+  if (n == 0) return;  // e.g. the lm_head of a prefill chunk that ends no prompt
   if (!w.remote) {
     linear_held(w, x, n, y);
     return;

@@ -43,6 +43,14 @@ std::string memory_refusal(const ExpertMemoryPlan& plan, uint64_t available,
       double(plan.in_flight_bytes) / gib, double(available) / gib);
 }
 
+std::string memory_refusal(uint64_t bytes, const std::string& what, uint64_t available,
+                           const std::string& who) {
+  if (available == 0 || bytes <= available) return {};
+  const double gib = double(1ull << 30);
+  return fmt::format("{}: {} needs {:.2f} GiB but MemAvailable is {:.2f} GiB", who, what,
+                     double(bytes) / gib, double(available) / gib);
+}
+
 uint64_t gib_to_bytes(double gib, const char* what) {
   if (!std::isfinite(gib) || gib < 0 || gib > double(1ull << 30))
     fail("{} {} GiB must be a finite number between 0 and 2^30", what, gib);

@@ -28,6 +28,11 @@ uint64_t available_memory_bytes();
 std::string memory_refusal(const ExpertMemoryPlan& plan, uint64_t available,
                            const std::string& who);
 
+// "" when `bytes` of `what` (e.g. "the KV pool of 4096 tokens (--kv-tokens)") fit `available`
+// bytes (0: unknown, always fits), else the refusal naming `who` and the numbers.
+std::string memory_refusal(uint64_t bytes, const std::string& what, uint64_t available,
+                           const std::string& who);
+
 // GiB to bytes; an Error naming `what` when negative, not finite or beyond 2^60 bytes.
 uint64_t gib_to_bytes(double gib, const char* what);
 

@@ -21,6 +21,7 @@
 #include "transport/exchange.h"
 #include "transport/local_dispatcher.h"
 #include "transport/mpi_check.h"
+#include "transport/watchdog.h"
 
 namespace colibri {
 
@@ -46,11 +47,15 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   // Node-local rank, for the default layout's GPU assignment, and how waits poll on this host.
   // MPI_Comm_split_type and host_poll_spin_us block without a deadline: they come first, while
   // every rank is at the same point, before any file is read.
+  raise_test_fault(options_.fault, TestFault::kSplit, rank_);
   MPI_Comm local;
-  CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
-  CHECK_MPI(MPI_Comm_rank(local, &input.local_rank));
-  set_poll_spin_us(host_poll_spin_us(local, omp_get_max_threads()));
-  CHECK_MPI(MPI_Comm_free(&local));
+  {
+    const WatchdogScope watchdog(options_.startup_timeout_s, "the communicator split at start-up");
+    CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local));
+    CHECK_MPI(MPI_Comm_rank(local, &input.local_rank));
+    set_poll_spin_us(host_poll_spin_us(local, omp_get_max_threads()));
+    CHECK_MPI(MPI_Comm_free(&local));
+  }
 
   // A model this rank cannot open is reported by the handshake, so that the other ranks learn
   // it instead of waiting.
@@ -111,10 +116,19 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     load.owns_expert = [](int, int) { return false; };  // held by expert_store_
   }
   weights_ = load_model_weights(config_, *checkpoint_, load);
-  // A rank that serves rows keeps its own and frees the rest before its experts load.
-  std::string split_error;
+  // A rank that serves rows keeps its own and frees the rest before its experts load; its copy of
+  // the compressed cache (at most every layer's) must fit first.
+  const int kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
+  std::string split_error =
+      serves_rows
+          ? memory_refusal(KvManager::pool_bytes(config_, kv_tokens, split.kv_block_tokens, false),
+                           fmt::format("its copy of the KV cache of {} tokens "
+                                       "(--kv-tokens)",
+                                       kv_tokens),
+                           available_memory_bytes(), me.name_of(rank_))
+          : std::string();
   try {
-    if (serves_rows) {
+    if (serves_rows && split_error.empty()) {
       linear_server_ =
           std::make_unique<LinearServer>(comm_, config_, weights_, split_part, split, *profiler_);
       weights_ = ModelWeights();
@@ -245,6 +259,14 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       refuse(fmt::format("the coordinator on a GPU: {}", e.what()));
     }
   }
+  // The coordinator's KV pool in RAM is allocated with the engine, below.
+  if (is_coordinator() && !coordinator_compute && gpu_status.message.empty())
+    if (const std::string r =
+            memory_refusal(KvManager::pool_bytes(config_, kv_tokens),
+                           fmt::format("the KV pool of {} tokens (--kv-tokens)", kv_tokens),
+                           available_memory_bytes(), me.name_of(rank_));
+        !r.empty())
+      refuse(r);
   const StartupVerdict gpu_verdict =
       agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));
   if (gpu_verdict.reporter >= 0) throw StartupRefused(gpu_verdict.status.message);

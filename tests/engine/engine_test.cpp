@@ -382,6 +382,9 @@ TEST(KvManager, ExhaustionReuseAndLimitsNameTheNumbers) {
   KvManager kv(config, /*kv_tokens=*/40, /*max_seqs=*/3, /*block_tokens=*/16);
   EXPECT_EQ(kv.total_blocks(), 3);  // 40 tokens round up to 3 blocks of 16
   EXPECT_EQ(kv.capacity_tokens(), 48);
+  // What the start-up memory check counts before allocating is what the pool holds.
+  EXPECT_EQ(KvManager::pool_bytes(config, 40, 16), kv.bytes());
+  EXPECT_LT(KvManager::pool_bytes(config, 40, 16, /*indexer=*/false), kv.bytes());
   const int a = kv.open(), b = kv.open();
   kv.reserve(a, 20);  // 2 blocks
   EXPECT_EQ(kv.free_blocks(), 1);

@@ -184,6 +184,58 @@ TEST(MpiCli, StoppedSplitLinearRankIsNamedAfterTheRankTimeout) {
       << describe(r);
 }
 
+// --split-linears in the batched path: a prompt longer than one prefill chunk (--max-rows 3)
+// gives the lm_head a chunk without rows for logits, which once stopped every rank with "0 rows";
+// the sequences equal one process's.
+TEST(MpiCli, SplitLinearsBatchOfLongPromptsEqualsOneProcess) {
+  ASSERT_GT(golden().prompt.size(), 3u);
+  const std::vector<std::string> args = {"--model",
+                                         kModel.string(),
+                                         "--prompt-ids",
+                                         golden().prompt_arg,
+                                         "--ngen",
+                                         "4",
+                                         "--ignore-eos",
+                                         "--sequences",
+                                         "2",
+                                         "--max-rows",
+                                         "3",
+                                         "--quiet"};
+  const JobResult alone = run_node(1, args);
+  expect_clean_end(alone);
+  ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+  std::vector<std::string> split = args;
+  split.push_back("--split-linears");
+  const JobResult r = run_node(2, split);
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(alone.out.find("[sequence 1] "), std::string::npos) << alone.out;
+  EXPECT_EQ(r.out, alone.out);
+}
+
+// A KV pool, or the copy of it a rank keeps for --split-linears, larger than the memory is
+// refused at start-up with the numbers, before anything is allocated for it.
+TEST(MpiCli, KvPoolBeyondTheMemoryIsRefusedWithTheNumbers) {
+  const std::vector<std::string> args = {"--model",           kModel.string(), "--prompt-ids",
+                                         golden().prompt_arg, "--ngen",        "2",
+                                         "--kv-tokens",       "1073741824"};
+  const JobResult alone = run_node(1, args);
+  expect_clean_end(alone);
+  EXPECT_EQ(alone.exit_code, 1) << describe(alone);
+  EXPECT_NE(alone.err.find("the KV pool of 1073741824 tokens (--kv-tokens) needs "),
+            std::string::npos)
+      << describe(alone);
+  std::vector<std::string> split = args;
+  split.push_back("--split-linears");
+  const JobResult r = run_node(2, split);
+  expect_clean_end(r);
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  // The coordinator's pool is the larger; a rank's copy is checked too (a host with less memory).
+  EXPECT_NE(r.err.find("1073741824 tokens (--kv-tokens) needs "), std::string::npos) << describe(r);
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << describe(r);
+  EXPECT_TRUE(parse_tokens(r.out).empty()) << r.out;
+}
+
 TEST(MpiCli, CorruptedReplyIsDetectedByChecksum) {
   const JobResult r = run_node(3,
                                {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg,

@@ -275,6 +275,17 @@ TEST(RankReport, CerealBinaryRoundTripKeepsEveryField) {
 
 // ---- table -----------------------------------------------------------------------------------
 
+// After --serve there is no run of the command line's to sum up: the table, no run line.
+TEST(PrintProfile, WithoutARunThereIsNoRunLine) {
+  std::FILE* file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  print_profile(file, sample_reports(), std::nullopt);
+  const std::string text = slurp(file);
+  std::fclose(file);
+  EXPECT_NE(text.find("   0  coordinator  hostA"), std::string::npos) << text;
+  EXPECT_EQ(text.find("prefill "), std::string::npos) << text;
+}
+
 TEST(PrintProfile, TableRowsPhasesAndRunLine) {
   std::FILE* file = std::tmpfile();
   ASSERT_NE(file, nullptr);

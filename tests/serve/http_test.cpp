@@ -11,6 +11,7 @@
 
 #include "../mpi/session.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -68,8 +69,10 @@ class ServerProcess {
       args = split(COLIBRI_MPIRUN, '|');
       args.insert(args.end(), {"-np", std::to_string(np)});
     }
-    args.insert(args.end(), {COLIBRI_NODE_BINARY, "--model", kModel, "--serve", "--port", "0",
-                             "--quiet", "--kv-tokens", "16384"});
+    args.insert(args.end(),
+                {COLIBRI_NODE_BINARY, "--model", kModel, "--serve", "--port", "0", "--quiet"});
+    if (std::find(extra_args.begin(), extra_args.end(), "--kv-tokens") == extra_args.end())
+      args.insert(args.end(), {"--kv-tokens", "16384"});
     args.insert(args.end(), extra_args.begin(), extra_args.end());
     std::map<std::string, std::string> env_map = {
         {"OMPI_ALLOW_RUN_AS_ROOT", "1"},       {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
@@ -447,6 +450,21 @@ TEST(Serve, StopStringsMaxTokensAndSeeds) {
   EXPECT_EQ(a.tokens.size(), 24u);
 }
 
+// Without max_tokens a request gets what fits: on a KV pool smaller than the default of 512 plus
+// the prompt it runs to the pool's end instead of being refused.
+TEST(Serve, DefaultMaxTokensIsWhatTheKvPoolHolds) {
+  ServerProcess server(1, {"--kv-tokens", "64"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  json request = completion("And God said,", 1);
+  request.erase("max_tokens");
+  const Reply r = post(server.port(), "/v1/completions", request.dump());
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const int prompt_tokens = r.usage["prompt_tokens"].get<int>();
+  EXPECT_GT(prompt_tokens, 0);
+  EXPECT_EQ(r.usage["completion_tokens"].get<int>(), 64 - prompt_tokens) << r.raw;
+  EXPECT_EQ(r.finish_reason, "length");
+}
+
 TEST(Serve, PrefixReuseGivesTheTokensOfRecomputation) {
   ServerProcess cached(1, {});
   ServerProcess uncached(1, {"--no-prefix-cache"});
@@ -670,6 +688,44 @@ TEST(Serve, HostileRequestsGet4xxAndTheServerKeepsServing) {
   std::printf("[serve] %zu hostile requests: ", sent);
   for (const auto& [s, n] : statuses) std::printf("%d x%d ", s, n);
   std::printf("\n");
+}
+
+// --max-body-mb counts the body as it arrives and after decompression: a chunked body and a gzip
+// body that inflates past the limit get 413 like one with a Content-Length; a small gzip body is
+// served.
+TEST(Serve, BodyLimitHoldsForChunkedAndCompressedBodies) {
+  ServerProcess server(1, {"--max-body-mb", "0.05"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const std::string big = "{\"prompt\":\"" + std::string(200000, 'a') + "\"}";
+  httplib::Client chunked("127.0.0.1", port);
+  chunked.set_read_timeout(30);
+  const auto cut = chunked.Post(
+      "/v1/completions",
+      [&](size_t, httplib::DataSink& sink) {
+        sink.write(big.data(), big.size());
+        sink.done();
+        return true;
+      },
+      "application/json");
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(cut->status, 413) << cut->body;
+  EXPECT_NE(cut->body.find("--max-body-mb"), std::string::npos) << cut->body;
+
+  httplib::Client gzip("127.0.0.1", port);
+  gzip.set_read_timeout(30);
+  gzip.set_compress(true);
+  for (size_t inflated : {size_t(200000), size_t(30000000)}) {
+    const std::string body = "{\"prompt\":\"" + std::string(inflated, 'a') + "\"}";
+    const auto bomb = gzip.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(bomb) << inflated;
+    EXPECT_EQ(bomb->status, 413) << inflated << ": " << bomb->body;
+  }
+  const auto small =
+      gzip.Post("/v1/completions", completion("And God said,", 2).dump(), "application/json");
+  ASSERT_TRUE(small);
+  EXPECT_EQ(small->status, 200) << small->body;
+  EXPECT_TRUE(server.alive());
 }
 
 TEST(Serve, ClientDisconnectFreesTheSequenceAndItsBlocks) {
