@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <iterator>
 #include <thread>
 
 #include "common/error.h"
@@ -297,7 +298,11 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
   server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path == "/health")
       return httplib::Server::HandlerResponse::Unhandled;
-    if (!constant_time_equal(req.get_header_value("Authorization"), "Bearer " + options.api_key)) {
+    // The header's whole value: get_header_value() goes through a C string, so that a value
+    // with a NUL byte in it would compare as its prefix. One Authorization header only.
+    const auto [first, last] = req.headers.equal_range("Authorization");
+    const bool one = first != last && std::next(first) == last;
+    if (!one || !constant_time_equal(first->second, "Bearer " + options.api_key)) {
       res.set_header("WWW-Authenticate", "Bearer");
       reply_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", {},
                                 "invalid_api_key", "authentication_error"));

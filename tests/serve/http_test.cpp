@@ -1,8 +1,11 @@
 // colibri-node --serve as a user runs it: a subprocess (alone, or mpirun at 3 ranks) on a free
 // port, driven by cpp-httplib's client. Every wait has a deadline and the server's whole session
 // is killed at the end of each test, so nothing outlives a test.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -725,6 +728,48 @@ TEST(Serve, BodyLimitHoldsForChunkedAndCompressedBodies) {
       gzip.Post("/v1/completions", completion("And God said,", 2).dump(), "application/json");
   ASSERT_TRUE(small);
   EXPECT_EQ(small->status, 200) << small->body;
+  EXPECT_TRUE(server.alive());
+}
+
+// The status line of one raw HTTP/1.1 request (bytes as given, NULs included) on a new connection.
+std::string raw_status(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(uint16_t(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string reply;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == ssize_t(request.size())) {
+    timeval timeout{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    char buffer[4096];
+    for (ssize_t n; (n = ::recv(fd, buffer, sizeof buffer, 0)) > 0;)
+      reply.append(buffer, size_t(n));
+  }
+  ::close(fd);
+  return reply.substr(0, reply.find("\r\n"));
+}
+
+// The key is compared as sent: a NUL byte after it, junk after that, or a second Authorization
+// header is not the key.
+TEST(Serve, AnApiKeyWithBytesAfterItIsNotTheKey) {
+  const std::string key = "test-key-123";
+  ServerProcess server(1, {"--api-key", key});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const std::string body = completion("a", 1).dump();
+  const auto request = [&](const std::string& headers) {
+    return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
+           headers + "Content-Length: " + std::to_string(body.size()) +
+           "\r\nConnection: close\r\n\r\n" + body;
+  };
+  const std::string bearer = "Authorization: Bearer " + key;
+  EXPECT_EQ(raw_status(server.port(), request(bearer + "\r\n")), "HTTP/1.1 200 OK");
+  for (const std::string& after : {std::string(1, '\0'), std::string("\0junk", 5)})
+    EXPECT_EQ(raw_status(server.port(), request(bearer + after + "\r\n")),
+              "HTTP/1.1 401 Unauthorized");
+  EXPECT_EQ(raw_status(server.port(), request(bearer + "\r\n" + bearer + "\r\n")),
+            "HTTP/1.1 401 Unauthorized");
   EXPECT_TRUE(server.alive());
 }
 
