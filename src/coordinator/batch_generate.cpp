@@ -34,10 +34,26 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   const int vocab = engine.config().vocab_size, max_rows = engine.max_rows();
   std::vector<GenerateResult> results(requests.size());
   std::vector<Running> state(requests.size());
-  for (const GenerateRequest& r : requests) {
+  // Every sequence's prompt and new tokens are reserved in the KV pool when it is admitted, so
+  // that none can run out part-way; one that cannot fit the whole pool is refused before any work.
+  const KvManager& kv = engine.kv();
+  const auto blocks_for = [&](const GenerateRequest& r) {
+    const int64_t tokens = int64_t(r.prompt.size()) + r.max_new_tokens;
+    return (tokens + kv.block_tokens() - 1) / kv.block_tokens();
+  };
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerateRequest& r = requests[i];
     if (r.prompt.empty()) fail("the prompt is empty");
     if (r.keep_logits) fail("batched generation does not keep logits");
+    if (blocks_for(r) > kv.total_blocks())
+      fail(
+          "sequence {}: {} prompt tokens and {} new ones need {} KV blocks of {} tokens, more than "
+          "the pool's {} (--kv-tokens {})",
+          i, r.prompt.size(), r.max_new_tokens, blocks_for(r), kv.block_tokens(), kv.total_blocks(),
+          kv.capacity_tokens());
   }
+  int64_t reserved_blocks = 0;  // of the open sequences'
+
   BatchGenerateStats local;
   BatchGenerateStats& s = stats ? *stats : local;
   const auto start = Clock::now();
@@ -48,6 +64,7 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   const auto finish = [&](size_t i) {
     Running& run = state[i];
     engine.close_sequence(run.slot);
+    reserved_blocks -= blocks_for(requests[i]);
     run.slot = -1;
     run.done = true;
     --open;
@@ -59,8 +76,10 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   };
 
   while (finished < requests.size()) {
-    // Admit waiting requests while slots are free.
-    while (next_waiting < requests.size() && int(open) < engine.kv().max_seqs()) {
+    // Admit waiting requests while slots and their blocks are free.
+    while (next_waiting < requests.size() && int(open) < kv.max_seqs() &&
+           reserved_blocks + blocks_for(requests[next_waiting]) <= kv.total_blocks()) {
+      reserved_blocks += blocks_for(requests[next_waiting]);
       Running& run = state[next_waiting];
       run.slot = engine.open_sequence();
       run.sampler.emplace(requests[next_waiting].sampling);

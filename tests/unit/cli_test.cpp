@@ -778,6 +778,38 @@ TEST(CliContext, PromptOrGenerationPastTheContextIsRefusedWithTheCounts) {
   EXPECT_FALSE(fs::exists(scratch.path() / "l.npy"));
 }
 
+// A batch whose sequences do not all fit the KV pool at once runs as many as fit and admits the
+// rest as blocks free (each reserves its prompt and new tokens when admitted, so none runs out
+// part-way); a sequence that cannot fit the whole pool is refused before any work.
+TEST(CliContext, ABatchLargerThanTheKvPoolWaitsAndOneThatCannotFitIsRefused) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  const std::vector<std::string> args = {
+      "--model", dir.path().string(), "--prompt-ids", "1,2,3,4", "--ngen",
+      "12",      "--ignore-eos",      "--quiet"};
+  const RunResult alone = run_node(args, scratch.path());
+  ASSERT_EQ(alone.exit_code, 0) << alone.err;
+  std::vector<std::string> batch = args;
+  batch.insert(batch.end(), {"--sequences", "6", "--kv-tokens", "48"});  // 3 blocks: 3 at once
+  const RunResult r = run_node(batch, scratch.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto out_lines = lines(r.out);
+  ASSERT_EQ(out_lines.size(), 6u) << r.out;
+  std::string tokens = alone.out;
+  while (!tokens.empty() && (tokens.back() == ' ' || tokens.back() == '\n')) tokens.pop_back();
+  for (size_t i = 0; i < out_lines.size(); ++i)
+    EXPECT_EQ(out_lines[i], "[sequence " + std::to_string(i) + "] " + tokens);
+
+  const std::vector<std::string> too_long = {"--model",      dir.path().string(),
+                                             "--prompt-ids", "1,2,3,4,5",
+                                             "--ngen",       "12",
+                                             "--sequences",  "2",
+                                             "--kv-tokens",  "16"};
+  expect_refused(run_node(too_long, scratch.path()),
+                 {"sequence 0: 5 prompt tokens and 12 new ones need 2 KV blocks of 16 tokens, "
+                  "more than the pool's 1 (--kv-tokens 16)"});
+}
+
 TEST(CliContext, GenerationUpToTheContextRuns) {
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
