@@ -32,6 +32,7 @@
 #include "model/generate.h"
 #include "model/score.h"
 #include "node/command_line.h"
+#include "node/job_signals.h"
 #include "node/node.h"
 #include "tokenizer/tokenizer.h"
 #include "transport/mpi_check.h"
@@ -180,6 +181,7 @@ void run_score(colibri::Node& node, const colibri::CommandLine& args,
 int run(const colibri::CommandLine& args) {
   colibri::Node node(MPI_COMM_WORLD, args.node);
   if (!node.is_coordinator()) {
+    if (args.serve) colibri::install_expert_rank_signal_handlers();
     node.serve();
     node.gather_reports();
     return 0;
@@ -217,6 +219,7 @@ int run(const colibri::CommandLine& args) {
 #endif
   }
 
+  if (node.size() == 1) colibri::install_offline_coordinator_signal_handlers();
   colibri::GenerateRequest request;
   request.max_new_tokens = args.ngen;
   request.sampling = {args.temperature, args.top_p, args.seed};
@@ -312,9 +315,10 @@ int run(const colibri::CommandLine& args) {
   return 0;
 }
 
-// MPI_Finalize waits for every rank too: within `seconds`.
+// MPI_Finalize waits for every rank too: within `seconds`, quietly (a rank that ends the job
+// has said why; one stuck there is ended by mpirun with the rest).
 void finalize(double seconds) {
-  const colibri::WatchdogScope watchdog(seconds, "MPI_Finalize");
+  const colibri::WatchdogScope watchdog(seconds, "");
   MPI_Finalize();
 }
 

@@ -42,6 +42,7 @@ void install_signal_handlers() {
   action.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &action, nullptr);
   ::sigaction(SIGTERM, &action, nullptr);
+  ::sigaction(SIGCONT, &action, nullptr);  // mpirun's first teardown step (node/job_signals.h)
 }
 
 // httplib 0.11.4 listens with a backlog of 5; a burst of clients would wait for SYN retries.
@@ -422,23 +423,49 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
   std::fflush(stderr);
 
   // The watcher: a first signal drains; a second one, or (in a job) a signal while an exchange
-  // makes no progress, ends every request with an error and the process with exit code 1.
+  // makes no progress, ends every request with an error and the process with exit code 1. In a
+  // job, mpirun's teardown (node/job_signals.h) starts with a SIGCONT to a running process: that
+  // drains too, and its SIGTERM, with the SIGKILL close behind, ends the requests still running
+  // with an error while the expert ranks (which defer it) still answer.
   std::atomic<bool> watching{true};
   std::thread watcher([&] {
     int signals = 0;
+    bool teardown = false;
+    auto last_tick = Clock::now();
     while (watching) {
       pollfd fd{g_signal_pipe[0], POLLIN, 0};
-      if (::poll(&fd, 1, 50) > 0) {
+      const bool ready = ::poll(&fd, 1, 50) > 0;
+      // A SIGCONT after a stop comes after a gap in these ticks; mpirun's comes to a running one.
+      const bool was_running = Clock::now() - last_tick < std::chrono::milliseconds(500);
+      last_tick = Clock::now();
+      if (ready) {
         char byte = 0;
+        bool end_requests = false;
         while (::read(g_signal_pipe[0], &byte, 1) == 1) {
-          ++signals;
-          std::fprintf(
-              stderr, "colibri-node: signal %d: %s\n", int(byte),
-              signals == 1 ? "draining (no new requests; running ones finish)" : "stopping now");
+          if (byte == SIGCONT) {
+            if (!options.multi_rank || !was_running || teardown || signals > 0) continue;
+            teardown = true;
+            std::fprintf(stderr,
+                         "colibri-node: SIGCONT from the launcher: the job is ending; draining "
+                         "(no new requests; running ones finish until its SIGTERM)\n");
+          } else if (teardown) {
+            end_requests = true;
+            std::fprintf(stderr,
+                         "colibri-node: signal %d during the launcher's teardown: ending the "
+                         "requests still running (SIGKILL follows)\n",
+                         int(byte));
+          } else {
+            ++signals;
+            std::fprintf(
+                stderr, "colibri-node: signal %d: %s\n", int(byte),
+                signals == 1 ? "draining (no new requests; running ones finish)" : "stopping now");
+          }
           std::fflush(stderr);
         }
-        if (signals == 1) scheduler.drain();
+        if (teardown || signals == 1) scheduler.drain();
+        if (end_requests) scheduler.fail_all("the job is ending: mpirun is stopping the ranks");
       }
+      if (teardown) continue;
       if (signals == 0) continue;
       bool give_up = signals > 1;
       const int64_t started = scheduler.step_started_ns();

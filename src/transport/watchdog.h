@@ -12,7 +12,8 @@ namespace colibri {
 
 class WatchdogScope {
  public:
-  // `what` names the step in the error: "MPI_Init", "the communicator split", ...
+  // `what` names the step in the error: "MPI_Init", "the communicator split", ...; empty: no
+  // line (MPI_Finalize, reached also while the job is torn down, when the reason is printed).
   WatchdogScope(double seconds, std::string what);
   ~WatchdogScope();
   WatchdogScope(const WatchdogScope&) = delete;

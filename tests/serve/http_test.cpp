@@ -858,6 +858,33 @@ TEST(Serve, SigtermDrainsRunningStreamsAndExitsZero) {
 
 // ---- under mpirun at 3 ranks -----------------------------------------------------------------
 
+// Ctrl-C (SIGINT) to mpirun: its teardown sends every rank SIGCONT, then SIGTERM and SIGKILL a
+// second apart (node/job_signals.h). The coordinator drains at the SIGCONT and at the SIGTERM
+// ends the stream still running with an error event and [DONE], before the SIGKILL.
+TEST(ServeMpi, SigintToMpirunEndsARunningStreamWithAnErrorEventFirst) {
+  ServerProcess server(3, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  std::atomic<bool> signalled{false};
+  const int max_tokens = 2000;
+  const Reply streamed = post_stream(port, "/v1/completions",
+                                     completion("And God said,", max_tokens), [&](const Reply& r) {
+                                       if (r.chunks.size() == 3 && !signalled) {
+                                         server.signal(SIGINT);
+                                         signalled = true;
+                                       }
+                                       return true;
+                                     });
+  EXPECT_TRUE(signalled);
+  EXPECT_TRUE(streamed.done) << "the stream was cut";
+  if (streamed.tokens.size() < size_t(max_tokens)) {
+    EXPECT_TRUE(streamed.error_event) << streamed.tokens.size() << " tokens";
+  }
+  EXPECT_NE(server.wait_exit(20), -1) << server.stderr_text();
+  EXPECT_NE(server.stderr_text().find("SIGCONT from the launcher"), std::string::npos)
+      << server.stderr_text();
+}
+
 TEST(ServeMpi, SixteenConcurrentClientsAtThreeRanks) {
   ServerProcess server(3, {"--max-seqs", "16", "--max-batch-tokens", "48"});
   ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
