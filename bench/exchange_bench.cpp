@@ -32,7 +32,7 @@
 #include "common/layout.h"
 #include "common/profile.h"
 #include "model/config.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/deadline.h"
 #include "transport/mpi_check.h"
 #include "transport/mpi_transport.h"

@@ -1,5 +1,5 @@
 // Rotary position embedding (with YaRN's frequencies and attention factor) on a CUDA device.
-// Oracle: Rope::apply (src/coordinator/rope.cpp), whose inv_freq and attention_factor the caller
+// Oracle: Rope::apply (src/model/rope.cpp), whose inv_freq and attention_factor the caller
 // uploads. Includable from plain C++.
 #pragma once
 

@@ -1,6 +1,6 @@
 // DeepSeek-V3 / GLM-5 routing on a CUDA device: sigmoid scores, e_score_correction_bias for the
 // choice only, group-limited top-k, optional renormalisation and routed_scaling_factor. Oracle:
-// route_tokens (src/coordinator/router.cpp), whose tie order (lower index first) it keeps.
+// route_tokens (src/moe/router.cpp), whose tie order (lower index first) it keeps.
 // Includable from plain C++.
 #pragma once
 

@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "common/error.h"
-#include "coordinator/sampler.h"
+#include "model/sampler.h"
 
 namespace colibri {
 namespace {

@@ -7,7 +7,7 @@
 #include "common/finite.h"
 #include "coordinator/cpu_attention.h"
 #include "cpu/elementwise.h"
-#include "rank/experts.h"
+#include "moe/experts.h"
 
 namespace colibri {
 

@@ -15,9 +15,9 @@
 #include "coordinator/attention_backend.h"
 #include "coordinator/batch.h"
 #include "coordinator/kv_manager.h"
-#include "coordinator/router.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "moe/router.h"
 
 namespace colibri {
 

@@ -10,8 +10,8 @@
 #include "common/profile.h"
 #include "coordinator/attention_backend.h"
 #include "coordinator/kv_manager.h"
-#include "coordinator/rope.h"
 #include "model/config.h"
+#include "model/rope.h"
 #include "model/weights.h"
 
 namespace colibri {

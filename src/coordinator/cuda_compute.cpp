@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "common/error.h"
-#include "coordinator/rope.h"
 #include "cuda/check.h"
 #include "cuda/dsa_indexer.cuh"
 #include "cuda/elementwise.cuh"
@@ -13,6 +12,7 @@
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/router.cuh"
+#include "model/rope.h"
 
 namespace colibri {
 

@@ -18,7 +18,7 @@
 #include "model/config.h"
 #include "model/forward_fn.h"
 #include "model/weights.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/transport.h"
 
 namespace colibri {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "coordinator/engine.h"
-#include "coordinator/sampler.h"
 #include "coordinator/serve_metrics.h"
+#include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace colibri {

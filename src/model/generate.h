@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "common/profile.h"
-#include "coordinator/sampler.h"
 #include "model/forward_fn.h"
+#include "model/sampler.h"
 
 namespace colibri {
 

@@ -17,7 +17,7 @@
 #include "common/output_file.h"
 #include "cpu/quant.h"
 #include "model/config.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/transport_choice.h"
 
 namespace colibri {

@@ -23,7 +23,7 @@
 #include "common/layout.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/deadline.h"
 #include "transport/transport_choice.h"
 

@@ -10,7 +10,7 @@
 
 #include "common/error.h"
 #include "cuda/check.h"
-#include "rank/experts.h"
+#include "moe/experts.h"
 
 namespace colibri {
 namespace {

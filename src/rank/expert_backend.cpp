@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "rank/experts.h"
+#include "moe/experts.h"
 
 namespace colibri {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/profile.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/deadline.h"
 #include "transport/mpi_transport.h"
 #include "transport/transport.h"

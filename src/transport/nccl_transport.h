@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "common/profile.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/deadline.h"
 #include "transport/protocol.h"
 #include "transport/transport.h"

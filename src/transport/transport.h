@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/buffer.h"
-#include "coordinator/router.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
+#include "moe/router.h"
 #include "transport/protocol.h"
 
 namespace colibri {

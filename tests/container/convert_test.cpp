@@ -13,11 +13,11 @@
 
 #include "common/error.h"
 #include "container_writer.h"
-#include "coordinator/kv_cache.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/reference_model.h"
 #include "model/weights.h"
+#include "oracle/reference_kv_cache.h"
+#include "oracle/reference_model.h"
 #include "tools/convert.h"
 
 namespace colibri {

@@ -8,9 +8,9 @@
 
 #include "embedded_goldens.h"
 #include "model/checkpoint.h"
-#include "model/reference_model.h"
 #include "model/weights.h"
 #include "node/node.h"
+#include "oracle/reference_model.h"
 
 namespace colibri {
 namespace {

@@ -10,9 +10,9 @@
 #include "embedded_goldens.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/reference_model.h"
 #include "model/score.h"
 #include "model/weights.h"
+#include "oracle/reference_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace colibri {

@@ -13,9 +13,9 @@
 
 #include "coordinator/batch_generate.h"
 #include "coordinator/engine.h"
-#include "coordinator/sampler.h"
 #include "model/generate.h"
-#include "model/reference_model.h"
+#include "model/sampler.h"
+#include "oracle/reference_model.h"
 
 namespace colibri::testing {
 

@@ -15,8 +15,6 @@
 #include "common/dtype.h"
 #include "coordinator/gpu_staging.h"
 #include "coordinator/kv_manager.h"
-#include "coordinator/rope.h"
-#include "coordinator/router.h"
 #include "cpu/elementwise.h"
 #include "cpu/linear.h"
 #include "cuda/check.h"
@@ -28,6 +26,8 @@
 #include "cuda/norm.cuh"
 #include "cuda/rope.cuh"
 #include "cuda/router.cuh"
+#include "model/rope.h"
+#include "moe/router.h"
 
 namespace colibri {
 namespace {

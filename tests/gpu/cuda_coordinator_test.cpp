@@ -31,8 +31,8 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "moe/placement.h"
 #include "rank/expert_backend.h"
-#include "rank/placement.h"
 #include "transport/local_dispatcher.h"
 
 namespace colibri {

@@ -32,9 +32,9 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "moe/placement.h"
 #include "rank/cuda_expert_backend.h"
 #include "rank/expert_backend.h"
-#include "rank/placement.h"
 #include "tools/convert.h"
 #include "transport/local_dispatcher.h"
 

@@ -16,7 +16,7 @@
 
 #include "common/error.h"
 #include "common/layout.h"
-#include "rank/placement.h"
+#include "moe/placement.h"
 #include "transport/transport.h"
 
 namespace colibri {

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "coordinator/attention.h"
+#include "oracle/reference_attention.h"
 
 namespace colibri {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "coordinator/rope.h"
 #include "model/config.h"
+#include "model/rope.h"
 
 namespace colibri {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "coordinator/router.h"
+#include "moe/router.h"
 
 namespace colibri {
 namespace {

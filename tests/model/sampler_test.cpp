@@ -3,7 +3,7 @@
 #include <map>
 
 #include "common/error.h"
-#include "coordinator/sampler.h"
+#include "model/sampler.h"
 
 namespace colibri {
 namespace {

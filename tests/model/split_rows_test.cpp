@@ -20,7 +20,7 @@
 #include "model/config.h"
 #include "model/container.h"
 #include "model/weights.h"
-#include "rank/experts.h"
+#include "moe/experts.h"
 
 namespace colibri {
 namespace {

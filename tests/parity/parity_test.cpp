@@ -9,12 +9,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/npy.h"
-#include "coordinator/sampler.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/generate.h"
-#include "model/reference_model.h"
+#include "model/sampler.h"
 #include "model/weights.h"
+#include "oracle/reference_model.h"
 
 namespace colibri {
 namespace {

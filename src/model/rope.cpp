@@ -1,4 +1,4 @@
-#include "coordinator/rope.h"
+#include "model/rope.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "coordinator/router.h"
+#include "moe/router.h"
 
 #include <algorithm>
 #include <cmath>

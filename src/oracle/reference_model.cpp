@@ -1,4 +1,4 @@
-#include "model/reference_model.h"
+#include "oracle/reference_model.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "rank/placement.h"
+#include "moe/placement.h"
 
 #include <fmt/format.h>
 

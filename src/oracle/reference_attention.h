@@ -3,11 +3,11 @@
 
 #include <vector>
 
-#include "coordinator/kv_cache.h"
-#include "coordinator/rope.h"
-#include "model/config.h"
-#include "model/weights.h"
 #include "common/profile.h"
+#include "model/config.h"
+#include "model/rope.h"
+#include "model/weights.h"
+#include "oracle/reference_kv_cache.h"
 
 namespace colibri {
 

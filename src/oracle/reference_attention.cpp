@@ -1,4 +1,4 @@
-#include "coordinator/attention.h"
+#include "oracle/reference_attention.h"
 
 #include <algorithm>
 #include <cmath>

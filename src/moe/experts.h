@@ -6,9 +6,9 @@
 #include <span>
 #include <vector>
 
-#include "coordinator/router.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "moe/router.h"
 
 namespace colibri {
 

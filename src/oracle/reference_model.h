@@ -7,13 +7,13 @@
 #include <vector>
 
 #include "common/profile.h"
-#include "coordinator/attention.h"
-#include "coordinator/kv_cache.h"
-#include "coordinator/rope.h"
 #include "model/config.h"
 #include "model/forward_fn.h"
+#include "model/rope.h"
 #include "model/weights.h"
-#include "rank/experts.h"
+#include "moe/experts.h"
+#include "oracle/reference_attention.h"
+#include "oracle/reference_kv_cache.h"
 
 namespace colibri {
 

@@ -1,4 +1,4 @@
-#include "rank/experts.h"
+#include "moe/experts.h"
 
 #include <omp.h>
 
