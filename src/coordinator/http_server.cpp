@@ -465,8 +465,8 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
         if (teardown || signals == 1) scheduler.drain();
         if (end_requests) scheduler.fail_all("the job is ending: mpirun is stopping the ranks");
       }
-      if (teardown) continue;
-      if (signals == 0) continue;
+      // Draining (a signal, or mpirun's teardown): an exchange that stalls means a rank is gone.
+      if (signals == 0 && !teardown) continue;
       bool give_up = signals > 1;
       const int64_t started = scheduler.step_started_ns();
       if (!give_up && options.multi_rank && started != 0) {
