@@ -37,20 +37,19 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   // Every sequence's prompt and new tokens are reserved in the KV pool when it is admitted, so
   // that none can run out part-way; one that cannot fit the whole pool is refused before any work.
   const KvManager& kv = engine.kv();
-  const auto blocks_for = [&](const GenerateRequest& r) {
-    const int64_t tokens = int64_t(r.prompt.size()) + r.max_new_tokens;
-    return (tokens + kv.block_tokens() - 1) / kv.block_tokens();
-  };
+  std::vector<int64_t> need_blocks(requests.size());  // prompt + new tokens, in whole blocks
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerateRequest& r = requests[i];
     if (r.prompt.empty()) fail("the prompt is empty");
     if (r.keep_logits) fail("batched generation does not keep logits");
-    if (blocks_for(r) > kv.total_blocks())
+    const int64_t tokens = int64_t(r.prompt.size()) + r.max_new_tokens;
+    need_blocks[i] = (tokens + kv.block_tokens() - 1) / kv.block_tokens();
+    if (need_blocks[i] > kv.total_blocks())
       fail(
           "sequence {}: {} prompt tokens and {} new ones need {} KV blocks of {} tokens, more than "
           "the pool's {} (--kv-tokens {})",
-          i, r.prompt.size(), r.max_new_tokens, blocks_for(r), kv.block_tokens(), kv.total_blocks(),
-          kv.capacity_tokens());
+          i, r.prompt.size(), r.max_new_tokens, need_blocks[i], kv.block_tokens(),
+          kv.total_blocks(), kv.capacity_tokens());
   }
   int64_t reserved_blocks = 0;  // of the open sequences'
 
@@ -64,7 +63,7 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   const auto finish = [&](size_t i) {
     Running& run = state[i];
     engine.close_sequence(run.slot);
-    reserved_blocks -= blocks_for(requests[i]);
+    reserved_blocks -= need_blocks[i];
     run.slot = -1;
     run.done = true;
     --open;
@@ -78,8 +77,8 @@ std::vector<GenerateResult> generate_batch(Engine& engine,
   while (finished < requests.size()) {
     // Admit waiting requests while slots and their blocks are free.
     while (next_waiting < requests.size() && int(open) < kv.max_seqs() &&
-           reserved_blocks + blocks_for(requests[next_waiting]) <= kv.total_blocks()) {
-      reserved_blocks += blocks_for(requests[next_waiting]);
+           reserved_blocks + need_blocks[next_waiting] <= kv.total_blocks()) {
+      reserved_blocks += need_blocks[next_waiting];
       Running& run = state[next_waiting];
       run.slot = engine.open_sequence();
       run.sampler.emplace(requests[next_waiting].sampling);

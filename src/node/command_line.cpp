@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
@@ -40,34 +41,48 @@ std::string text_of(const T& value) {
     return fmt::format("{}", value);
 }
 
-// A row for an option bound to the member `get` returns; `get` is a generic lambda, so that it
-// serves a const and a mutable CommandLine. An empty `shown` default is the bound value's text,
-// "none" for an empty string.
+// The parts of a row every kind shares; `get` is a generic lambda returning the bound member, so
+// that it serves a const and a mutable CommandLine.
 template <class Get>
-FlagRow option(std::string name, std::string shown, Use use, Agree agreement, std::string help,
-               Get get, Tune tune = {}) {
+FlagRow base_row(std::string name, std::string shown, Use use, Agree agreement, std::string help,
+                 Get get) {
   FlagRow row;
-  row.name = name;
-  row.help = help;
+  row.name = std::move(name);
+  row.help = std::move(help);
   row.shown_default = std::move(shown);
   row.use = use;
   row.agreement = agreement;
-  row.add = [name, help, get, tune](CLI::App& app, CommandLine& line) {
-    CLI::Option* o = app.add_option(name, get(line), help)->capture_default_str();
-    if (tune) tune(*o);
-    return o;
-  };
   row.value = [get](const CommandLine& line) { return text_of(get(line)); };
   return row;
 }
 
+// An option taking a value. An empty `shown` default is the bound value's text, "none" for an
+// empty string.
+template <class Get>
+FlagRow option(std::string name, std::string shown, Use use, Agree agreement, std::string help,
+               Get get, Tune tune = {}) {
+  FlagRow row = base_row(std::move(name), std::move(shown), use, agreement, std::move(help), get);
+  row.add = [name = row.name, help = row.help, get, tune](CLI::App& app, CommandLine& line) {
+    CLI::Option* o = app.add_option(name, get(line), help)->capture_default_str();
+    if (tune) tune(*o);
+    return o;
+  };
+  return row;
+}
+
+// A flag without a value: on when given.
 template <class Get>
 FlagRow flag(std::string name, Use use, Agree agreement, std::string help, Get get) {
-  FlagRow row = option(name, "off", use, agreement, help, get);
-  row.add = [name, help, get](CLI::App& app, CommandLine& line) {
+  FlagRow row = base_row(std::move(name), "off", use, agreement, std::move(help), get);
+  row.add = [name = row.name, help = row.help, get](CLI::App& app, CommandLine& line) {
     return app.add_flag(name, get(line), help);
   };
-  row.value = [get](const CommandLine& line) { return text_of(get(line)); };
+  return row;
+}
+
+// The same row compared job-wide when --split-linears is given.
+FlagRow job_with_split_linears(FlagRow row) {
+  row.job_with_split_linears = true;
   return row;
 }
 
@@ -160,14 +175,16 @@ std::vector<FlagRow> make_table() {
     option("--max-rows", "", Use::kAny, Agree::kJob,
            "rows per forward call (prefill chunk); sizes the exchange buffers",
            [](auto& l) -> auto& { return l.node.max_rows; }, in_range(1, 1 << 16)),
-    compared_as(option("--kv-tokens", "context, at most 32768", Use::kAny, Agree::kCoordinator,
-                       "KV cache pool in tokens, shared by all sequences (default: the model's "
-                       "context, at most 32768)",
-                       [](auto& l) -> auto& { return l.node.kv_tokens; }, in_range(1, 1 << 30)),
-                [](const CommandLine& l) {
-                  return l.node.kv_tokens > 0 ? std::to_string(l.node.kv_tokens)
-                                              : std::string("(the model's context)");
-                }),
+    // The expert ranks keep a copy of the compressed cache the pool's size with --split-linears.
+    job_with_split_linears(compared_as(
+        option("--kv-tokens", "context, at most 32768", Use::kAny, Agree::kCoordinator,
+               "KV cache pool in tokens, shared by all sequences (default: the model's context, "
+               "at most 32768)",
+               [](auto& l) -> auto& { return l.node.kv_tokens; }, in_range(1, 1 << 30)),
+        [](const CommandLine& l) {
+          return l.node.kv_tokens > 0 ? std::to_string(l.node.kv_tokens)
+                                      : std::string("(the model's context)");
+        })),
     option("--sequences", "", Use::kOffline, Agree::kCoordinator,
            "generate this many copies of the prompt at once, decoded together in one batch "
            "(seeds --seed, --seed + 1, ...); each is printed when done",
@@ -266,7 +283,6 @@ std::vector<FlagRow> make_table() {
   };
   // clang-format on
   for (FlagRow& row : rows) {
-    if (row.name == "--kv-tokens") row.job_with_split_linears = true;
     if (row.shown_default.empty()) {
       row.shown_default = row.value(CommandLine{});
       if (row.shown_default.empty()) row.shown_default = "none";
@@ -352,25 +368,33 @@ void check_combinations(const CLI::App& app, const CommandLine& line) {
     fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
 }
 
+// The --layout file when it can be read for `world_size` ranks (one that cannot is refused at
+// the handshake, with the layout's own error).
+std::optional<Layout> readable_layout(const CommandLine& line, int world_size) {
+  if (line.layout.empty()) return std::nullopt;
+  try {
+    return load_layout(line.layout, world_size);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 // Whether this run has a GPU: a single process's --experts gpu or --coordinator-gpu, or a gpu in
-// the layout. Under mpirun without a layout the handshake decides (hosts with GPUs give
+// the layout. Under mpirun without a readable layout the handshake decides (hosts with GPUs give
 // gpu-expert ranks), so the GPU flags are not refused there.
-bool may_use_gpu(const CommandLine& line, int world_size) {
+bool may_use_gpu(const CommandLine& line, const std::optional<Layout>& layout, int world_size) {
   if (line.experts == "gpu" || line.coordinator_gpu) return true;
   if (world_size == 1) return false;
-  if (line.layout.empty()) return true;
-  try {
-    for (const RankSpec& spec : load_layout(line.layout, world_size).ranks)
-      if (spec.gpu >= 0 || spec.role == Role::kGpuExpert) return true;
-  } catch (const Error&) {
-    return true;  // refused at the handshake, with the layout's own error
-  }
+  if (!layout) return true;
+  for (const RankSpec& spec : layout->ranks)
+    if (spec.gpu >= 0 || spec.role == Role::kGpuExpert) return true;
   return false;
 }
 
 // A flag given for a run it does not apply to would be ignored: refused, naming it.
-void refuse_unused_flags(const CLI::App& app, const CommandLine& line, int world_size) {
-  const bool gpu = may_use_gpu(line, world_size);
+void refuse_unused_flags(const CLI::App& app, const CommandLine& line,
+                         const std::optional<Layout>& layout, int world_size) {
+  const bool gpu = may_use_gpu(line, layout, world_size);
   for (const FlagRow& row : flag_table()) {
     if (!given(app, row.name)) continue;
     if (row.use == Use::kOffline && line.serve)
@@ -421,17 +445,6 @@ void check_coordinator_files(const CommandLine& line) {
     outputs.emplace_back(name, resolved);
   }
   if (!line.score_file.empty()) check_regular_file(line.score_file, "the --score file");
-}
-
-// The rank that will coordinate: rank 0, unless a readable layout names another (a layout that
-// cannot be read is refused later, at the handshake).
-int expected_coordinator(const CommandLine& line, int world_size) {
-  if (line.layout.empty()) return 0;
-  try {
-    return load_layout(line.layout, world_size).coordinator();
-  } catch (const Error&) {
-    return 0;
-  }
 }
 
 // The flag, else COLIBRI_ACTIVATIONS, else int8: with the int8 kernels reading the weights in
@@ -543,11 +556,13 @@ std::vector<AgreedSetting> agreed_settings(const CLI::App& app, const CommandLin
 
 void check_command_line(const CLI::App& app, CommandLine& line, int rank, int world_size) {
   check_numbers(line);
-  refuse_unused_flags(app, line, world_size);
+  const std::optional<Layout> layout = readable_layout(line, world_size);
+  refuse_unused_flags(app, line, layout, world_size);
   check_combinations(app, line);
   check_environment();
   check_readable_directory(line.node.model_dir, "the --model directory");
-  if (rank == expected_coordinator(line, world_size)) {
+  // The rank that will coordinate: rank 0, unless the layout names another.
+  if (rank == (layout ? layout->coordinator() : 0)) {
     check_coordinator_files(line);
     if (!line.prompt_ids.empty())  // before the weights load; text prompts once tokenized
       check_context(load_model_config(line.node.model_dir), parse_ids(line.prompt_ids).size(),
