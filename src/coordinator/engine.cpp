@@ -27,6 +27,7 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
   compute_ = compute ? compute(config, weights, kv_, options.max_rows, profiler)
                      : std::make_unique<CpuCompute>(config, weights, kv_, profiler);
   seq_end_.assign(size_t(options.max_seqs), -1);
+  routes_.reset(config.num_layers, config.n_routed_experts);
 }
 
 Engine::~Engine() = default;
@@ -73,6 +74,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
   const int n = batch.size();
   const size_t values = size_t(n) * config_.hidden_size;
   compute_->begin(batch);
+  routes_.add_tokens(n);
   Routing routing;
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
@@ -82,6 +84,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
         OptionalScope scope(profiler_, Phase::kRouter, l);
         routing = compute_->route(l);
         plan_.build(placement_, l, routing, n);
+        routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
       }
       // Host views: the NCCL transport will take the device's rows (Device::kCuda) instead.
       dispatcher_.dispatch(plan_, host_f32(compute_->normed_host(), values));

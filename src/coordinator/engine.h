@@ -19,6 +19,7 @@
 #include "model/forward_fn.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/routing_stats.h"
 #include "transport/transport.h"
 
 namespace colibri {
@@ -56,6 +57,8 @@ class Engine {
   KvManager& kv() { return kv_; }
   uint64_t kv_bytes() const { return kv_.bytes(); }
   int max_rows() const { return options_.max_rows; }
+  // The routes this engine sent since it was built: per (layer, expert) the routed rows.
+  const RoutingStats& routes() const { return routes_; }
 
  private:
   void check(const Batch& batch);
@@ -71,6 +74,7 @@ class Engine {
   KvManager kv_;
   std::unique_ptr<CoordinatorCompute> compute_;  // empty factory: CpuCompute
   DispatchPlan plan_;
+  RoutingStats routes_;
   std::vector<int> seq_end_;  // [max_seqs] per call: last position + 1
 };
 

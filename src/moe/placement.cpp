@@ -14,7 +14,9 @@ PlacementPolicy parse_placement_policy(const std::string& name) {
   if (name == "contiguous") return PlacementPolicy::kContiguous;
   if (name == "hosts") return PlacementPolicy::kHosts;
   if (name == "sliced") return PlacementPolicy::kSliced;
-  fail("--placement '{}' is unknown (balanced, round-robin, contiguous, hosts, sliced)", name);
+  if (name == "heat") return PlacementPolicy::kHeat;
+  fail("--placement '{}' is unknown (balanced, round-robin, contiguous, hosts, sliced, heat)",
+       name);
 }
 
 const char* placement_policy_name(PlacementPolicy policy) {
@@ -29,14 +31,25 @@ const char* placement_policy_name(PlacementPolicy policy) {
       return "hosts";
     case PlacementPolicy::kSliced:
       return "sliced";
+    case PlacementPolicy::kHeat:
+      return "heat";
   }
   return "?";
 }
 
 bool PlacementTable::holds(int layer, int expert, int rank) const {
   const int o = owner_of(layer, expert);
-  return o == rank || (o == kSliced && std::find(slice_ranks.begin(), slice_ranks.end(), rank) !=
-                                           slice_ranks.end());
+  if (o == rank) return true;
+  if (o == kSliced)
+    return std::find(slice_ranks.begin(), slice_ranks.end(), rank) != slice_ranks.end();
+  const std::vector<int>& more = replicas_of(layer, expert);
+  return std::find(more.begin(), more.end(), rank) != more.end();
+}
+
+int PlacementTable::replica_count() const {
+  int count = 0;
+  for (const std::vector<int>& more : replicas) count += int(more.size());
+  return count;
 }
 
 ExpertSlice PlacementTable::slice_of(int rank) const {
@@ -66,7 +79,12 @@ int PlacementTable::count_owned(int rank) const {
 }
 
 PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
-                              PlacementPolicy policy, uint64_t bytes_per_expert) {
+                              PlacementPolicy policy, uint64_t bytes_per_expert,
+                              const RoutingStats* stats, int replicas) {
+  if (replicas > 0 && policy != PlacementPolicy::kHeat)
+    fail("--replicas {} needs --placement heat (replicas go to the hottest experts)", replicas);
+  if (policy == PlacementPolicy::kHeat)
+    return place_by_heat(config, layout, bytes_per_expert, stats, replicas);
   PlacementTable table;
   table.num_layers = config.num_layers;
   table.num_experts = config.n_routed_experts;
@@ -136,6 +154,7 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
     for (int e = 0; e < experts; ++e) {
       int pick = 0;
       switch (policy) {
+        case PlacementPolicy::kHeat:    // place_by_heat
         case PlacementPolicy::kSliced:  // one owner: it holds them whole
         case PlacementPolicy::kRoundRobin:
           pick = int((int64_t(moe_index) * experts + e) % r);
@@ -182,19 +201,26 @@ PlacementTable make_placement(const ModelConfig& config, const Layout& layout,
 
 std::string format_placement(const PlacementTable& table, const Layout& layout,
                              uint64_t bytes_per_expert) {
-  std::string out = fmt::format("placement ({}): {} layers x {} routed experts\n", table.policy,
+  std::string out = fmt::format("placement ({}): {} layers x {} routed experts", table.policy,
                                 table.num_layers, table.num_experts);
+  if (!table.replicas.empty()) out += fmt::format(", {} replicas", table.replica_count());
+  out += '\n';
+  // Expected routes: from the routing statistics under heat, else as if routing were uniform.
+  const ExpectedLoad load = expected_load(table, layout);
   for (const RankSpec& spec : layout.ranks) {
     const int owned = table.count_owned(spec.rank);
     out += fmt::format(
-        "  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  numa {:<2} {}", spec.rank,
-        role_name(spec.role), owned,
+        "  rank {:>3} {:<12} {:>6} experts {:>10.1f} MiB  routes {:>5.1f} %  numa {:<2} {}",
+        spec.rank, role_name(spec.role), owned,
         double(owned) * double(bytes_per_expert) * table.held_fraction(spec.rank) / (1 << 20),
-        spec.numa >= 0 ? std::to_string(spec.numa) : "-", spec.host);
+        100 * load.share[size_t(spec.rank)], spec.numa >= 0 ? std::to_string(spec.numa) : "-",
+        spec.host);
     const ExpertSlice slice = table.slice_of(spec.rank);
     if (!slice.whole()) out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
     out += '\n';
   }
+  out += fmt::format("  expected routes of the busiest owner / the mean, worst layer: {:.2f}{}\n",
+                     load.max_over_mean, table.heat.empty() ? " (uniform routing)" : "");
   // Per host (the layout's host column): its ranks, experts and bytes.
   std::vector<std::string> hosts;
   for (const RankSpec& spec : layout.ranks)
@@ -215,7 +241,10 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
   for (int l = 0; l < table.num_layers; ++l) {
     if (table.num_experts == 0 || table.owner_of(l, 0) < 0) continue;
     out += fmt::format("  layer {:>3}:", l);
-    for (int e = 0; e < table.num_experts; ++e) out += fmt::format(" {}", table.owner_of(l, e));
+    for (int e = 0; e < table.num_experts; ++e) {
+      out += fmt::format(" {}", table.owner_of(l, e));
+      for (int rank : table.replicas_of(l, e)) out += fmt::format("+{}", rank);
+    }
     out += '\n';
   }
   return out;

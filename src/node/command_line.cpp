@@ -160,8 +160,19 @@ std::vector<FlagRow> make_table() {
     option("--placement", "", Use::kAny, Agree::kJob,
            "expert placement policy: balanced, round-robin, contiguous, hosts (contiguous expert "
            "groups per host, in proportion to the hosts' budgets), sliced (every owner holds a "
-           "slice of every expert's intermediate rows, in proportion to its budget)",
+           "slice of every expert's intermediate rows, in proportion to its budget), heat (the "
+           "hottest experts of the routing statistics on the fastest tiers, every layer's "
+           "expected routes even across ranks)",
            [](auto& l) -> auto& { return l.placement; }),
+    option("--replicas", "", Use::kAny, Agree::kJob,
+           "with --placement heat: extra copies of the hottest experts per MoE layer, each on "
+           "another rank; the coordinator sends a routed row to the least-loaded copy",
+           [](auto& l) -> auto& { return l.node.replicas; }, in_range(0, 1 << 20)),
+    option("--routing-stats", "auto", Use::kAny, Agree::kCoordinator,
+           "routing statistics file: read at start-up (--placement heat), this run's routes "
+           "merged into it at shutdown; auto: colibri-routing.stats in the model directory when "
+           "writable, else under $XDG_STATE_HOME/colibri-node; off: none",
+           [](auto& l) -> auto& { return l.routing_stats; }),
     flag("--print-placement", Use::kAny, Agree::kOwn,
          "print the expert placement table at start-up",
          [](auto& l) -> auto& { return l.print_placement; }),
@@ -571,6 +582,7 @@ void check_command_line(const CLI::App& app, CommandLine& line, int rank, int wo
   NodeOptions& node = line.node;
   if (!line.layout.empty()) node.layout_file = line.layout;
   node.placement = parse_placement_policy(line.placement);
+  node.routing_stats = line.routing_stats == "off" ? "" : line.routing_stats;
   node.keep_trace = !line.trace.empty();
   node.wire_type = parse_elem_type(line.wire, "--wire");
   node.host_combine = line.combine == "host";

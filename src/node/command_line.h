@@ -20,6 +20,7 @@ namespace colibri {
 struct CommandLine {
   NodeOptions node;
   std::string placement = "balanced";
+  std::string routing_stats = "auto";  // --routing-stats (NodeOptions::routing_stats, "off" = "")
   std::string layout;
   std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
   bool chat = false, chat_format = false;

@@ -2,11 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/input_file.h"
+#include "common/output_file.h"
 #include "node/devices.h"
 #include "node/serialize.h"
 #include "transport/exchange.h"
@@ -173,6 +178,45 @@ uint64_t weights_fingerprint(const Checkpoint& checkpoint) {
   return hash;
 }
 
+std::filesystem::path routing_stats_path(const std::string& option,
+                                         const std::filesystem::path& model_dir,
+                                         const ModelIdentity& id) {
+  if (option != "auto") return option;
+  if (::access(model_dir.c_str(), W_OK) == 0) return model_dir / "colibri-routing.stats";
+  const char* state = std::getenv("XDG_STATE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir =
+      state && *state ? std::filesystem::path(state)
+                      : std::filesystem::path(home && *home ? home : "/tmp") / ".local" / "state";
+  return dir / "colibri-node" / fmt::format("routing-{:016x}.stats", id.model_hash);
+}
+
+namespace {
+
+// Rank 0 reads the routing statistics into the plan. A file given by name that cannot be read or
+// written is refused; the automatic one, damaged or learned on another model, is set aside with a
+// warning (this run's routes replace it at shutdown).
+void load_routing_stats(StartupPlan& plan, const ModelConfig& config, const HandshakeInput& input) {
+  plan.learned_routes.reset(config.num_layers, config.n_routed_experts);
+  if (input.routing_stats.empty()) return;
+  const bool automatic = input.routing_stats == "auto";
+  const std::filesystem::path path =
+      routing_stats_path(input.routing_stats, input.model_dir, plan.model_identity);
+  plan.routing_stats_file = path.string();
+  try {
+    if (!automatic) check_output_path(path, "--routing-stats");
+    if (path_present(path, "the routing statistics"))
+      plan.learned_routes =
+          read_routing_stats(path, config.num_layers, config.n_routed_experts, plan.model_identity);
+  } catch (const Error& e) {
+    if (!automatic) throw;
+    plan.routing_stats_warning = fmt::format("{}; not used, replaced at shutdown", e.what());
+    plan.learned_routes.reset(config.num_layers, config.n_routed_experts);
+  }
+}
+
+}  // namespace
+
 StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint* checkpoint,
                       const HandshakeInput& input) {
   int rank = 0, size = 0;
@@ -271,7 +315,10 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
         for (RankSpec& spec : plan.layout.ranks)
           if (spec.host.empty()) spec.host = all[size_t(spec.rank)].host;
         check_one_rank_per_gpu(plan.layout);
-        plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes);
+        plan.model_identity = {hello.model_hash, hello.weights_fingerprint};
+        load_routing_stats(plan, *config, input);
+        plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes,
+                                        &plan.learned_routes, input.replicas);
       } catch (const Error& e) {
         plan.error = e.what();
       }

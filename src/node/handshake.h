@@ -109,11 +109,18 @@ struct StartupPlan {
   ElemType wire_type = ElemType::kF32;
   double heartbeat_s = 0;       // coordinator -> expert ranks while idle; 0: none
   std::vector<int> nccl_ranks;  // NCCL between these ranks (transport_choice.h); empty: MPI
+  // Rank 0's routing statistics (HandshakeInput::routing_stats): the file, what it held, a
+  // warning about it ("" when none), and the model it belongs to.
+  std::string routing_stats_file;
+  RoutingStats learned_routes;
+  std::string routing_stats_warning;
+  ModelIdentity model_identity;
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(error, reporter, names_reporter, hosts, layout, placement, wire_type, heartbeat_s,
-       nccl_ranks);
+       nccl_ranks, routing_stats_file, learned_routes, routing_stats_warning,
+       model_identity.model_hash, model_identity.weights_fingerprint);
   }
 };
 
@@ -121,6 +128,8 @@ struct HandshakeInput {
   std::filesystem::path model_dir;
   std::optional<std::filesystem::path> layout_file;
   PlacementPolicy placement = PlacementPolicy::kBalanced;
+  int replicas = 0;
+  std::string routing_stats;  // NodeOptions::routing_stats
   uint64_t expert_bytes = 0;
   ElemType wire_type = ElemType::kF32;  // rank 0's; --wire is compared as a setting
   std::string open_error;  // non-empty: this rank could not open its model (config, checkpoint)
@@ -139,6 +148,13 @@ uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& ch
 // Two checkpoints of the same shapes with different weights differ in it; a difference confined
 // to a few routed experts may not.
 uint64_t weights_fingerprint(const Checkpoint& checkpoint);
+
+// The routing statistics file of `option` (NodeOptions::routing_stats): none for "", the given
+// path, or for "auto" colibri-routing.stats in the model directory when it is writable, else
+// routing-<model hash>.stats in $XDG_STATE_HOME/colibri-node (~/.local/state/colibri-node).
+std::filesystem::path routing_stats_path(const std::string& option,
+                                         const std::filesystem::path& model_dir,
+                                         const ModelIdentity& id);
 
 // Collective over `comm`, with input.deadline. `config` and `checkpoint` are null when
 // input.open_error is set. Throws StartupRefused on every rank when a rank cannot start.

@@ -69,6 +69,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   input.model_dir = options_.model_dir;
   input.layout_file = options_.layout_file;
   input.placement = options_.placement;
+  input.replicas = options_.replicas;
+  input.routing_stats = options_.routing_stats;
   input.wire_type = options_.wire_type;
   input.transport = options_.transport;
   input.rank_timeout_s = options_.rank_timeout_s;
@@ -77,6 +79,10 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   StartupPlan plan = handshake(comm_, checkpoint_ ? &config_ : nullptr, checkpoint_.get(), input);
   layout_ = std::move(plan.layout);
   placement_ = std::move(plan.placement);
+  routing_stats_file_ = std::move(plan.routing_stats_file);
+  learned_routes_ = std::move(plan.learned_routes);
+  routing_stats_warning_ = std::move(plan.routing_stats_warning);
+  model_identity_ = plan.model_identity;
   wire_type_ = plan.wire_type;
   raise_test_fault(options_.fault, TestFault::kLoad, rank_);
 
@@ -371,6 +377,11 @@ void Node::open_expert_store() {
   // A budget that holds every owned expert loads them all at start, as no budget does.
   if (store_options.ram_bytes >= uint64_t(owned.size()) * held_bytes)
     store_options.ram_bytes = store_options.pin_bytes = 0;
+  // Under heat the hottest first: --pin-gb pins them, and a VRAM tier takes them first.
+  if (!placement_.heat.empty())
+    std::stable_sort(owned.begin(), owned.end(), [this](const auto& a, const auto& b) {
+      return placement_.heat_of(a.first, a.second) > placement_.heat_of(b.first, b.second);
+    });
   owned_ = owned;
 
   expert_store_ = std::make_unique<ExpertStore>(
@@ -417,7 +428,24 @@ Engine& Node::engine() {
 
 void Node::shutdown() {
   if (dispatcher_ && !shut_down_) dispatcher_->shutdown();
+  if (!shut_down_ && is_coordinator())
+    if (const std::string error = save_routing_stats(); !error.empty())
+      std::fprintf(stderr, "colibri-node: warning: %s\n", error.c_str());
   shut_down_ = true;
+}
+
+std::string Node::save_routing_stats() {
+  if (routing_stats_file_.empty() || !engine_ || engine_->routes().empty()) return {};
+  try {
+    RoutingStats merged = learned_routes_;
+    merged.merge(engine_->routes());
+    const std::filesystem::path path = routing_stats_file_;
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    write_routing_stats(path, merged, model_identity_);
+    return {};
+  } catch (const std::exception& e) {
+    return fmt::format("routing statistics not saved: {}", e.what());
+  }
 }
 
 void Node::serve() {

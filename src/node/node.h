@@ -61,7 +61,11 @@ struct NodeOptions {
   // --split-linears: the coordinator's attention projections, dense MLPs and lm_head split by
   // output rows across it and the cpu-expert ranks (transport/split_linear.h).
   bool split_linears = false;
-  TestFault fault;  // test hook
+  // --routing-stats: "" (none), "auto" (routing_stats_path) or a file. The coordinator reads it at
+  // start-up (for --placement heat) and merges this run's routes into it at shutdown.
+  std::string routing_stats;
+  int replicas = 0;  // --replicas: extra copies of the hottest experts per MoE layer (heat)
+  TestFault fault;   // test hook
 };
 
 class Node {
@@ -85,6 +89,14 @@ class Node {
   // Coordinator: one line per rank, gathered at start-up: its resident weights by representation,
   // routed experts in RAM, KV pool and RSS.
   const std::vector<std::string>& memory_report() const { return memory_report_; }
+  // Coordinator: the routing statistics file of this run ("" without one), what it held at
+  // start-up, and a warning about it ("" when none).
+  const std::string& routing_stats_file() const { return routing_stats_file_; }
+  const RoutingStats& learned_routes() const { return learned_routes_; }
+  const std::string& routing_stats_warning() const { return routing_stats_warning_; }
+  // Coordinator: merges the engine's routes into the statistics file; an error is returned as a
+  // line, not thrown (a run's output is not lost to it). Called by shutdown().
+  std::string save_routing_stats();
 
   // Coordinator: how many linears --split-linears split across ranks.
   int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
@@ -130,6 +142,9 @@ class Node {
   std::unique_ptr<Engine> engine_;                 // coordinator
   bool shut_down_ = false;
   std::vector<std::string> memory_report_;
+  std::string routing_stats_file_, routing_stats_warning_;
+  RoutingStats learned_routes_;
+  ModelIdentity model_identity_;
   int fault_requests_ = 0;  // requests for the test fault's layer (expert ranks)
 };
 

@@ -10,6 +10,24 @@ void DispatchPlan::build(const PlacementTable& placement, int layer_index, const
   layer = layer_index;
   n_rows = n;
   const int k = routing.top_k;
+  // A replicated expert's row goes to the owner with the fewest pairs so far in this layer; on a
+  // tie to one that already has the row (no extra row on the wire), then to the first listed.
+  const auto least_loaded = [&](int first, const std::vector<int>& more, int row) {
+    const auto cost = [&](int rank) {
+      const int index = size_t(rank) < share_of_.size() ? share_of_[size_t(rank)] : -1;
+      if (index < 0) return std::pair<size_t, int>{0, 1};
+      const OwnerShare& s = owners[size_t(index)];
+      return std::pair<size_t, int>{s.pairs.size(), s.rows.empty() || s.rows.back() != row};
+    };
+    int best = first;
+    auto best_cost = cost(first);
+    for (int rank : more)
+      if (const auto c = cost(rank); c < best_cost) {
+        best = rank;
+        best_cost = c;
+      }
+    return best;
+  };
   // owners[] keeps one share per rank seen so far (capacity reused); `active` counts those used.
   size_t active = 0;
   share_of_.assign(share_of_.size(), -1);
@@ -39,7 +57,8 @@ void DispatchPlan::build(const PlacementTable& placement, int layer_index, const
         continue;
       }
       if (owner < 0) fail("expert {} of layer {} has no owner", expert, layer);
-      add(owner);
+      const std::vector<int>& replicas = placement.replicas_of(layer, expert);
+      add(replicas.empty() ? owner : least_loaded(owner, replicas, t));
     }
   }
   owners.resize(active);

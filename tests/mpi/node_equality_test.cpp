@@ -84,8 +84,11 @@ std::vector<float> run_sequence(Engine& engine, const Golden& g) {
 // engine and the transformers goldens.
 void expect_equal_to_reference(const std::string& fixture, const std::string& placement,
                                bool host_combine, const std::string& layout_file = "",
-                               bool split_linears = false) {
+                               bool split_linears = false, const std::string& routing_stats = "",
+                               int replicas = 0) {
   NodeOptions options;
+  options.routing_stats = routing_stats;
+  options.replicas = replicas;
   options.model_dir = kParityDir / fixture / "model";
   options.placement = parse_placement_policy(placement);
   options.max_rows = 64;
@@ -100,6 +103,11 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   }
   if (node.layout().coordinator_owns_experts()) {
     EXPECT_GT(node.placement().count_owned(node.layout().coordinator()), 0);
+  }
+  if (replicas > 0) {
+    int moe_layers = 0;
+    for (bool moe : node.config().layer_is_moe) moe_layers += moe;
+    EXPECT_EQ(node.placement().replica_count(), replicas * moe_layers);
   }
   if (placement == "sliced") {
     EXPECT_EQ(node.placement().slice_ranks, node.layout().owner_ranks());
@@ -269,13 +277,51 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeSliced,
                                   (std::get<1>(param_info.param) ? "_split_linears" : "");
                          });
 
+// --placement heat from a statistics file whose routing is skewed (expert e of every layer
+// routed about (e + 1)^-1.5 as often as expert 0), with replicas of the hottest where there are
+// two owners or more; the run's routes are merged into the file at shutdown.
+class NodeHeat : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(NodeHeat, LogitsAndGreedyTokensEqualTheReference) {
+  const std::string fixture = GetParam();
+  const auto model_dir = kParityDir / fixture / "model";
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("heat-" + fixture + "-" + std::to_string(world_size()) + ".stats");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const ModelConfig config = load_model_config(model_dir);
+  const Checkpoint checkpoint(model_dir, config.fp8_block);
+  const ModelIdentity id{model_hash(model_dir, checkpoint), weights_fingerprint(checkpoint)};
+  RoutingStats skewed;
+  skewed.reset(config.num_layers, config.n_routed_experts);
+  for (int l = 0; l < config.num_layers; ++l)
+    for (int e = 0; e < config.n_routed_experts; ++e)
+      skewed.count[size_t(l) * config.n_routed_experts + e] =
+          config.layer_is_moe[size_t(l)] ? std::round(1000 * std::pow(e + 1, -1.5)) : 0;
+  skewed.tokens = 1000;
+  if (rank == 0) write_routing_stats(file, skewed, id);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const int replicas = world_size() > 2 ? 2 : 0;  // two owners at least
+  expect_equal_to_reference(fixture, "heat", false, "", false, file.string(), replicas);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) {
+    const RoutingStats merged =
+        read_routing_stats(file, config.num_layers, config.n_routed_experts, id);
+    EXPECT_GT(merged.tokens, skewed.tokens);  // this run's routes, added
+    std::filesystem::remove(file);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeHeat, ::testing::Values("glm5", "dsv3", "kimi"),
+                         [](const auto& param_info) { return param_info.param; });
+
 INSTANTIATE_TEST_SUITE_P(Models, NodeHostCombine, ::testing::Values("glm5", "dsv3"),
                          [](const auto& param_info) { return param_info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeEquality,
                          ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
                                             ::testing::Values("round-robin", "contiguous",
-                                                              "balanced")),
+                                                              "balanced", "heat")),
                          [](const auto& param_info) {
                            std::string name =
                                std::get<0>(param_info.param) + "_" + std::get<1>(param_info.param);
