@@ -11,7 +11,9 @@ void DispatchPlan::build(const PlacementTable& placement, int layer_index, const
   n_rows = n;
   const int k = routing.top_k;
   // A replicated expert's row goes to the owner with the fewest pairs so far in this layer; on a
-  // tie to one that already has the row (no extra row on the wire), then to the first listed.
+  // tie to one that already has the row (no extra row on the wire), then to the next in a turn
+  // that moves on with every plan and row, so that small batches spread over the copies too.
+  ++builds_;
   const auto least_loaded = [&](int first, const std::vector<int>& more, int row) {
     const auto cost = [&](int rank) {
       const int index = size_t(rank) < share_of_.size() ? share_of_[size_t(rank)] : -1;
@@ -19,13 +21,18 @@ void DispatchPlan::build(const PlacementTable& placement, int layer_index, const
       const OwnerShare& s = owners[size_t(index)];
       return std::pair<size_t, int>{s.pairs.size(), s.rows.empty() || s.rows.back() != row};
     };
-    int best = first;
-    auto best_cost = cost(first);
-    for (int rank : more)
-      if (const auto c = cost(rank); c < best_cost) {
+    const size_t copies = more.size() + 1;
+    const size_t start = size_t((builds_ + uint64_t(row)) % copies);
+    int best = -1;
+    std::pair<size_t, int> best_cost;
+    for (size_t i = 0; i < copies; ++i) {
+      const size_t j = (start + i) % copies;
+      const int rank = j == 0 ? first : more[j - 1];
+      if (const auto c = cost(rank); best < 0 || c < best_cost) {
         best = rank;
         best_cost = c;
       }
+    }
     return best;
   };
   // owners[] keeps one share per rank seen so far (capacity reused); `active` counts those used.

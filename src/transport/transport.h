@@ -65,6 +65,7 @@ struct DispatchPlan {
 
  private:
   std::vector<int> share_of_;  // rank -> index in owners during build
+  uint64_t builds_ = 0;        // plans built: the turn among an expert's replicas
 };
 
 // What an expert owner receives for one layer.
