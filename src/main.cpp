@@ -178,6 +178,19 @@ void run_score(colibri::Node& node, const colibri::CommandLine& args,
               score.nll.size(), score.mean_nll, args.score_file.c_str());
 }
 
+// One line on what live re-placement did (--repin-every), and the routing statistics' warning.
+void print_repin(const colibri::Node& node, bool quiet) {
+  if (quiet) return;
+  if (const colibri::RepinStats* r = node.repin_stats())
+    std::fprintf(stderr,
+                 "re-placement: %llu rounds, %llu of them moved experts (%llu (layer, expert) "
+                 "holder changes), placement epoch %u, %.1f ms on the coordinator\n",
+                 static_cast<unsigned long long>(r->rounds),
+                 static_cast<unsigned long long>(r->changes),
+                 static_cast<unsigned long long>(r->moves), node.placement().epoch,
+                 double(r->coordinator_us) / 1e3);
+}
+
 int run(const colibri::CommandLine& args) {
   colibri::Node node(MPI_COMM_WORLD, args.node);
   if (!node.is_coordinator()) {
@@ -190,6 +203,8 @@ int run(const colibri::CommandLine& args) {
   if (!args.quiet)
     for (const std::string& line : node.memory_report())
       std::fprintf(stderr, "memory: %s\n", line.c_str());
+  if (!node.routing_stats_warning().empty())
+    std::fprintf(stderr, "colibri-node: warning: %s\n", node.routing_stats_warning().c_str());
   if (args.print_placement)
     std::fputs(
         colibri::format_placement(node.placement(), node.layout(), node.expert_bytes()).c_str(),
@@ -213,6 +228,7 @@ int run(const colibri::CommandLine& args) {
     const std::vector<colibri::RankReport> reports = node.gather_reports();
     if (!args.quiet)
       colibri::print_profile(stderr, reports, std::nullopt);  // the requests are in /metrics
+    print_repin(node, args.quiet);
     if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, {});
     if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
     return code;
@@ -310,6 +326,7 @@ int run(const colibri::CommandLine& args) {
     colibri::write_npy_f32(args.logits_out, logits, shape);
   }
   if (!args.quiet) colibri::print_profile(stderr, reports, run);
+  print_repin(node, args.quiet);
   if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, run);
   if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
   return 0;

@@ -107,6 +107,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
   check_logits(batch, logits);
   for (int s = 0; s < int(seq_end_.size()); ++s)
     if (seq_end_[size_t(s)] >= 0) kv_.set_length(s, seq_end_[size_t(s)]);
+  if (step_hook_) step_hook_(n);
   return logits;
 }
 

@@ -7,6 +7,7 @@
 // ReferenceModel is its oracle.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -59,6 +60,9 @@ class Engine {
   int max_rows() const { return options_.max_rows; }
   // The routes this engine sent since it was built: per (layer, expert) the routed rows.
   const RoutingStats& routes() const { return routes_; }
+  // Called at the end of every forward call that succeeded, with its rows: a step boundary, no
+  // exchange in flight (live re-placement runs there).
+  void set_step_hook(std::function<void(int rows)> hook) { step_hook_ = std::move(hook); }
 
  private:
   void check(const Batch& batch);
@@ -75,6 +79,7 @@ class Engine {
   std::unique_ptr<CoordinatorCompute> compute_;  // empty factory: CpuCompute
   DispatchPlan plan_;
   RoutingStats routes_;
+  std::function<void(int rows)> step_hook_;
   std::vector<int> seq_end_;  // [max_seqs] per call: last position + 1
 };
 

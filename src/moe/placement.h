@@ -25,6 +25,7 @@ struct PlacementTable {
   int num_layers = 0;
   int num_experts = 0;
   std::string policy;
+  uint32_t epoch = 0;  // moved on by each change applied while the job runs (placement_change.h)
   std::vector<int> owner;  // [num_layers * num_experts]; -1 on dense layers, kSliced (sliced)
   // sliced: every routed expert is held by every rank of slice_ranks, rank slice_ranks[i] its
   // intermediate rows [slice_bounds[i], slice_bounds[i + 1]) (ExpertSlice).
@@ -60,7 +61,7 @@ struct PlacementTable {
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(num_layers, num_experts, policy, owner, slice_ranks, slice_bounds, replicas, heat);
+    ar(num_layers, num_experts, policy, epoch, owner, slice_ranks, slice_bounds, replicas, heat);
   }
 };
 

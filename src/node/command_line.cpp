@@ -168,6 +168,14 @@ std::vector<FlagRow> make_table() {
            "with --placement heat: extra copies of the hottest experts per MoE layer, each on "
            "another rank; the coordinator sends a routed row to the least-loaded copy",
            [](auto& l) -> auto& { return l.node.replicas; }, in_range(0, 1 << 20)),
+    option("--repin-every", "", Use::kAny, Agree::kCoordinator,
+           "with --placement heat: every this many routed tokens, re-place the MoE layers whose "
+           "recent routing drifted from their placement's heat, moving experts between ranks "
+           "while the job runs; 0 = never",
+           [](auto& l) -> auto& { return l.node.repin_every; }, in_range(0, 1 << 30)),
+    option("--repin-max-moves", "", Use::kAny, Agree::kCoordinator,
+           "with --repin-every: (layer, expert) holder changes per round at most",
+           [](auto& l) -> auto& { return l.node.repin_max_moves; }, in_range(1, 1 << 24)),
     option("--routing-stats", "auto", Use::kAny, Agree::kCoordinator,
            "routing statistics file: read at start-up (--placement heat), this run's routes "
            "merged into it at shutdown; auto: colibri-routing.stats in the model directory when "

@@ -47,19 +47,20 @@ TestFault test_fault_from_env(int rank) {
   if (fields < 3 || after < 1)
     fail(
         "COLIBRI_TEST_FAULT='{}' is not KIND:RANK:LAYER[:AFTER] or "
-        "KIND:RANK:init|split|startup|load",
+        "KIND:RANK:init|split|startup|load|move",
         spec);
   const std::string k = kind, w = where;
   if (k != "corrupt" && k != "kill" && k != "stop" && k != "abort" && k != "exit")
     fail("COLIBRI_TEST_FAULT kind '{}' is unknown (kill, stop, abort, exit, corrupt)", k);
   int layer = -1;
   TestFault::Stage stage = TestFault::kNone;
-  if (w == "init" || w == "split" || w == "startup" || w == "load") {
+  if (w == "init" || w == "split" || w == "startup" || w == "load" || w == "move") {
     if (k == "corrupt") fail("COLIBRI_TEST_FAULT: corrupt needs a layer, not '{}'", w);
     stage = w == "init"      ? TestFault::kInit
             : w == "split"   ? TestFault::kSplit
             : w == "startup" ? TestFault::kStartup
-                             : TestFault::kLoad;
+            : w == "load"    ? TestFault::kLoad
+                             : TestFault::kMove;
   } else {
     char* end = nullptr;
     layer = int(std::strtol(where, &end, 10));

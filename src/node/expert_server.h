@@ -14,11 +14,12 @@ namespace colibri {
 // for LAYER, counting from 1; default the first). LAYER may instead name a start-up point (not
 // with corrupt): "init" (before MPI_Init, the rank taken from the launcher's environment),
 // "split" (before the node's first communicator split), "startup" (before the ranks compare
-// their argument checks) or "load" (after the handshake, before loading weights); those apply to
+// their argument checks), "load" (after the handshake, before loading weights) or "move" (an
+// expert rank, when a change of placement is announced to it: --repin-every); those apply to
 // any rank, the coordinator too. With
 // --split-linears, a request for a split linear of LAYER counts as a request for LAYER.
 struct TestFault {
-  enum Stage { kNone, kInit, kSplit, kStartup, kLoad };
+  enum Stage { kNone, kInit, kSplit, kStartup, kLoad, kMove };
   int signal_at_layer = -1;         // raise `signal` when a request for this layer arrives
   Stage signal_at_stage = kNone;    // or at this start-up point
   int signal = 0;                   // 0: exit with status 1 instead

@@ -225,6 +225,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     }
     try {
       channel_ = make_expert_channel(exchange);
+      channel_->set_placement_handler(
+          [this](const PlacementChange& change) { on_placement_change(change); });
     } catch (const Error& e) {
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
@@ -265,6 +267,20 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       refuse(fmt::format("the coordinator on a GPU: {}", e.what()));
     }
   }
+  if (is_coordinator() && options_.repin_every > 0) {
+    const auto roles = [&](Role role) {
+      return std::any_of(layout_.ranks.begin(), layout_.ranks.end(),
+                         [role](const RankSpec& r) { return r.role == role; });
+    };
+    if (size_ == 1)
+      refuse("--repin-every moves experts between ranks: run it under mpirun");
+    else if (placement_.heat.empty())
+      refuse("--repin-every re-places experts by their heat: it needs --placement heat");
+    else if (roles(Role::kGpuExpert) || !plan.nccl_ranks.empty())
+      refuse(
+          "--repin-every moves experts between CPU ranks over MPI; the layout has gpu-expert "
+          "ranks");
+  }
   // The coordinator's KV pool in RAM is allocated with the engine, below.
   if (is_coordinator() && !coordinator_compute && gpu_status.message.empty())
     if (const std::string r =
@@ -283,6 +299,15 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     engine.max_seqs = options_.max_seqs;
     engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
                                        profiler_.get(), coordinator_compute);
+    if (options_.repin_every > 0) {
+      RepinOptions repin;
+      repin.every_tokens = options_.repin_every;
+      repin.max_moves = options_.repin_max_moves;
+      repin.replicas = options_.replicas;
+      repinner_ = std::make_unique<Repinner>(config_, layout_, expert_bytes(), repin, placement_,
+                                             *dispatcher_, expert_store_.get(), rank_);
+      engine_->set_step_hook([this](int rows) { repinner_->after_step(engine_->routes(), rows); });
+    }
   }
   // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
   // resident-memory line.
@@ -294,6 +319,18 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       },
       startup_deadline("start-up (exchange ready)"));
   profiler_->restart_epoch();
+}
+
+void Node::on_placement_change(const PlacementChange& change) {
+  if (!change.commit) {
+    raise_test_fault(options_.fault, TestFault::kMove, rank_);
+    if (expert_store_) expert_store_->add_owned(experts_gained(placement_, change.changes, rank_));
+    return;
+  }
+  const std::vector<std::pair<int, int>> lost = experts_lost(placement_, change.changes, rank_);
+  apply_placement_change(placement_, change.changes);
+  placement_.epoch = change.epoch;
+  if (expert_store_) expert_store_->remove_owned(lost);
 }
 
 std::string Node::memory_line(const std::string& host) const {

@@ -15,6 +15,7 @@
 #include "common/layout.h"
 #include "common/profile.h"
 #include "coordinator/engine.h"
+#include "coordinator/repin.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -64,8 +65,10 @@ struct NodeOptions {
   // --routing-stats: "" (none), "auto" (routing_stats_path) or a file. The coordinator reads it at
   // start-up (for --placement heat) and merges this run's routes into it at shutdown.
   std::string routing_stats;
-  int replicas = 0;  // --replicas: extra copies of the hottest experts per MoE layer (heat)
-  TestFault fault;   // test hook
+  int replicas = 0;          // --replicas: extra copies of the hottest experts per MoE layer (heat)
+  int repin_every = 0;       // --repin-every: routed tokens between re-placement rounds; 0: off
+  int repin_max_moves = 64;  // --repin-max-moves: holder changes per round at most
+  TestFault fault;           // test hook
 };
 
 class Node {
@@ -86,6 +89,9 @@ class Node {
   Profiler& profiler() { return *profiler_; }
   // In-memory bytes of one routed expert (quantized in a container, else fp32).
   uint64_t expert_bytes() const;
+  // An expert rank's part of a change of placement (prepare: read the experts it gains; commit:
+  // switch its table, drop what it lost).
+  void on_placement_change(const PlacementChange& change);
   // Coordinator: one line per rank, gathered at start-up: its resident weights by representation,
   // routed experts in RAM, KV pool and RSS.
   const std::vector<std::string>& memory_report() const { return memory_report_; }
@@ -97,6 +103,8 @@ class Node {
   // Coordinator: merges the engine's routes into the statistics file; an error is returned as a
   // line, not thrown (a run's output is not lost to it). Called by shutdown().
   std::string save_routing_stats();
+  // Coordinator with --repin-every: what live re-placement did; null otherwise.
+  const RepinStats* repin_stats() const { return repinner_ ? &repinner_->stats() : nullptr; }
 
   // Coordinator: how many linears --split-linears split across ranks.
   int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
@@ -140,6 +148,7 @@ class Node {
   std::unique_ptr<Dispatcher> dispatcher_;         // coordinator
   std::unique_ptr<ExpertChannel> channel_;         // expert ranks
   std::unique_ptr<Engine> engine_;                 // coordinator
+  std::unique_ptr<Repinner> repinner_;             // coordinator, --repin-every
   bool shut_down_ = false;
   std::vector<std::string> memory_report_;
   std::string routing_stats_file_, routing_stats_warning_;

@@ -80,13 +80,18 @@ void ExpertStore::load_locked(std::unique_lock<std::mutex>& lock, uint64_t k, En
   lock.lock();
   e.weights = std::move(weights);
   e.state = State::ready;
-  e.from_disk = true;
   stats_.bytes_read += e.weights.bytes();
   stats_.load_us += us;
-  cached_bytes_ += e.weights.bytes();
-  lru_.push_front(k);
-  e.lru = lru_.begin();
-  evict_locked();
+  if (e.pin_when_ready) {
+    e.pinned = true;
+    pinned_bytes_ += e.weights.bytes();
+  } else {
+    e.from_disk = true;
+    cached_bytes_ += e.weights.bytes();
+    lru_.push_front(k);
+    e.lru = lru_.begin();
+    evict_locked();
+  }
   changed_.notify_all();
 }
 
@@ -125,6 +130,10 @@ const MlpWeights& ExpertStore::acquire(int layer, int expert) {
         load_locked(lock, k, e);  // the loader's read failed or was evicted
     }
     stats_.wait_us += elapsed_us(start);
+    if (e.pinned) {  // gained while running: read now, pinned from here on
+      ++stats_.disk_hits;
+      return e.weights;
+    }
   }
   if (e.from_disk) {
     ++stats_.disk_hits;
@@ -166,6 +175,41 @@ void ExpertStore::wait_idle() {
   changed_.wait(lock, [&] { return queue_.empty() && !loader_busy_; });
 }
 
+void ExpertStore::add_owned(std::span<const std::pair<int, int>> experts) {
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [layer, expert] : experts) {
+      const uint64_t k = key(layer, expert);
+      if (entries_.count(k)) continue;
+      Entry& e = entries_[k];
+      if (!all_resident_) continue;  // read when first routed here
+      e.pin_when_ready = true;
+      e.state = State::queued;
+      queue_.push_back(k);
+    }
+    if (all_resident_ && !loader_.joinable()) loader_ = std::thread([this] { loader_main(); });
+  }
+  changed_.notify_all();
+}
+
+void ExpertStore::remove_owned(std::span<const std::pair<int, int>> experts) {
+  std::unique_lock lock(mutex_);
+  for (const auto& [layer, expert] : experts) {
+    const auto it = entries_.find(key(layer, expert));
+    if (it == entries_.end()) continue;
+    Entry& e = it->second;
+    changed_.wait(lock, [&] { return e.state != State::loading; });
+    if (e.in_use) fail("expert {} of layer {} is dropped while a request uses it", expert, layer);
+    if (e.state == State::ready && e.pinned) {
+      pinned_bytes_ -= e.weights.bytes();
+    } else if (e.state == State::ready) {
+      cached_bytes_ -= e.weights.bytes();
+      lru_.erase(e.lru);
+    }
+    entries_.erase(it);
+  }
+}
+
 void ExpertStore::loader_main() {
   std::unique_lock lock(mutex_);
   for (;;) {
@@ -173,7 +217,9 @@ void ExpertStore::loader_main() {
     if (stop_) return;
     const uint64_t k = queue_.front();
     queue_.pop_front();
-    Entry& e = entries_.at(k);
+    const auto it = entries_.find(k);
+    if (it == entries_.end()) continue;  // no longer held
+    Entry& e = it->second;
     if (e.state != State::queued) continue;  // read on demand meanwhile
     loader_busy_ = true;
     try {

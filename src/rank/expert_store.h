@@ -57,6 +57,11 @@ class ExpertStore {
   void release();
   // Blocks until the loader has nothing queued or in progress.
   void wait_idle();
+  // A change of placement, between requests: experts this rank now holds (read in the background
+  // and pinned when every owned expert is resident; read on first use under a RAM budget), and
+  // experts it no longer holds (freed; one being read is waited for first).
+  void add_owned(std::span<const std::pair<int, int>> experts);
+  void remove_owned(std::span<const std::pair<int, int>> experts);
 
   bool owns(int layer, int expert) const;
   bool resident(int layer, int expert) const;  // pinned or in the RAM cache
@@ -72,6 +77,7 @@ class ExpertStore {
     bool pinned = false;
     bool in_use = false;     // acquired since the last release()
     bool from_disk = false;  // read after start-up and not yet acquired; not evicted until then
+    bool pin_when_ready = false;        // gained while running with every owned expert resident
     std::list<uint64_t>::iterator lru;  // valid when state == ready and !pinned
   };
   static uint64_t key(int layer, int expert) {

@@ -106,6 +106,16 @@ std::vector<uint64_t> CompositeDispatcher::slowest_counts() const {
   return total;
 }
 
+void CompositeDispatcher::change_placement(const PlacementChange& change) {
+  for (Part& part : parts_) part.dispatcher->change_placement(change);
+}
+
+void Dispatcher::change_placement(const PlacementChange&) {
+  fail(
+      "this transport cannot move experts while the job runs (--repin-every needs the MPI "
+      "transport to every expert rank)");
+}
+
 void ExpertChannel::set_idle_work(IdleWork) {
   fail(
       "this rank's transport does no other work while it waits for requests (split linears need "

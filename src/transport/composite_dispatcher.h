@@ -24,6 +24,7 @@ class CompositeDispatcher final : public Dispatcher {
   // out: fp32 host memory.
   void combine(View out) override;
   void shutdown() override;
+  void change_placement(const PlacementChange& change) override;
   std::vector<uint64_t> slowest_counts() const override;
 
  private:

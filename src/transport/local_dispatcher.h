@@ -20,6 +20,8 @@ class LocalDispatcher final : public PartialDispatcher {
   void dispatch(const DispatchPlan& plan, ConstView x) override;
   void combine(View out) override;
   void shutdown() override {}
+  // In-process experts: the node updates their store itself.
+  void change_placement(const PlacementChange&) override {}
 
   // The owners' partials are computed here, one owner after the other.
   void wait_partials() override;

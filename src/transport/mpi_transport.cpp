@@ -679,7 +679,55 @@ void MpiTransport::shutdown() {
   wait_all(sends, ranks, "shutdown delivery", -1);
 }
 
+void MpiTransport::change_placement(const PlacementChange& change) {
+  if (peers_.empty()) return;
+  const std::vector<uint32_t> words = encode_holder_changes(change.changes);
+  // In messages that fit an expert rank's request buffer, whole changes each, the epoch first.
+  const size_t capacity = (peers_.empty() ? 0 : peers_.front().send.size() - kHeaderBytes) / 4 - 1;
+  size_t at = 0;
+  while (at < words.size()) {
+    size_t end = at, changes = 0;
+    while (end < words.size() && end + 3 + words[end + 2] - at <= capacity) {
+      end += 3 + words[end + 2];
+      ++changes;
+    }
+    if (changes == 0)
+      fail("a change of placement of {} holders does not fit a request of {} bytes", words[at + 2],
+           capacity * 4);
+    std::vector<uint32_t> message{change.epoch};
+    message.insert(message.end(), words.begin() + int64_t(at), words.begin() + int64_t(end));
+    const size_t bytes = message.size() * 4;
+    const uint32_t sum = wire::checksum(reinterpret_cast<const std::byte*>(message.data()), bytes);
+    std::vector<MPI_Request*> sends;
+    std::vector<int> ranks;
+    for (Peer& peer : peers_) {
+      const wire::Header header{wire::kMagic,
+                                wire::kProtocolVersion,
+                                uint16_t(wire::Opcode::kPlacement),
+                                ++peer.sequence,
+                                -1,
+                                change.commit ? 1u : 0u,
+                                uint32_t(changes),
+                                uint32_t(bytes),
+                                sum};
+      std::memcpy(peer.send.data(), &header, kHeaderBytes);
+      std::memcpy(peer.send.data() + kHeaderBytes, message.data(), bytes);
+      CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes + bytes), MPI_BYTE, peer.rank,
+                          wire::kTagRequest, comm_, &peer.send_request));
+      sends.push_back(&peer.send_request);
+      ranks.push_back(peer.rank);
+    }
+    wait_all(sends, ranks, "placement delivery", -1);
+    at = end;
+  }
+}
+
 bool MpiTransport::receive(ExpertRequest& request) {
+  for (;;)
+    if (receive_one(request)) return request.layer >= 0;
+}
+
+bool MpiTransport::receive_one(ExpertRequest& request) {
   MPI_Status status;
   // Heartbeats that arrived while this rank computed count from now on.
   WaitClock heard;
@@ -724,7 +772,30 @@ bool MpiTransport::receive(ExpertRequest& request) {
     abort_job(fmt::format("corrupted request from {}: {}", rank_identity().name_of(coordinator_),
                           problem));
   sequence_ = h.sequence;
-  if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return false;
+  if (h.opcode == uint16_t(wire::Opcode::kShutdown)) {
+    request.layer = -1;
+    return true;
+  }
+  if (h.opcode == uint16_t(wire::Opcode::kPlacement)) {
+    std::vector<uint32_t> words(h.payload_bytes / 4);
+    std::memcpy(words.data(), request_buffer_.data() + kHeaderBytes, h.payload_bytes);
+    PlacementChange change;
+    change.commit = h.n_rows == 1;
+    int world = 0;
+    CHECK_MPI(MPI_Comm_size(comm_, &world));
+    const std::string bad =
+        words.empty() ? "no epoch"
+                      : decode_holder_changes(std::span(words).subspan(1), placement_.num_layers,
+                                              placement_.num_experts, world, change.changes);
+    if (!words.empty()) change.epoch = words.front();
+    if (!bad.empty() || change.changes.size() != h.n_pairs)
+      abort_job(fmt::format("corrupted placement change from {}: {}",
+                            rank_identity().name_of(coordinator_),
+                            bad.empty() ? "a count that disagrees" : bad));
+    post_request_receive();
+    if (placement_handler_) placement_handler_(change);
+    return false;
+  }
   const bool shared = h.opcode == uint16_t(wire::Opcode::kSharedRequest);
   const std::byte* payload = request_buffer_.data() + kHeaderBytes;
   const std::byte* rows = shared ? segment_.request_rows() : payload;

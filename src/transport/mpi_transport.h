@@ -84,6 +84,7 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
   void dispatch(const DispatchPlan& plan, ConstView x) override;
   void combine(View out) override;
   void shutdown() override;
+  void change_placement(const PlacementChange& change) override;
   void wait_partials() override;
   std::span<const int> partial_ranks() const override { return replier_ranks_; }
   void add_partial(size_t i, float* out, std::span<uint8_t> started) override;
@@ -91,6 +92,9 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
   int exchange_rows() const override { return n_rows_; }
   int exchange_hidden() const override { return shape_.hidden; }
   bool receive(ExpertRequest& request) override;
+  // One message from the coordinator: true with a request (layer -1: shutdown), false after a
+  // change of placement was handed to the handler.
+  bool receive_one(ExpertRequest& request);
   void reply(ConstView partial) override;
   void set_idle_work(IdleWork work) override { idle_work_ = std::move(work); }
 

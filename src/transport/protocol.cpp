@@ -225,6 +225,14 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
     if (bytes != sizeof(Header) || h.payload_bytes != 0) return "shutdown with a payload";
     return {};
   }
+  if (h.opcode == uint16_t(Opcode::kPlacement)) {
+    if (h.layer != -1 || h.n_rows > 1) return "a placement change with a layer or a bad phase";
+    if (h.payload_bytes % 4 != 0 || bytes != sizeof(Header) + h.payload_bytes)
+      return fmt::format("a placement change of {} bytes", bytes);
+    if (checksum(message + sizeof(Header), h.payload_bytes) != h.checksum)
+      return "payload checksum mismatch";
+    return {};
+  }
   const bool shared = h.opcode == uint16_t(Opcode::kSharedRequest);
   if (h.opcode != uint16_t(Opcode::kExpertRequest) && !shared)
     return fmt::format("unknown opcode {}", h.opcode);

@@ -16,8 +16,9 @@ constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // row indices, empty requests to host-mates, host partials (--combine host); 7: HELLO says
 // whether NCCL is built, the plan carries the transport, NCCL count headers; 8: rows and
 // partials through shared segments on the coordinator's host; 9: the checksum is lane sums of
-// the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest)
-constexpr uint16_t kProtocolVersion = 10;
+// the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest);
+// 11: placement changes while the job runs (kPlacement), the plan's table has an epoch
+constexpr uint16_t kProtocolVersion = 11;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -36,6 +37,9 @@ enum class Opcode : uint16_t {
                        // an MLA layer (split_linear.h): rows, KV block tables, chosen positions,
                        // new cache rows and the heads' queries; n_pairs: the tables
   kAttendReply = 10,   // on kTagLinearReply, the answer: those heads' outputs, fp32
+  kPlacement = 11,  // on kTagRequest between steps, coordinator -> every expert rank: a change of
+                    // placement (moe/placement_change.h), n_rows 0 = prepare, 1 = commit;
+                    // n_pairs changes, the payload their u32 words; no reply
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.

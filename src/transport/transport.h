@@ -15,6 +15,7 @@
 
 #include "common/buffer.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "moe/router.h"
 #include "transport/protocol.h"
 
@@ -90,6 +91,9 @@ class Dispatcher {
   virtual void shutdown() = 0;
   // Per world rank, how often its partial arrived last in a layer; empty when not tracked.
   virtual std::vector<uint64_t> slowest_counts() const { return {}; }
+  // Between steps: sends every expert rank a change of placement (prepare or commit), in order
+  // with the requests that follow. A transport that cannot says so (an Error).
+  virtual void change_placement(const PlacementChange& change);
 };
 
 // A dispatcher whose combine can be taken apart partial by partial, so that a composite of
@@ -131,6 +135,13 @@ class ExpertChannel {
     std::function<void()> run;
   };
   virtual void set_idle_work(IdleWork work);
+  // Called from receive() with each change of placement the coordinator sends; receive() then
+  // goes on waiting for a request.
+  using PlacementHandler = std::function<void(const PlacementChange&)>;
+  void set_placement_handler(PlacementHandler handler) { placement_handler_ = std::move(handler); }
+
+ protected:
+  PlacementHandler placement_handler_;
 };
 
 }  // namespace colibri

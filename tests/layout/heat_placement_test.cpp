@@ -12,6 +12,7 @@
 #include "common/error.h"
 #include "common/layout.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "transport/transport.h"
 
 namespace colibri {
@@ -226,6 +227,55 @@ TEST(HeatPlacement, DispatchSendsEachRowOfAReplicatedExpertToTheLeastLoadedCopy)
   for (const RoutedPair& p : plan.owners[0].pairs) EXPECT_EQ(p.expert, 0u);
   EXPECT_TRUE(table.holds(0, 0, 2));
   EXPECT_FALSE(table.holds(0, 1, 1));
+}
+
+// Two tables of one shape: what differs, who gains and loses what, the wire form and its
+// refusals, and the change applied giving the new table.
+TEST(PlacementChange, DiffApplyAndWireForm) {
+  const ModelConfig config = model(16);
+  const Layout layout = cpu_layout(4);
+  const RoutingStats stats = zipf(config);
+  const PlacementTable from = make_placement(config, layout, PlacementPolicy::kHeat, kGiB);
+  const PlacementTable to = make_placement(config, layout, PlacementPolicy::kHeat, kGiB, &stats, 2);
+  const std::vector<HolderChange> changes = placement_diff(from, to);
+  ASSERT_FALSE(changes.empty());
+  for (const HolderChange& c : changes) EXPECT_NE(c.layer, 0) << "dense layer 0 has no experts";
+  int gained = 0, lost = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    for (const auto& [l, e] : experts_gained(from, changes, rank)) {
+      EXPECT_FALSE(from.holds(l, e, rank));
+      EXPECT_TRUE(to.holds(l, e, rank));
+      ++gained;
+    }
+    for (const auto& [l, e] : experts_lost(from, changes, rank)) {
+      EXPECT_TRUE(from.holds(l, e, rank));
+      EXPECT_FALSE(to.holds(l, e, rank));
+      ++lost;
+    }
+  }
+  EXPECT_EQ(gained, lost + 4);  // the 4 replicas are held in addition
+
+  std::vector<HolderChange> back;
+  const std::vector<uint32_t> words = encode_holder_changes(changes);
+  ASSERT_EQ(decode_holder_changes(words, 3, 16, 4, back), "");
+  PlacementTable applied = from;
+  apply_placement_change(applied, back);
+  EXPECT_EQ(applied.owner, to.owner);
+  for (int l = 0; l < 3; ++l)
+    for (int e = 0; e < 16; ++e) EXPECT_EQ(applied.replicas_of(l, e), to.replicas_of(l, e));
+  EXPECT_TRUE(placement_diff(applied, to).empty());
+
+  std::vector<uint32_t> bad = words;
+  bad[0] = 3;  // layer out of range
+  EXPECT_NE(decode_holder_changes(bad, 3, 16, 4, back).find("out of range"), std::string::npos);
+  bad = words;
+  bad[3] = 4;  // rank out of range
+  EXPECT_NE(decode_holder_changes(bad, 3, 16, 4, back).find("holder 4"), std::string::npos);
+  bad = words;
+  bad[2] = 0;  // no holder
+  EXPECT_NE(decode_holder_changes(bad, 3, 16, 4, back).find("0 holders"), std::string::npos);
+  bad.assign(words.begin(), words.begin() + 2);
+  EXPECT_NE(decode_holder_changes(bad, 3, 16, 4, back).find("cut short"), std::string::npos);
 }
 
 }  // namespace

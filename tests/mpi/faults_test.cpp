@@ -203,6 +203,32 @@ TEST(MpiFaults, ARankKilledDuringStartupEndsTheJobQuickly) {
   }
 }
 
+// A rank killed while experts move to it (--repin-every: the change is announced and the new
+// holders start reading) ends the job as any other fault, naming it. The embedded model's skewed
+// routing drifts from the uniform heat of a fresh statistics file within the first prefill.
+TEST(MpiFaults, ARankKilledDuringAMoveOfExpertsEndsTheJobNamingIt) {
+  const fs::path stats = fs::temp_directory_path() / "faults-move.stats";
+  fs::remove(stats);
+  std::string prompt;
+  for (int i = 0; i < 20; ++i) prompt += "And God said, Let there be light: and there was light. ";
+  const Args args = {
+      "--model", kChatModel.string(), "--prompt",     prompt,          "--ngen", "8", "--placement",
+      "heat",    "--routing-stats",   stats.string(), "--repin-every", "64"};
+  const JobResult r = run_mpmd({{3, args}}, {{"COLIBRI_TEST_FAULT", "kill:1:move"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s, kQuickExitSeconds) << describe(r);
+  EXPECT_NE(r.combined.find("rank 1 with PID"), std::string::npos) << describe(r);
+  EXPECT_NE(r.combined.find("signal 9"), std::string::npos) << describe(r);
+  // Without the fault the same job moves experts and ends well.
+  const JobResult ok = run_mpmd({{3, args}});
+  expect_clean_end(ok);
+  EXPECT_EQ(ok.exit_code, 0) << describe(ok);
+  EXPECT_NE(ok.err.find("re-placement: "), std::string::npos) << describe(ok);
+  EXPECT_EQ(ok.err.find(" 0 of them moved experts"), std::string::npos) << describe(ok);
+  fs::remove(stats);
+}
+
 // A rank stopped in its first instant (before MPI_Init, or before the node's first communicator
 // split) leaves the others in a call without a deadline of its own: the watchdog ends the job
 // within --startup-timeout, naming the step (MPI cannot tell which rank is missing there).

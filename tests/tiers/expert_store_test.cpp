@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/error.h"
 #include "rank/expert_store.h"
 
 namespace colibri {
@@ -170,6 +171,44 @@ TEST(ExpertStore, UnownedExpertIsAnError) {
   EXPECT_THROW(store.acquire(0, 5), std::exception);
   const int wanted[] = {7};
   EXPECT_THROW(store.prefetch(0, wanted), std::exception);
+}
+
+// A change of placement while the job runs: gained experts are read in the background and
+// pinned (every owned expert resident), lost ones are freed; under a RAM budget a gained expert
+// is read on first use.
+TEST(ExpertStore, OwnedExpertsGrowAndShrinkWhileRunning) {
+  CountingLoader loader;
+  ExpertStore store(owned(1, 2), loader.fn(), {});
+  EXPECT_EQ(store.pinned_bytes(), 2 * kExpertBytes);
+  const std::vector<std::pair<int, int>> gained{{1, 0}, {1, 3}}, lost{{0, 1}};
+  store.add_owned(gained);
+  store.wait_idle();
+  EXPECT_EQ(loader.reads, 4);
+  EXPECT_TRUE(store.owns(1, 3));
+  EXPECT_TRUE(store.resident(1, 3));
+  EXPECT_EQ(store.pinned_bytes(), 4 * kExpertBytes);
+  expect_expert(store.acquire(1, 3), 1, 3);
+  store.release();
+  store.remove_owned(lost);
+  EXPECT_FALSE(store.owns(0, 1));
+  EXPECT_EQ(store.pinned_bytes(), 3 * kExpertBytes);
+  EXPECT_THROW(store.acquire(0, 1), Error);
+  EXPECT_EQ(loader.reads, 4);  // nothing read again
+
+  CountingLoader budgeted_loader;
+  ExpertStore::Options budget;
+  budget.ram_bytes = 2 * kExpertBytes;
+  ExpertStore budgeted(owned(1, 3), budgeted_loader.fn(), budget);
+  budgeted.add_owned(gained);
+  budgeted.wait_idle();
+  EXPECT_EQ(budgeted_loader.reads, 0);
+  expect_expert(budgeted.acquire(1, 0), 1, 0);
+  budgeted.release();
+  EXPECT_EQ(budgeted_loader.reads, 1);
+  const std::vector<std::pair<int, int>> first{{1, 0}};
+  budgeted.remove_owned(first);
+  EXPECT_EQ(budgeted.resident_bytes(), 0u);
+  EXPECT_FALSE(budgeted.owns(1, 0));
 }
 
 }  // namespace
