@@ -150,13 +150,15 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports,
   const bool tiers = std::any_of(reports.begin(), reports.end(),
                                  [](const RankReport& r) { return r.disk_hits + r.ram_hits > 0; });
   if (tiers) {
-    fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12}  {:>12}\n", "rank", "pinned hit",
-               "ram hit", "disk hit", "disk read", "loader ms", "waited ms");
+    fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12}  {:>12}  {:>11}  {:>9}\n",
+               "rank", "pinned hit", "ram hit", "disk hit", "disk read", "loader ms", "waited ms",
+               "hinted read", "hint hit");
     for (const RankReport& r : reports) {
       if (r.pinned_hits + r.ram_hits + r.disk_hits == 0) continue;
-      fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12.1f}  {:>12.1f}\n", r.rank,
-                 r.pinned_hits, r.ram_hits, r.disk_hits, human_bytes(r.disk_bytes_read),
-                 double(r.loader_us) / 1e3, double(r.loader_wait_us) / 1e3);
+      fmt::print(
+          out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12.1f}  {:>12.1f}  {:>11}  {:>9}\n",
+          r.rank, r.pinned_hits, r.ram_hits, r.disk_hits, human_bytes(r.disk_bytes_read),
+          double(r.loader_us) / 1e3, double(r.loader_wait_us) / 1e3, r.hint_reads, r.hint_hits);
     }
   }
   // GPU expert ranks.
@@ -256,6 +258,8 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"disk_bytes_read", r.disk_bytes_read},
                      {"loader_us", r.loader_us},
                      {"loader_wait_us", r.loader_wait_us},
+                     {"hint_reads", r.hint_reads},
+                     {"hint_hits", r.hint_hits},
                      {"vram_bytes", r.vram_bytes},
                      {"gpu_requests", r.gpu_requests},
                      {"gpu_us", r.gpu_us},

@@ -77,6 +77,8 @@ struct RankReport {
   uint64_t pinned_hits = 0, ram_hits = 0, disk_hits = 0;
   uint64_t disk_bytes_read = 0;
   uint64_t loader_us = 0, loader_wait_us = 0;
+  // --prefetch-ahead: experts read because a hint named them, and acquires those reads served.
+  uint64_t hint_reads = 0, hint_hits = 0;
   // GPU expert ranks: experts held in VRAM (bytes uploaded at start), requests computed on the
   // GPU and their device time (rows up, kernels, partial down; CUDA events).
   uint64_t vram_bytes = 0, gpu_requests = 0, gpu_us = 0;
@@ -97,7 +99,7 @@ struct RankReport {
        bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
        pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us, vram_bytes,
        gpu_requests, gpu_us, vram_hits, vram_uploads, vram_cpu_experts, vram_upload_bytes,
-       vram_upload_us, bytes_cross_host, bytes_shared);
+       vram_upload_us, bytes_cross_host, bytes_shared, hint_reads, hint_hits);
   }
 };
 

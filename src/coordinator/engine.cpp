@@ -5,6 +5,7 @@
 
 #include "common/error.h"
 #include "common/finite.h"
+#include "moe/router.h"
 
 namespace colibri {
 
@@ -28,6 +29,66 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
                      : std::make_unique<CpuCompute>(config, weights, kv_, profiler);
   seq_end_.assign(size_t(options.max_seqs), -1);
   routes_.reset(config.num_layers, config.n_routed_experts);
+  next_moe_.assign(size_t(config.num_layers), -1);
+  for (int l = config.num_layers - 2, next = -1; l >= 0; --l) {
+    if (config.layer_is_moe[size_t(l + 1)]) next = l + 1;
+    next_moe_[size_t(l)] = next;
+  }
+  const auto layers = size_t(config.num_layers);
+  prefetch_.pairs.assign(layers, 0);
+  prefetch_.pair_hits.assign(layers, 0);
+  prefetch_.set_predicted.assign(layers, 0);
+  prefetch_.set_routed.assign(layers, 0);
+  prefetch_.set_hits.assign(layers, 0);
+  seen_.assign(size_t(config.n_routed_experts), 0);
+}
+
+void Engine::predict_next(int layer, int n) {
+  const int next = next_moe_[size_t(layer)];
+  predicted_layer_ = next;
+  if (next < 0) return;
+  predicted_ = route_tokens(config_, weights_.layers[size_t(next)], compute_->normed_host(), n);
+  // The distinct predicted experts, each hinted to every rank that holds it.
+  std::fill(seen_.begin(), seen_.end(), 0);
+  for (size_t i = 0; i < size_t(n) * size_t(predicted_.top_k); ++i)
+    seen_[size_t(predicted_.expert[i])] = 1;
+  for (OwnerHint& h : hints_) h.experts.clear();
+  for (int e = 0; e < config_.n_routed_experts; ++e) {
+    if (!seen_[size_t(e)]) continue;
+    ++prefetch_.set_predicted[size_t(next)];
+    const auto add = [&](int rank) {
+      if (rank < 0) return;
+      auto it = std::find_if(hints_.begin(), hints_.end(),
+                             [rank](const OwnerHint& h) { return h.rank == rank; });
+      if (it == hints_.end()) it = hints_.insert(hints_.end(), OwnerHint{rank, {}});
+      it->experts.push_back(e);
+    };
+    add(placement_.owner_of(next, e));
+    for (int rank : placement_.replicas_of(next, e)) add(rank);
+  }
+  dispatcher_.hint(next, hints_);
+}
+
+void Engine::score_prediction(int layer, const Routing& routing, int n) {
+  const int k = routing.top_k;
+  std::fill(seen_.begin(), seen_.end(), 0);
+  for (size_t i = 0; i < size_t(n) * size_t(predicted_.top_k); ++i)
+    seen_[size_t(predicted_.expert[i])] = 1;
+  for (int t = 0; t < n; ++t) {
+    const int* actual = &routing.expert[size_t(t) * k];
+    const int* guess = &predicted_.expert[size_t(t) * predicted_.top_k];
+    for (int i = 0; i < k; ++i) {
+      prefetch_.pair_hits[size_t(layer)] +=
+          std::find(guess, guess + predicted_.top_k, actual[i]) != guess + predicted_.top_k;
+      if (seen_[size_t(actual[i])] == 1 || seen_[size_t(actual[i])] == 0)
+        seen_[size_t(actual[i])] += 2;  // 2: routed only, 3: routed and predicted
+    }
+  }
+  prefetch_.pairs[size_t(layer)] += uint64_t(n) * uint64_t(k);
+  for (int v : seen_) {
+    prefetch_.set_routed[size_t(layer)] += v >= 2;
+    prefetch_.set_hits[size_t(layer)] += v == 3;
+  }
 }
 
 Engine::~Engine() = default;
@@ -85,6 +146,10 @@ std::vector<float> Engine::forward(const Batch& batch) {
         routing = compute_->route(l);
         plan_.build(placement_, l, routing, n);
         routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
+        if (options_.prefetch_ahead) {
+          if (predicted_layer_ == l) score_prediction(l, routing, n);
+          predict_next(l, n);
+        }
       }
       // Host views: the NCCL transport will take the device's rows (Device::kCuda) instead.
       dispatcher_.dispatch(plan_, host_f32(compute_->normed_host(), values));

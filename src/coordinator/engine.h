@@ -25,10 +25,21 @@
 
 namespace colibri {
 
+// How well --prefetch-ahead predicted each MoE layer's experts from the layer before: per layer,
+// routed (row, expert) pairs, those predicted for their row, and over each step's set of distinct
+// experts, the predicted, the routed and those both.
+struct PrefetchStats {
+  std::vector<uint64_t> pairs, pair_hits;                     // [layers]
+  std::vector<uint64_t> set_predicted, set_routed, set_hits;  // [layers]
+};
+
 struct EngineOptions {
   int max_rows = 256;  // rows per forward call; the exchange buffers are sized for it
   int kv_tokens = 0;   // KV pool in tokens; 0: the model's context, at most kDefaultKvTokens
   int max_seqs = 1;    // sequences open at once
+  // --prefetch-ahead: at each MoE layer, the next MoE layer's router applied to this layer's
+  // normed rows predicts its experts; their owners get a hint before this layer's dispatch.
+  bool prefetch_ahead = false;
   static constexpr int kDefaultKvTokens = 32768;
 };
 
@@ -60,6 +71,7 @@ class Engine {
   int max_rows() const { return options_.max_rows; }
   // The routes this engine sent since it was built: per (layer, expert) the routed rows.
   const RoutingStats& routes() const { return routes_; }
+  const PrefetchStats& prefetch_stats() const { return prefetch_; }
   // Called at the end of every forward call that succeeded, with its rows: a step boundary, no
   // exchange in flight (live re-placement runs there).
   void set_step_hook(std::function<void(int rows)> hook) { step_hook_ = std::move(hook); }
@@ -79,6 +91,15 @@ class Engine {
   std::unique_ptr<CoordinatorCompute> compute_;  // empty factory: CpuCompute
   DispatchPlan plan_;
   RoutingStats routes_;
+  // --prefetch-ahead: the next MoE layer of each layer (-1: none), the prediction for it, scores.
+  void predict_next(int layer, int n);
+  void score_prediction(int layer, const Routing& routing, int n);
+  std::vector<int> next_moe_;
+  Routing predicted_;
+  int predicted_layer_ = -1;
+  PrefetchStats prefetch_;
+  std::vector<OwnerHint> hints_;
+  std::vector<int> seen_;  // [experts] scratch: marks of the step's experts
   std::function<void(int rows)> step_hook_;
   std::vector<int> seq_end_;  // [max_seqs] per call: last position + 1
 };

@@ -176,6 +176,11 @@ std::vector<FlagRow> make_table() {
     option("--repin-max-moves", "", Use::kAny, Agree::kCoordinator,
            "with --repin-every: (layer, expert) holder changes per round at most",
            [](auto& l) -> auto& { return l.node.repin_max_moves; }, in_range(1, 1 << 24)),
+    flag("--prefetch-ahead", Use::kAny, Agree::kCoordinator,
+         "at each MoE layer, predict the next MoE layer's experts with its router on this "
+         "layer's rows and hint their owners, whose disk tiers start reading them a layer early; "
+         "never changes a result",
+         [](auto& l) -> auto& { return l.node.prefetch_ahead; }),
     option("--routing-stats", "auto", Use::kAny, Agree::kCoordinator,
            "routing statistics file: read at start-up (--placement heat), this run's routes "
            "merged into it at shutdown; auto: colibri-routing.stats in the model directory when "

@@ -227,6 +227,9 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       channel_ = make_expert_channel(exchange);
       channel_->set_placement_handler(
           [this](const PlacementChange& change) { on_placement_change(change); });
+      channel_->set_hint_handler([this](int layer, std::span<const int> experts) {
+        expert_backend_->hint(layer, experts);
+      });
     } catch (const Error& e) {
       refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
@@ -297,6 +300,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     engine.max_rows = options_.max_rows;
     engine.kv_tokens = options_.kv_tokens;
     engine.max_seqs = options_.max_seqs;
+    engine.prefetch_ahead = options_.prefetch_ahead;
     engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
                                        profiler_.get(), coordinator_compute);
     if (options_.repin_every > 0) {
@@ -500,6 +504,8 @@ std::vector<RankReport> Node::gather_reports() {
     mine.disk_bytes_read = stats.bytes_read;
     mine.loader_us = stats.load_us;
     mine.loader_wait_us = stats.wait_us;
+    mine.hint_reads = stats.hint_reads;
+    mine.hint_hits = stats.hint_hits;
   }
   if (expert_backend_) {
     const ExpertDeviceStats gpu = expert_backend_->device_stats();

@@ -68,7 +68,8 @@ struct NodeOptions {
   int replicas = 0;          // --replicas: extra copies of the hottest experts per MoE layer (heat)
   int repin_every = 0;       // --repin-every: routed tokens between re-placement rounds; 0: off
   int repin_max_moves = 64;  // --repin-max-moves: holder changes per round at most
-  TestFault fault;           // test hook
+  bool prefetch_ahead = false;  // --prefetch-ahead (EngineOptions::prefetch_ahead)
+  TestFault fault;              // test hook
 };
 
 class Node {
@@ -85,6 +86,7 @@ class Node {
   const ModelConfig& config() const { return config_; }
   const Layout& layout() const { return layout_; }
   const PlacementTable& placement() const { return placement_; }
+  const NodeOptions& options() const { return options_; }
   ElemType wire_type() const { return wire_type_; }
   Profiler& profiler() { return *profiler_; }
   // In-memory bytes of one routed expert (quantized in a container, else fp32).

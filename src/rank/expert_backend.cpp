@@ -28,6 +28,10 @@ void CpuExpertBackend::prefetch(int layer, std::span<const int> experts) {
   if (store_) store_->prefetch(layer, experts);
 }
 
+void CpuExpertBackend::hint(int layer, std::span<const int> experts) {
+  if (store_) store_->hint(layer, experts);
+}
+
 void CpuExpertBackend::compute(const ExpertRequest& request, float* partial) {
   const int hidden = config_.hidden_size;
   const float* rows = host_f32_rows(request, hidden, rows_f32_);

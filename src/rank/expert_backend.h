@@ -36,6 +36,8 @@ class ExpertBackend {
   virtual ExpertDeviceStats device_stats() const { return {}; }
   // Starts reading the experts of `layer` that are not resident; returns at once.
   virtual void prefetch(int layer, std::span<const int> experts) = 0;
+  // Experts of `layer` likely requested soon (ExpertStore::hint); nothing where all are resident.
+  virtual void hint(int /*layer*/, std::span<const int> /*experts*/) {}
   // partial [n_rows, hidden] (fp32, host) = for each row, the sum over its pairs of
   // weight * expert(row), experts taken in ascending order.
   virtual void compute(const ExpertRequest& request, float* partial) = 0;
@@ -49,6 +51,7 @@ class CpuExpertBackend final : public ExpertBackend {
   CpuExpertBackend(const ModelConfig& config, const ModelWeights& weights);
 
   void prefetch(int layer, std::span<const int> experts) override;
+  void hint(int layer, std::span<const int> experts) override;
   void compute(const ExpertRequest& request, float* partial) override;
 
  private:

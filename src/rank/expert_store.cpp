@@ -1,5 +1,7 @@
 #include "rank/expert_store.h"
 
+#include <iterator>
+
 #include "common/error.h"
 
 namespace colibri {
@@ -87,6 +89,7 @@ void ExpertStore::load_locked(std::unique_lock<std::mutex>& lock, uint64_t k, En
     pinned_bytes_ += e.weights.bytes();
   } else {
     e.from_disk = true;
+    if (e.hinted) ++stats_.hint_reads;
     cached_bytes_ += e.weights.bytes();
     lru_.push_front(k);
     e.lru = lru_.begin();
@@ -102,11 +105,11 @@ void ExpertStore::evict_locked() {
   for (auto it = lru_.end(); cached_bytes_ > options_.ram_bytes && it != lru_.begin();) {
     --it;
     Entry& e = entries_.at(*it);
-    if (e.in_use || e.from_disk) continue;
+    if (e.in_use || (e.from_disk && !e.hinted)) continue;
     cached_bytes_ -= e.weights.bytes();
     e.weights = MlpWeights{};
     e.state = State::absent;
-    e.from_disk = false;
+    e.from_disk = e.hinted = false;
     it = lru_.erase(it);
   }
 }
@@ -137,7 +140,8 @@ const MlpWeights& ExpertStore::acquire(int layer, int expert) {
   }
   if (e.from_disk) {
     ++stats_.disk_hits;
-    e.from_disk = false;
+    if (e.hinted) ++stats_.hint_hits;
+    e.from_disk = e.hinted = false;
   } else {
     ++stats_.ram_hits;
   }
@@ -153,11 +157,29 @@ void ExpertStore::prefetch(int layer, std::span<const int> experts) {
   if (all_resident_) return;
   {
     std::lock_guard lock(mutex_);
+    // Ahead of any hinted reads: these are wanted now.
+    auto at = queue_.begin();
     for (int expert : experts) {
       Entry& e = entry(layer, expert);
+      if (e.state == State::queued && e.hinted) e.hinted = false;  // wanted now, held for it
       if (e.state != State::absent) continue;
       e.state = State::queued;
-      queue_.push_back(key(layer, expert));
+      at = std::next(queue_.insert(at, key(layer, expert)));
+    }
+  }
+  changed_.notify_all();
+}
+
+void ExpertStore::hint(int layer, std::span<const int> experts) {
+  if (all_resident_) return;
+  {
+    std::lock_guard lock(mutex_);
+    for (int expert : experts) {
+      const auto it = entries_.find(key(layer, expert));
+      if (it == entries_.end() || it->second.state != State::absent) continue;
+      it->second.state = State::queued;
+      it->second.hinted = true;
+      queue_.push_back(it->first);
     }
   }
   changed_.notify_all();

@@ -29,6 +29,8 @@ struct ExpertStoreStats {
   uint64_t bytes_read = 0;   // weight bytes read from disk after start-up
   uint64_t load_us = 0;      // time spent reading from disk (loader thread and demand reads)
   uint64_t wait_us = 0;      // time acquires spent blocked on reads
+  uint64_t hint_reads = 0;   // experts read because a hint named them (--prefetch-ahead)
+  uint64_t hint_hits = 0;    // acquires served by such a read before anything else touched it
 };
 
 class ExpertStore {
@@ -53,6 +55,10 @@ class ExpertStore {
   // Queues reads of the experts not resident; returns at once. Each prefetched expert is meant to
   // be acquired: until then it is not evicted.
   void prefetch(int layer, std::span<const int> experts);
+  // A hint of experts likely acquired soon (the next layer's predicted routing): those owned and
+  // not resident are queued for the loader, and once read they are evictable as any other (a
+  // wrong hint costs a read, never the budget). Experts not owned here are skipped.
+  void hint(int layer, std::span<const int> experts);
   // Ends a request: the experts acquired since the last release become evictable.
   void release();
   // Blocks until the loader has nothing queued or in progress.
@@ -78,6 +84,7 @@ class ExpertStore {
     bool in_use = false;     // acquired since the last release()
     bool from_disk = false;  // read after start-up and not yet acquired; not evicted until then
     bool pin_when_ready = false;        // gained while running with every owned expert resident
+    bool hinted = false;                // queued by hint(): read, it is not held for an acquire
     std::list<uint64_t>::iterator lru;  // valid when state == ready and !pinned
   };
   static uint64_t key(int layer, int expert) {

@@ -110,6 +110,10 @@ void CompositeDispatcher::change_placement(const PlacementChange& change) {
   for (Part& part : parts_) part.dispatcher->change_placement(change);
 }
 
+void CompositeDispatcher::hint(int layer, std::span<const OwnerHint> hints) {
+  for (Part& part : parts_) part.dispatcher->hint(layer, hints);
+}
+
 void Dispatcher::change_placement(const PlacementChange&) {
   fail(
       "this transport cannot move experts while the job runs (--repin-every needs the MPI "

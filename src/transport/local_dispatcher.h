@@ -22,6 +22,9 @@ class LocalDispatcher final : public PartialDispatcher {
   void shutdown() override {}
   // In-process experts: the node updates their store itself.
   void change_placement(const PlacementChange&) override {}
+  void hint(int layer, std::span<const OwnerHint> hints) override {
+    for (const OwnerHint& h : hints) backend_.hint(layer, h.experts);  // the store keeps its own
+  }
 
   // The owners' partials are computed here, one owner after the other.
   void wait_partials() override;

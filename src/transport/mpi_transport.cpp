@@ -656,8 +656,53 @@ void MpiTransport::finish_combine() {
   for (Peer* peer : active_) peer->share = nullptr;
 }
 
+void MpiTransport::hint(int layer, std::span<const OwnerHint> hints) {
+  std::vector<MPI_Request*> previous;
+  std::vector<int> ranks;
+  for (const OwnerHint& h : hints) {
+    const int index = size_t(h.rank) < owner_peer_.size() ? owner_peer_[size_t(h.rank)] : -1;
+    if (index < 0 || h.experts.empty()) continue;
+    Peer& peer = peers_[size_t(index)];
+    if (peer.hint_request != MPI_REQUEST_NULL) {
+      previous = {&peer.hint_request};
+      ranks = {peer.rank};
+      wait_all(previous, ranks, "hint delivery", layer);
+    }
+    const size_t bytes = h.experts.size() * 4;
+    if (kHeaderBytes + bytes > peer.send.size()) continue;  // larger than its receive buffer
+    peer.hint.resize(kHeaderBytes + bytes);
+    for (size_t i = 0; i < h.experts.size(); ++i) {
+      const auto expert = uint32_t(h.experts[i]);
+      std::memcpy(peer.hint.data() + kHeaderBytes + 4 * i, &expert, 4);
+    }
+    const wire::Header header{wire::kMagic,
+                              wire::kProtocolVersion,
+                              uint16_t(wire::Opcode::kPrefetchHint),
+                              ++peer.sequence,
+                              layer,
+                              0,
+                              uint32_t(h.experts.size()),
+                              uint32_t(bytes),
+                              wire::checksum(peer.hint.data() + kHeaderBytes, bytes)};
+    std::memcpy(peer.hint.data(), &header, kHeaderBytes);
+    CHECK_MPI(MPI_Isend(peer.hint.data(), int(kHeaderBytes + bytes), MPI_BYTE, peer.rank,
+                        wire::kTagRequest, comm_, &peer.hint_request));
+    profiler_.counters().bytes_out += kHeaderBytes + bytes;
+  }
+}
+
 void MpiTransport::shutdown() {
   stop_heartbeat();
+  {
+    std::vector<MPI_Request*> hints;
+    std::vector<int> ranks;
+    for (Peer& peer : peers_)
+      if (peer.hint_request != MPI_REQUEST_NULL) {
+        hints.push_back(&peer.hint_request);
+        ranks.push_back(peer.rank);
+      }
+    wait_all(hints, ranks, "hint delivery", -1);
+  }
   std::vector<MPI_Request*> sends;
   std::vector<int> ranks;
   for (Peer& peer : peers_) {
@@ -794,6 +839,17 @@ bool MpiTransport::receive_one(ExpertRequest& request) {
                             bad.empty() ? "a count that disagrees" : bad));
     post_request_receive();
     if (placement_handler_) placement_handler_(change);
+    return false;
+  }
+  if (h.opcode == uint16_t(wire::Opcode::kPrefetchHint)) {
+    std::vector<int> experts(h.n_pairs);
+    for (uint32_t i = 0; i < h.n_pairs; ++i) {
+      uint32_t expert = 0;
+      std::memcpy(&expert, request_buffer_.data() + kHeaderBytes + 4 * i, 4);
+      experts[i] = int(expert);
+    }
+    post_request_receive();
+    if (hint_handler_) hint_handler_(h.layer, experts);
     return false;
   }
   const bool shared = h.opcode == uint16_t(wire::Opcode::kSharedRequest);

@@ -85,6 +85,7 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
   void combine(View out) override;
   void shutdown() override;
   void change_placement(const PlacementChange& change) override;
+  void hint(int layer, std::span<const OwnerHint> hints) override;
   void wait_partials() override;
   std::span<const int> partial_ranks() const override { return replier_ranks_; }
   void add_partial(size_t i, float* out, std::span<uint8_t> started) override;
@@ -108,6 +109,8 @@ class MpiTransport final : public PartialDispatcher, public ExpertChannel {
     const OwnerShare* share = nullptr;  // this exchange's rows and pairs; null when idle
     MPI_Request send_request = MPI_REQUEST_NULL;
     MPI_Request recv_request = MPI_REQUEST_NULL;
+    std::vector<std::byte> hint;  // header + a hint's experts (Dispatcher::hint)
+    MPI_Request hint_request = MPI_REQUEST_NULL;
     uint32_t sequence = 0;  // messages sent to this peer
     bool remote = false;    // on another host than the coordinator
     // Host combine: index in peers_ of this peer's host leader (itself for a leader); -1 when it

@@ -233,6 +233,22 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
       return "payload checksum mismatch";
     return {};
   }
+  if (h.opcode == uint16_t(Opcode::kPrefetchHint)) {
+    if (h.layer < 0 || h.layer >= check.num_layers || h.n_rows != 0 ||
+        h.n_pairs > uint32_t(check.num_experts) || h.payload_bytes != h.n_pairs * 4 ||
+        bytes != sizeof(Header) + h.payload_bytes)
+      return fmt::format("a hint of {} experts for layer {} in {} bytes", h.n_pairs, h.layer,
+                         bytes);
+    if (checksum(message + sizeof(Header), h.payload_bytes) != h.checksum)
+      return "payload checksum mismatch";
+    for (uint32_t i = 0; i < h.n_pairs; ++i) {
+      uint32_t expert = 0;
+      std::memcpy(&expert, message + sizeof(Header) + 4 * i, 4);
+      if (expert >= uint32_t(check.num_experts))
+        return fmt::format("hinted expert {} out of range", expert);
+    }
+    return {};
+  }
   const bool shared = h.opcode == uint16_t(Opcode::kSharedRequest);
   if (h.opcode != uint16_t(Opcode::kExpertRequest) && !shared)
     return fmt::format("unknown opcode {}", h.opcode);

@@ -17,7 +17,8 @@ constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // whether NCCL is built, the plan carries the transport, NCCL count headers; 8: rows and
 // partials through shared segments on the coordinator's host; 9: the checksum is lane sums of
 // the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest);
-// 11: placement changes while the job runs (kPlacement), the plan's table has an epoch
+// 11: placement changes while the job runs (kPlacement), the plan's table has an epoch, hints
+// of the next layer's experts (kPrefetchHint)
 constexpr uint16_t kProtocolVersion = 11;
 
 enum class Opcode : uint16_t {
@@ -40,6 +41,9 @@ enum class Opcode : uint16_t {
   kPlacement = 11,  // on kTagRequest between steps, coordinator -> every expert rank: a change of
                     // placement (moe/placement_change.h), n_rows 0 = prepare, 1 = commit;
                     // n_pairs changes, the payload their u32 words; no reply
+  kPrefetchHint = 12,  // on kTagRequest before a layer's request, coordinator -> an owner: the
+                       // n_pairs experts (u32 each) of `layer` it will likely be asked for soon
+                       // (--prefetch-ahead); no reply
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.

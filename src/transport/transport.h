@@ -69,6 +69,13 @@ struct DispatchPlan {
   uint64_t builds_ = 0;        // plans built: the turn among an expert's replicas
 };
 
+// The experts of a layer an owner will likely be asked for (--prefetch-ahead): a hint that
+// starts their reads early and never changes a result.
+struct OwnerHint {
+  int rank = 0;
+  std::vector<int> experts;  // ascending, held by `rank`
+};
+
 // What an expert owner receives for one layer.
 struct ExpertRequest {
   int layer = 0;
@@ -94,6 +101,9 @@ class Dispatcher {
   // Between steps: sends every expert rank a change of placement (prepare or commit), in order
   // with the requests that follow. A transport that cannot says so (an Error).
   virtual void change_placement(const PlacementChange& change);
+  // Before a layer's dispatch: tells owners which experts of a later `layer` they will likely be
+  // asked for. Transports that cannot carry it drop it.
+  virtual void hint(int /*layer*/, std::span<const OwnerHint> /*hints*/) {}
 };
 
 // A dispatcher whose combine can be taken apart partial by partial, so that a composite of
@@ -139,9 +149,13 @@ class ExpertChannel {
   // goes on waiting for a request.
   using PlacementHandler = std::function<void(const PlacementChange&)>;
   void set_placement_handler(PlacementHandler handler) { placement_handler_ = std::move(handler); }
+  // Called from receive() with each hint of experts the coordinator sends (Dispatcher::hint).
+  using HintHandler = std::function<void(int layer, std::span<const int> experts)>;
+  void set_hint_handler(HintHandler handler) { hint_handler_ = std::move(handler); }
 
  protected:
   PlacementHandler placement_handler_;
+  HintHandler hint_handler_;
 };
 
 }  // namespace colibri

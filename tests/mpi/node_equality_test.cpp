@@ -90,6 +90,10 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   options.routing_stats = routing_stats;
   options.replicas = replicas;
   options.repin_every = repin_every;
+  // With re-placement, also hints of the next layer's experts to owners whose RAM holds only a
+  // few of theirs (the disk tier reads the rest): neither changes a result.
+  options.prefetch_ahead = repin_every > 0;
+  if (repin_every > 0) options.ram_gb = 16.0 / 1024 / 1024;
   options.model_dir = kParityDir / fixture / "model";
   options.placement = parse_placement_policy(placement);
   options.max_rows = 64;
@@ -136,6 +140,15 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
     ASSERT_NE(node.repin_stats(), nullptr);
     EXPECT_GT(node.repin_stats()->moves, 0u);
     EXPECT_EQ(node.placement().epoch, node.repin_stats()->changes);
+    const PrefetchStats& p = engine.prefetch_stats();
+    uint64_t pairs = 0, hits = 0;
+    for (size_t l = 0; l < p.pairs.size(); ++l) {
+      pairs += p.pairs[l];
+      hits += p.pair_hits[l];
+      EXPECT_LE(p.set_hits[l], std::min(p.set_predicted[l], p.set_routed[l]));
+    }
+    EXPECT_GT(pairs, 0u);
+    EXPECT_LE(hits, pairs);
     std::printf("[np %d %s] re-placement: %llu rounds moved %llu holders\n", world_size(),
                 fixture.c_str(), static_cast<unsigned long long>(node.repin_stats()->changes),
                 static_cast<unsigned long long>(node.repin_stats()->moves));

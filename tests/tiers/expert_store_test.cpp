@@ -211,5 +211,26 @@ TEST(ExpertStore, OwnedExpertsGrowAndShrinkWhileRunning) {
   EXPECT_FALSE(budgeted.owns(1, 0));
 }
 
+// A hint reads in the background like a prefetch, but what it read stays evictable: a wrong
+// hint costs a read, never the budget. Experts not owned are skipped.
+TEST(ExpertStore, HintedExpertsAreReadAheadAndStayEvictable) {
+  CountingLoader loader;
+  ExpertStore::Options budget;
+  budget.ram_bytes = 2 * kExpertBytes;
+  ExpertStore store(owned(1, 6), loader.fn(), budget);
+  const int hinted[] = {0, 1, 2, 3, 9};  // 9: not owned
+  store.hint(0, hinted);
+  store.wait_idle();
+  EXPECT_EQ(loader.reads, 4);
+  EXPECT_LE(store.resident_bytes(), 2 * kExpertBytes);  // read, then evicted to the budget
+  EXPECT_EQ(store.stats().hint_reads, 4u);
+  // The last two hinted are resident: acquiring one counts as a hint hit, not a read.
+  EXPECT_TRUE(store.resident(0, 3));
+  expect_expert(store.acquire(0, 3), 0, 3);
+  store.release();
+  EXPECT_EQ(loader.reads, 4);
+  EXPECT_EQ(store.stats().hint_hits, 1u);
+}
+
 }  // namespace
 }  // namespace colibri

@@ -285,6 +285,54 @@ TEST(WireMessages, RowIndicesEmptyRequestsAndHostPartials) {
             std::string::npos);
 }
 
+// Protocol 11: a change of placement (layer -1, phase 0 or 1 in n_rows, u32 words) and a hint
+// of a later layer's experts (in range, one u32 each) are accepted; a bad phase, a layer on a
+// change, an expert out of range or a payload that disagrees with its count are refused.
+TEST(WireMessages, PlacementChangesAndPrefetchHints) {
+  RequestCheck check;
+  check.expected_sequence = 1;
+  check.num_layers = 3;
+  check.max_rows = 8;
+  check.top_k = 2;
+  check.hidden = 2;
+  check.num_experts = 4;
+  Header h;
+  const auto with_layer = [](std::vector<std::byte> m, int32_t layer) {
+    std::memcpy(m.data() + offsetof(Header, layer), &layer, sizeof(layer));
+    return m;
+  };
+  const auto words = [](std::vector<uint32_t> w) {
+    std::vector<std::byte> bytes;
+    append(bytes, w.data(), w.size() * 4);
+    return bytes;
+  };
+  const auto verdict = [&](const std::vector<std::byte>& m) {
+    return check_request(m.data(), m.size(), check, h);
+  };
+  const std::vector<std::byte> change = words({7, 1, 2, 1, 3});  // epoch 7: (1, 2) -> rank 3
+  EXPECT_EQ(verdict(with_layer(message(Opcode::kPlacement, 0, 1, change), -1)), "");
+  EXPECT_EQ(verdict(with_layer(message(Opcode::kPlacement, 1, 1, change), -1)), "");
+  EXPECT_NE(verdict(with_layer(message(Opcode::kPlacement, 2, 1, change), -1)).find("phase"),
+            std::string::npos);
+  EXPECT_NE(verdict(message(Opcode::kPlacement, 0, 1, change)).find("layer"), std::string::npos);
+  std::vector<std::byte> odd = change;
+  odd.pop_back();
+  EXPECT_NE(verdict(with_layer(message(Opcode::kPlacement, 0, 1, odd), -1)).find("bytes"),
+            std::string::npos);
+
+  EXPECT_EQ(verdict(message(Opcode::kPrefetchHint, 0, 2, words({0, 3}))), "");
+  EXPECT_NE(verdict(message(Opcode::kPrefetchHint, 0, 2, words({0, 4}))).find("out of range"),
+            std::string::npos);
+  EXPECT_NE(verdict(message(Opcode::kPrefetchHint, 0, 3, words({0, 3}))).find("a hint of 3"),
+            std::string::npos);
+  EXPECT_NE(
+      verdict(with_layer(message(Opcode::kPrefetchHint, 0, 1, words({0})), 3)).find("layer 3"),
+      std::string::npos);
+  std::vector<std::byte> flipped = message(Opcode::kPrefetchHint, 0, 2, words({0, 3}));
+  flipped.back() ^= std::byte{1};
+  EXPECT_NE(verdict(flipped).find("checksum"), std::string::npos);
+}
+
 // Protocol 7: rows in a shared segment. A request's message holds its pairs and row indices and
 // a checksum over those and the segment's rows; a reply is a header whose checksum covers the
 // segment's partial rows. Either is refused by a rank without a segment, and a byte changed in
