@@ -146,6 +146,13 @@ std::vector<float> Engine::forward(const Batch& batch) {
         routing = compute_->route(l);
         plan_.build(placement_, l, routing, n);
         routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
+        for (const OwnerShare& share : plan_.owners) {
+          placement_counters_.pairs_to_rank[share.rank] += share.pairs.size();
+          if (placement_.replicas.empty()) continue;
+          for (const RoutedPair& p : share.pairs)
+            placement_counters_.replica_pairs +=
+                placement_.owner_of(l, int(p.expert)) != share.rank;
+        }
         if (options_.prefetch_ahead) {
           if (predicted_layer_ == l) score_prediction(l, routing, n);
           predict_next(l, n);

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "coordinator/batch.h"
 #include "coordinator/coordinator_compute.h"
 #include "coordinator/kv_manager.h"
+#include "coordinator/repin.h"
 #include "model/config.h"
 #include "model/forward_fn.h"
 #include "model/weights.h"
@@ -31,6 +33,13 @@ namespace colibri {
 struct PrefetchStats {
   std::vector<uint64_t> pairs, pair_hits;                     // [layers]
   std::vector<uint64_t> set_predicted, set_routed, set_hits;  // [layers]
+};
+
+// What the dispatch did with the placement: (row, expert) pairs sent to each owner rank, and
+// those that went to a replica rather than the expert's first owner.
+struct PlacementCounters {
+  std::map<int, uint64_t> pairs_to_rank;
+  uint64_t replica_pairs = 0;
 };
 
 struct EngineOptions {
@@ -72,6 +81,11 @@ class Engine {
   // The routes this engine sent since it was built: per (layer, expert) the routed rows.
   const RoutingStats& routes() const { return routes_; }
   const PrefetchStats& prefetch_stats() const { return prefetch_; }
+  const PlacementCounters& placement_counters() const { return placement_counters_; }
+  const PlacementTable& placement() const { return placement_; }
+  // Live re-placement's counters (--repin-every), read by /metrics; null without it.
+  void set_repin_stats(const RepinStats* stats) { repin_stats_ = stats; }
+  const RepinStats* repin_stats() const { return repin_stats_; }
   // Called at the end of every forward call that succeeded, with its rows: a step boundary, no
   // exchange in flight (live re-placement runs there).
   void set_step_hook(std::function<void(int rows)> hook) { step_hook_ = std::move(hook); }
@@ -98,6 +112,8 @@ class Engine {
   Routing predicted_;
   int predicted_layer_ = -1;
   PrefetchStats prefetch_;
+  PlacementCounters placement_counters_;
+  const RepinStats* repin_stats_ = nullptr;
   std::vector<OwnerHint> hints_;
   std::vector<int> seen_;  // [experts] scratch: marks of the step's experts
   std::function<void(int rows)> step_hook_;

@@ -194,6 +194,26 @@ void Scheduler::update_gauges() {
     metrics_.set_phases(p->counters().phase_us);
     metrics_.set_rank_replies(p->counters().reply_us);
   }
+  PlacementMetrics placement;
+  placement.epoch = engine_.placement().epoch;
+  placement.pairs_to_rank = engine_.placement_counters().pairs_to_rank;
+  placement.replica_pairs = engine_.placement_counters().replica_pairs;
+  if (const RepinStats* r = engine_.repin_stats()) {
+    placement.repin = true;
+    placement.repin_rounds = r->rounds;
+    placement.repin_changes = r->changes;
+    placement.repin_moves = r->moves;
+    placement.repin_seconds = double(r->coordinator_us) * 1e-6;
+  }
+  const PrefetchStats& f = engine_.prefetch_stats();
+  for (size_t l = 0; l < f.pairs.size(); ++l) {
+    placement.prefetch_pairs += f.pairs[l];
+    placement.prefetch_pair_hits += f.pair_hits[l];
+    placement.prefetch_hinted += f.set_predicted[l];
+    placement.prefetch_hinted_hits += f.set_hits[l];
+  }
+  placement.prefetch = placement.prefetch_pairs > 0;
+  metrics_.set_placement(placement);
 }
 
 void Scheduler::evict(size_t i) {

@@ -98,6 +98,11 @@ void ServeMetrics::set_rank_replies(const std::map<int, double>& reply_us) {
   std::lock_guard lock(mutex_);
   reply_us_ = reply_us;
 }
+void ServeMetrics::set_placement(const PlacementMetrics& placement) {
+  std::lock_guard lock(mutex_);
+  placement_ = placement;
+}
+
 ServeGauges ServeMetrics::gauges() const {
   std::lock_guard lock(mutex_);
   return gauges_;
@@ -170,6 +175,35 @@ std::string ServeMetrics::render() const {
   for (const auto& [rank, us] : reply_us_)
     out +=
         fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
+  const PlacementMetrics& p = placement_;
+  metric("colibri_placement_epoch", "gauge", "changes of placement committed while running",
+         p.epoch);
+  out +=
+      "# HELP colibri_routed_pairs_total (row, expert) pairs dispatched to each owner rank\n"
+      "# TYPE colibri_routed_pairs_total counter\n";
+  for (const auto& [rank, n] : p.pairs_to_rank)
+    out += fmt::format("colibri_routed_pairs_total{{rank=\"{}\"}} {}\n", rank, n);
+  metric("colibri_replica_pairs_total", "counter",
+         "pairs sent to a replica rather than the expert's first owner", p.replica_pairs);
+  if (p.repin) {
+    metric("colibri_repin_rounds_total", "counter", "re-placement rounds (--repin-every)",
+           p.repin_rounds);
+    metric("colibri_repin_changes_total", "counter", "rounds that moved experts", p.repin_changes);
+    metric("colibri_repin_moves_total", "counter", "(layer, expert) holder changes committed",
+           p.repin_moves);
+    metric("colibri_repin_seconds_total", "counter", "coordinator time spent on rounds",
+           p.repin_seconds);
+  }
+  if (p.prefetch) {
+    metric("colibri_prefetch_pairs_total", "counter",
+           "routed pairs of layers predicted by --prefetch-ahead", p.prefetch_pairs);
+    metric("colibri_prefetch_pair_hits_total", "counter", "of those, predicted for their row",
+           p.prefetch_pair_hits);
+    metric("colibri_prefetch_hinted_experts_total", "counter", "distinct experts hinted per step",
+           p.prefetch_hinted);
+    metric("colibri_prefetch_hinted_hits_total", "counter", "of those, routed",
+           p.prefetch_hinted_hits);
+  }
   return out;
 }
 

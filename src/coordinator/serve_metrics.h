@@ -44,6 +44,19 @@ struct ServeGauges {
   bool ready = false;
 };
 
+// The placement as the engine used it (Engine::placement_counters, prefetch_stats, repin_stats).
+struct PlacementMetrics {
+  uint32_t epoch = 0;
+  std::map<int, uint64_t> pairs_to_rank;
+  uint64_t replica_pairs = 0;
+  bool repin = false;  // --repin-every
+  uint64_t repin_rounds = 0, repin_changes = 0, repin_moves = 0;
+  double repin_seconds = 0;
+  bool prefetch = false;  // --prefetch-ahead
+  uint64_t prefetch_pairs = 0, prefetch_pair_hits = 0, prefetch_hinted = 0,
+           prefetch_hinted_hits = 0;
+};
+
 class ServeMetrics {
  public:
   ServeMetrics();
@@ -62,6 +75,7 @@ class ServeMetrics {
   void set_phases(const std::array<double, kPhaseCount>& phase_us);
   // Per expert rank: dispatch-to-partial time summed (RankReport::reply_us).
   void set_rank_replies(const std::map<int, double>& reply_us);
+  void set_placement(const PlacementMetrics& placement);
   ServeGauges gauges() const;
 
   std::string render() const;
@@ -76,6 +90,7 @@ class ServeMetrics {
   ServeGauges gauges_;
   std::array<double, kPhaseCount> phase_us_{};
   std::map<int, double> reply_us_;
+  PlacementMetrics placement_;
 };
 
 }  // namespace colibri

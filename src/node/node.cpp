@@ -311,6 +311,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       repinner_ = std::make_unique<Repinner>(config_, layout_, expert_bytes(), repin, placement_,
                                              *dispatcher_, expert_store_.get(), rank_);
       engine_->set_step_hook([this](int rows) { repinner_->after_step(engine_->routes(), rows); });
+      engine_->set_repin_stats(&repinner_->stats());
     }
   }
   // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
@@ -396,6 +397,10 @@ void Node::open_expert_store() {
       gib_to_bytes(layout_ram_gb > 0 ? layout_ram_gb : options_.ram_gb, "RAM budget");
   store_options.pin_bytes =
       store_options.ram_bytes > 0 ? gib_to_bytes(options_.pin_gb, "--pin-gb") : 0;
+  // History pinning: under heat, without --pin-gb, half the RAM budget holds the rank's hottest
+  // experts (owned is ordered hottest first below); the LRU keeps the rest.
+  if (!placement_.heat.empty() && options_.pin_gb == 0)
+    store_options.pin_bytes = store_options.ram_bytes / 2;
 
   // With --placement sliced, the rank's slice of each expert.
   const ExpertSlice slice = placement_.slice_of(rank_);

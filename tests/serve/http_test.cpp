@@ -893,6 +893,33 @@ TEST(ServeMpi, SigintToMpirunEndsARunningStreamWithAnErrorEventFirst) {
       << server.stderr_text();
 }
 
+// Placement that learns while serving: heat with replicas, next-layer hints to ranks reading
+// from their disk tier, re-placement every 64 tokens. Concurrent requests still equal each sent
+// alone, and /metrics shows what the placement did.
+TEST(ServeMpi, HeatReplicasPrefetchAndRepinKeepResultsAndShowInMetrics) {
+  const auto stats = std::filesystem::temp_directory_path() / "serve-heat.stats";
+  std::filesystem::remove(stats);
+  ServerProcess server(3, {"--max-seqs", "16", "--max-batch-tokens", "48", "--placement", "heat",
+                           "--replicas", "4", "--prefetch-ahead", "--repin-every", "64", "--ram-gb",
+                           "0.002", "--routing-stats", stats.string()});
+  ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
+  expect_concurrent_equals_alone(server.port());
+  const std::string metrics = get(server.port(), "/metrics");
+  for (const char* rank : {"1", "2"})
+    EXPECT_GT(metric(metrics, std::string("colibri_routed_pairs_total{rank=\"") + rank + "\"}"), 0)
+        << metrics;
+  EXPECT_GT(metric(metrics, "colibri_replica_pairs_total"), 0) << metrics;
+  EXPECT_GT(metric(metrics, "colibri_prefetch_pairs_total"), 0) << metrics;
+  EXPECT_GE(metric(metrics, "colibri_prefetch_pair_hits_total"), 0) << metrics;
+  EXPECT_GT(metric(metrics, "colibri_repin_rounds_total"), 0) << metrics;
+  EXPECT_GE(metric(metrics, "colibri_placement_epoch"), 0) << metrics;
+  server.signal(SIGTERM);
+  EXPECT_NE(server.wait_exit(20), -1) << server.stderr_text();
+  // The routes served were saved at shutdown.
+  EXPECT_TRUE(std::filesystem::exists(stats)) << server.stderr_text();
+  std::filesystem::remove(stats);
+}
+
 TEST(ServeMpi, SixteenConcurrentClientsAtThreeRanks) {
   ServerProcess server(3, {"--max-seqs", "16", "--max-batch-tokens", "48"});
   ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
