@@ -11,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -20,6 +21,7 @@
 #include "common/input_file.h"
 #include "common/layout.h"
 #include "coordinator/engine.h"
+#include "coordinator/repin.h"
 #include "model/checkpoint.h"
 #include "model/weights.h"
 #include "moe/placement.h"
@@ -36,7 +38,8 @@ struct Candidate {
   const Layout* layout = nullptr;
   std::vector<int> fast;  // the layout's fast ranks
   PlacementTable table;
-  std::vector<std::vector<double>> routes;  // [layer][rank] pairs over the text
+  std::vector<std::vector<double>> routes;  // [layer][rank] pairs over the text (or window)
+  std::unique_ptr<Repinner> repin;          // re-placed while the text runs (--shift)
   double critical = 0, even = 0;            // per step and layer: busiest owner, mean owner
   DispatchPlan plan;
 };
@@ -54,6 +57,7 @@ class RecordingDispatcher : public Dispatcher {
     inner_.dispatch(plan, x);
   }
   void combine(View out) override { inner_.combine(out); }
+  void change_placement(const PlacementChange&) override {}  // the tables are this process's
   void shutdown() override { inner_.shutdown(); }
 
  private:
@@ -102,6 +106,38 @@ size_t run_text(Engine& engine, const std::vector<int>& ids, int rows, size_t li
   return done;
 }
 
+struct Summary {
+  double fast_share = 0, ratio_mean = 0, ratio_worst = 0;
+};
+
+// Over the routes a candidate's owners were sent: the fast ranks' share, and per MoE layer the
+// busiest owner's routes over the mean (mean over the layers, and the worst).
+Summary summarize(const Candidate& c, const ModelConfig& config) {
+  Summary out;
+  double total = 0, fast = 0;
+  int layers = 0;
+  const std::vector<int> owners = c.layout->owner_ranks();
+  for (int l = 0; l < config.num_layers; ++l) {
+    if (!config.layer_is_moe[size_t(l)]) continue;
+    const std::vector<double>& layer = c.routes[size_t(l)];
+    double sum = 0, busiest = 0;
+    for (int rank : owners) {
+      sum += layer[size_t(rank)];
+      busiest = std::max(busiest, layer[size_t(rank)]);
+    }
+    for (int rank : c.fast) fast += layer[size_t(rank)];
+    total += sum;
+    if (sum <= 0) continue;
+    const double ratio = busiest * double(owners.size()) / sum;
+    out.ratio_mean += ratio;
+    out.ratio_worst = std::max(out.ratio_worst, ratio);
+    ++layers;
+  }
+  if (layers > 0) out.ratio_mean /= layers;
+  out.fast_share = total > 0 ? fast / total : 0;
+  return out;
+}
+
 Layout cpu_layout(int size) {
   std::vector<int> local(static_cast<size_t>(size)), none(static_cast<size_t>(size), 0);
   for (int r = 0; r < size; ++r) local[size_t(r)] = r;
@@ -110,7 +146,8 @@ Layout cpu_layout(int size) {
 
 int main_impl(int argc, char** argv) {
   CLI::App app("placement_bench: placements against the routing of a real text");
-  std::string model = "models/glm5-tiny-kjv", learn, measure;
+  std::string model = "models/glm5-tiny-kjv", learn, measure, shift;
+  int window = 256, repin_every = 128;
   int rows = 1, replicas = 0;
   size_t learn_tokens = 60000, measure_tokens = 4000;
   app.add_option("--model", model);
@@ -120,6 +157,11 @@ int main_impl(int argc, char** argv) {
   app.add_option("--replicas", replicas, "replicas per MoE layer for heat+replicas (0: 2 x ranks)");
   app.add_option("--learn-tokens", learn_tokens);
   app.add_option("--measure-tokens", measure_tokens);
+  app.add_option("--shift", shift,
+                 "a second text run after --measure: heat against heat re-placed every "
+                 "--repin-every tokens, reported per --window tokens");
+  app.add_option("--window", window);
+  app.add_option("--repin-every", repin_every);
   CLI11_PARSE(app, argc, argv);
 
   const ModelConfig config = load_model_config(model);
@@ -154,22 +196,36 @@ int main_impl(int argc, char** argv) {
 
   const uint64_t bytes = 1;  // budgets decide by weight; every budget holds its share
   const int extra = replicas > 0 ? replicas : 2 * 6;
+  using Policy = std::tuple<const char*, PlacementPolicy, int, bool>;  // name, policy, copies, repin
+  const std::vector<Policy> policies =
+      shift.empty() ? std::vector<Policy>{{"balanced", PlacementPolicy::kBalanced, 0, false},
+                                          {"heat", PlacementPolicy::kHeat, 0, false},
+                                          {"heat+replicas", PlacementPolicy::kHeat, extra, false}}
+                    : std::vector<Policy>{{"heat", PlacementPolicy::kHeat, 0, false},
+                                          {"heat, re-placed", PlacementPolicy::kHeat, 0, true}};
+  candidates.reserve(2 * policies.size());  // the re-placers hold references to their tables
   for (const auto& [layout, fast, label] :
        {std::tuple{&even, std::vector<int>{}, "6 equal cpu ranks"},
         std::tuple{&fast_slow, std::vector<int>{1, 2}, "2 fast + 4 slow ranks"}}) {
-    for (const auto& [name, policy, copies] :
-         {std::tuple{"balanced", PlacementPolicy::kBalanced, 0},
-          std::tuple{"heat", PlacementPolicy::kHeat, 0},
-          std::tuple{"heat+replicas", PlacementPolicy::kHeat, extra}}) {
-      Candidate c;
+    for (const auto& [name, policy, copies, repin] : policies) {
+      Candidate& c = candidates.emplace_back();
       c.name = fmt::format("{} / {}", label, name);
       c.layout = layout;
       c.fast = fast;
       c.table = make_placement(config, *layout, policy, bytes, &stats, copies);
       c.routes.assign(size_t(config.num_layers), std::vector<double>(layout->ranks.size(), 0.0));
-      candidates.push_back(std::move(c));
+      if (repin) {
+        RepinOptions o;
+        o.every_tokens = repin_every;
+        c.repin = std::make_unique<Repinner>(config, *layout, bytes, o, c.table, recorder, nullptr,
+                                             layout->coordinator());
+      }
     }
   }
+  engine.set_step_hook([&](int n) {
+    for (Candidate& c : candidates)
+      if (c.repin) c.repin->after_step(engine.routes(), n);
+  });
 
   // How skewed the learned routing is: per MoE layer the share of the hottest 40 % of the experts
   // and the hottest over the coldest expert's count.
@@ -184,38 +240,64 @@ int main_impl(int argc, char** argv) {
         top, share.back() > 0 ? share.front() / share.back() : INFINITY);
   }
 
-  // Measure.
   recorder.recording = true;
-  const size_t measured = run_text(engine, measure_ids, rows, measure_tokens);
-  fmt::print(
-      "model {}: learned on {} tokens of {}, measured on {} tokens of {}, {} row(s) a "
-      "call\n",
-      model, learned, learn, measured, measure, rows);
-  fmt::print("{:<40} {:>9} {:>14} {:>14} {:>16}\n", "layout / placement", "fast share",
-             "max/mean mean", "max/mean worst", "step critical");
-  for (const Candidate& c : candidates) {
-    double total = 0, fast = 0, ratio_sum = 0, ratio_worst = 0;
-    int layers = 0;
-    const std::vector<int> owners = c.layout->owner_ranks();
-    for (int l = 0; l < config.num_layers; ++l) {
-      if (!config.layer_is_moe[size_t(l)]) continue;
-      const std::vector<double>& layer = c.routes[size_t(l)];
-      double sum = 0, busiest = 0;
-      for (int rank : owners) {
-        sum += layer[size_t(rank)];
-        busiest = std::max(busiest, layer[size_t(rank)]);
-      }
-      for (int rank : c.fast) fast += layer[size_t(rank)];
-      total += sum;
-      const double ratio = busiest * double(owners.size()) / sum;
-      ratio_sum += ratio;
-      ratio_worst = std::max(ratio_worst, ratio);
-      ++layers;
+  if (shift.empty()) {
+    const size_t measured = run_text(engine, measure_ids, rows, measure_tokens);
+    fmt::print("model {}: learned on {} tokens of {}, measured on {} tokens of {}, {} row(s) a "
+               "call\n",
+               model, learned, learn, measured, measure, rows);
+    fmt::print("{:<40} {:>9} {:>14} {:>14} {:>16}\n", "layout / placement", "fast share",
+               "max/mean mean", "max/mean worst", "step critical");
+    for (const Candidate& c : candidates) {
+      const Summary m = summarize(c, config);
+      fmt::print("{:<40} {:>9} {:>14.3f} {:>14.3f} {:>16.3f}\n", c.name,
+                 c.fast.empty() ? std::string("-") : fmt::format("{:.3f}", m.fast_share),
+                 m.ratio_mean, m.ratio_worst, c.critical / c.even);
     }
-    fmt::print("{:<40} {:>9} {:>14.3f} {:>14.3f} {:>16.3f}\n", c.name,
-               c.fast.empty() ? std::string("-") : fmt::format("{:.3f}", fast / total),
-               ratio_sum / layers, ratio_worst, c.critical / c.even);
+    return 0;
   }
+
+  // A workload that changes: the --measure text, then the --shift text, window by window.
+  std::vector<int> ids(measure_ids.begin(),
+                       measure_ids.begin() + int64_t(std::min(measure_ids.size(), measure_tokens)));
+  const size_t first = ids.size();
+  const std::vector<int> shift_ids = tokenizer.encode(read_regular_file(shift, "--shift"), false);
+  ids.insert(ids.end(), shift_ids.begin(),
+             shift_ids.begin() + int64_t(std::min(shift_ids.size(), measure_tokens)));
+  fmt::print("model {}: learned on {} tokens of {}; {} tokens of {}, then {} of {}; re-placed "
+             "every {} tokens; {} row(s) a call; per window of {} tokens:\n",
+             model, learned, learn, first, measure, ids.size() - first, shift, repin_every, rows,
+             window);
+  fmt::print("{:>8} {:<10}", "tokens", "text");
+  for (const Candidate& c : candidates) fmt::print(" | {:>36}", c.name);
+  fmt::print("\n");
+  double wall_us = 0;
+  for (size_t at = 0; at < ids.size(); at += size_t(window)) {
+    const size_t n = std::min(size_t(window), ids.size() - at);
+    const auto start = std::chrono::steady_clock::now();
+    run_text(engine, std::vector<int>(ids.begin() + int64_t(at), ids.begin() + int64_t(at + n)),
+             rows, n);
+    wall_us += double(std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::steady_clock::now() - start)
+                          .count());
+    fmt::print("{:>8} {:<10}", at + n, at < first ? "measure" : "shift");
+    for (Candidate& c : candidates) {
+      const Summary m = summarize(c, config);
+      fmt::print(" | {:>36}",
+                 c.fast.empty() ? fmt::format("max/mean {:.3f}", m.ratio_mean)
+                                : fmt::format("fast {:.3f} max/mean {:.3f}", m.fast_share,
+                                              m.ratio_mean));
+      for (auto& layer : c.routes) std::fill(layer.begin(), layer.end(), 0.0);
+    }
+    fmt::print("\n");
+  }
+  for (const Candidate& c : candidates)
+    if (c.repin)
+      fmt::print("{}: {} rounds, {} moved experts ({} holder changes), {:.1f} ms of tables in "
+                 "{:.1f} ms of forward calls ({:.2f} %)\n",
+                 c.name, c.repin->stats().rounds, c.repin->stats().changes,
+                 c.repin->stats().moves, double(c.repin->stats().coordinator_us) / 1e3,
+                 wall_us / 1e3, 100.0 * double(c.repin->stats().coordinator_us) / wall_us);
   return 0;
 }
 

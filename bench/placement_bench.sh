@@ -14,3 +14,8 @@ for measure in "$root/tests/data/embedded/heldout.txt" "$corpus"; do
       --measure "$measure" --learn-tokens 30000 --measure-tokens 1500 --rows "$rows"
   done
 done
+# A workload that changes halfway: the held-out text, then this project's README (English prose
+# the model never saw); heat as placed at start against heat re-placed every 125 tokens.
+"$build/bench/placement_bench" --model "$root/models/glm5-tiny-kjv" --learn "$corpus" \
+  --measure "$root/tests/data/embedded/heldout.txt" --shift "$root/README.md" \
+  --learn-tokens 30000 --measure-tokens 1500 --rows 16 --window 250 --repin-every 125
