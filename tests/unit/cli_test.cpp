@@ -615,6 +615,63 @@ TEST(CliOutputs, ExistingOutputIsIntactWhenTheRunFailsBeforeWriting) {
   EXPECT_EQ(std::distance(fs::directory_iterator(out.path()), fs::directory_iterator()), 1);
 }
 
+// Routing statistics: learned beside the model by default and merged run after run; a file named
+// with --routing-stats that is damaged or was learned on other weights is refused in one line,
+// the automatic one is set aside with a warning and replaced; `off` writes nothing.
+TEST(CliRoutingStats, LearnedAcrossRunsRefusedWhenDamagedOrForeign) {
+  test::TempDir dir, other, scratch, files;
+  const test::TinyModel model;
+  model.write(dir.path());
+  const std::vector<std::string> run = {"--prompt-ids", "1,2,3", "--ngen", "3", "--quiet"};
+  const auto with = [&](const fs::path& model_dir, std::vector<std::string> more) {
+    std::vector<std::string> args = {"--model", model_dir.string()};
+    args.insert(args.end(), run.begin(), run.end());
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const fs::path automatic = dir.path() / "colibri-routing.stats";
+  RunResult r = run_node(with(dir.path(), {}), scratch.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(automatic));
+  const std::string first = test::read_file_bytes(automatic);
+  EXPECT_EQ(first.substr(0, 8), "CNROUTES");
+  r = run_node(with(dir.path(), {}), scratch.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(test::read_file_bytes(automatic), first);  // this run's routes merged in
+  EXPECT_EQ(test::read_file_bytes(automatic).size(), first.size());
+
+  // Named and damaged, or a directory: refused before any work.
+  const fs::path named = files.path() / "named.stats";
+  test::write_file_bytes(named, "not statistics");
+  expect_refused(run_node(with(dir.path(), {"--routing-stats", named.string()}), scratch.path()),
+                 {named.string(), "routing statistics", "not a colibri-node routing statistics"});
+  EXPECT_EQ(test::read_file_bytes(named), "not statistics");
+  expect_refused(
+      run_node(with(dir.path(), {"--routing-stats", files.path().string()}), scratch.path()),
+      {"--routing-stats", files.path().string()});
+
+  // Learned on this model, read for another one with other weights: refused.
+  test::TinyModel changed;
+  changed.write(other.path());
+  poke_f32(other.path(), changed, kEmbed, 3, 0.5f);
+  fs::copy_file(automatic, named, fs::copy_options::overwrite_existing);
+  expect_refused(run_node(with(other.path(), {"--routing-stats", named.string()}), scratch.path()),
+                 {named.string(), "learned on another model"});
+
+  // The automatic file damaged: a warning, the run goes on, the file is replaced.
+  test::write_file_bytes(automatic, "damaged");
+  r = run_node(with(dir.path(), {}), scratch.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("warning: " + automatic.string() + ": routing statistics:"));
+  EXPECT_EQ(test::read_file_bytes(automatic).substr(0, 8), "CNROUTES");
+
+  // off: nothing read or written.
+  fs::remove(automatic);
+  r = run_node(with(dir.path(), {"--routing-stats", "off"}), scratch.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(automatic));
+}
+
 TEST(CliOutputs, OutputsAreWrittenThroughASymlinkWithNothingLeftBehind) {
   test::TempDir dir, scratch, out;
   test::TinyModel().write(dir.path());
