@@ -233,14 +233,21 @@ void append(std::vector<std::byte>& bytes, const void* data, size_t n) {
 
 // Protocol 6: requests carry the coordinator's row indices; a host-mate with nothing to compute
 // gets an empty request; host partials carry fp32 rows and their row indices.
+// What the first request of a small exchange is checked against: 3 layers, 8 rows of 2 values,
+// top-2 of 4 experts.
+RequestCheck small_request_check() {
+  RequestCheck check;
+  check.expected_sequence = 1;
+  check.num_layers = 3;
+  check.max_rows = 8;
+  check.top_k = 2;
+  check.hidden = 2;
+  check.num_experts = 4;
+  return check;
+}
+
 TEST(WireMessages, RowIndicesEmptyRequestsAndHostPartials) {
-  RequestCheck request_check;
-  request_check.expected_sequence = 1;
-  request_check.num_layers = 3;
-  request_check.max_rows = 8;
-  request_check.top_k = 2;
-  request_check.hidden = 2;
-  request_check.num_experts = 4;
+  const RequestCheck request_check = small_request_check();
   Header h;
   EXPECT_EQ(check_request(message(Opcode::kExpertRequest, 0, 0, {}).data(), sizeof(Header),
                           request_check, h),
@@ -289,13 +296,7 @@ TEST(WireMessages, RowIndicesEmptyRequestsAndHostPartials) {
 // of a later layer's experts (in range, one u32 each) are accepted; a bad phase, a layer on a
 // change, an expert out of range or a payload that disagrees with its count are refused.
 TEST(WireMessages, PlacementChangesAndPrefetchHints) {
-  RequestCheck check;
-  check.expected_sequence = 1;
-  check.num_layers = 3;
-  check.max_rows = 8;
-  check.top_k = 2;
-  check.hidden = 2;
-  check.num_experts = 4;
+  const RequestCheck check = small_request_check();
   Header h;
   const auto with_layer = [](std::vector<std::byte> m, int32_t layer) {
     std::memcpy(m.data() + offsetof(Header, layer), &layer, sizeof(layer));
