@@ -217,6 +217,16 @@ std::string format_placement(const PlacementTable& table, const Layout& layout,
         spec.host);
     const ExpertSlice slice = table.slice_of(spec.rank);
     if (!slice.whole()) out += fmt::format("  intermediate rows {}..{}", slice.begin, slice.end);
+    // Its bytes per tier by its budgets: VRAM (a gpu-expert's vram_gb), RAM (ram_gb), the rest
+    // read from disk; an unset budget holds everything given to it.
+    const double held =
+        double(owned) * double(bytes_per_expert) * table.held_fraction(spec.rank) / (1 << 20);
+    if (owned > 0 && spec.ram_gb + spec.vram_gb > 0) {
+      const double vram = spec.role == Role::kGpuExpert ? std::min(held, spec.vram_gb * 1024) : 0.0;
+      const double ram = spec.ram_gb > 0 ? std::min(held - vram, spec.ram_gb * 1024) : held - vram;
+      out += fmt::format("  tiers: vram {:.1f}, ram {:.1f}, disk {:.1f} MiB", vram, ram,
+                         held - vram - ram);
+    }
     out += '\n';
   }
   out += fmt::format("  expected routes of the busiest owner / the mean, worst layer: {:.2f}{}\n",

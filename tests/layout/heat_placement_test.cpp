@@ -160,6 +160,25 @@ TEST(HeatPlacement, ExpectedRoutesEvenPerLayerAndReplicasSplitTheHottest) {
   EXPECT_NE(printed.find("busiest owner / the mean"), std::string::npos) << printed;
 }
 
+// --print-placement's tiers: 8 experts of 1 GiB on a gpu-expert rank with 2 GB of VRAM and 1 GB
+// of RAM and a CPU rank with 3 GB of RAM (4 each by the budgets 3 : 3): the bytes each tier
+// holds, the rest on disk.
+TEST(HeatPlacement, PrintedTiersFollowTheBudgets) {
+  ModelConfig config;
+  config.num_layers = 1;
+  config.layer_is_moe = {true};
+  config.n_routed_experts = 8;
+  const Layout layout =
+      parse_layout("0 coordinator\n1 gpu-expert 0 - 1 2\n2 cpu-expert - - 3\n", "t.layout", 3);
+  const PlacementTable table = make_placement(config, layout, PlacementPolicy::kHeat, kGiB);
+  ASSERT_EQ(table.count_owned(1), 4);
+  const std::string printed = format_placement(table, layout, kGiB);
+  EXPECT_NE(printed.find("tiers: vram 2048.0, ram 1024.0, disk 1024.0 MiB"), std::string::npos)
+      << printed;
+  EXPECT_NE(printed.find("tiers: vram 0.0, ram 3072.0, disk 1024.0 MiB"), std::string::npos)
+      << printed;
+}
+
 TEST(HeatPlacement, RefusesWhatItCannotPlace) {
   const ModelConfig config = model(4);
   const Layout layout = cpu_layout(3);
