@@ -5,12 +5,16 @@
 #include <mpi.h>
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <optional>
@@ -178,6 +182,53 @@ void run_score(colibri::Node& node, const colibri::CommandLine& args,
               score.nll.size(), score.mean_nll, args.score_file.c_str());
 }
 
+// --output: stdout goes to an unnamed temporary file until the run ends, then its bytes are written
+// to the target atomically (common/output_file.h). On an error the target is left as it was.
+class StdoutToFile {
+ public:
+  explicit StdoutToFile(std::filesystem::path target) : target_(std::move(target)) {
+    std::fflush(stdout);
+    temp_ = std::tmpfile();
+    saved_ = ::dup(STDOUT_FILENO);
+    if (!temp_ || saved_ < 0 || ::dup2(::fileno(temp_), STDOUT_FILENO) < 0)
+      fail("--output {}: cannot hold the output in a temporary file: {}", target_.string(),
+           std::strerror(errno));
+  }
+  ~StdoutToFile() {
+    restore();
+    if (temp_) std::fclose(temp_);
+  }
+  StdoutToFile(const StdoutToFile&) = delete;
+  StdoutToFile& operator=(const StdoutToFile&) = delete;
+
+  // Everything printed so far goes to the target, and stdout is the terminal's again.
+  void commit() {
+    colibri::flush_stdout_or_fail();
+    std::string bytes;
+    std::rewind(temp_);
+    char buffer[1 << 16];
+    for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, temp_)) > 0;) bytes.append(buffer, n);
+    if (std::ferror(temp_))
+      fail("--output {}: cannot read back the temporary file", target_.string());
+    restore();
+    colibri::write_file_atomically(
+        target_, [&](std::FILE* file) { std::fwrite(bytes.data(), 1, bytes.size(), file); });
+  }
+
+ private:
+  void restore() {
+    if (saved_ < 0) return;
+    std::fflush(stdout);
+    ::dup2(saved_, STDOUT_FILENO);
+    ::close(saved_);
+    saved_ = -1;
+  }
+
+  std::filesystem::path target_;
+  std::FILE* temp_ = nullptr;
+  int saved_ = -1;
+};
+
 // One line on how well --prefetch-ahead predicted, one on what live re-placement did
 // (--repin-every).
 void print_repin(colibri::Node& node, bool quiet) {
@@ -258,6 +309,8 @@ int run(const colibri::CommandLine& args) {
   }
 
   if (node.size() == 1) colibri::install_offline_coordinator_signal_handlers();
+  std::optional<StdoutToFile> output;
+  if (!args.output.empty()) output.emplace(args.output);
   colibri::GenerateRequest request;
   request.max_new_tokens = args.ngen;
   request.sampling = {args.temperature, args.top_p, args.seed};
@@ -339,6 +392,7 @@ int run(const colibri::CommandLine& args) {
     }
   }
   colibri::flush_stdout_or_fail();
+  if (output) output->commit();
   node.shutdown();
   // The expert ranks wait for this with the --rank-timeout deadline: before the outputs.
   const std::vector<colibri::RankReport> reports = node.gather_reports();

@@ -148,6 +148,11 @@ std::vector<FlagRow> make_table() {
     flag("--ignore-eos", Use::kOffline, Agree::kCoordinator,
          "keep generating after an end-of-sequence token",
          [](auto& l) -> auto& { return l.ignore_eos; }),
+    option("--output", "", Use::kOffline, Agree::kCoordinator,
+           "write what the run prints on stdout (the text or ids, --sequences' lines, --score's "
+           "table) to this file instead, once the run ends, atomically; a failed write is an "
+           "error, where mpirun's forwarding of stdout loses it",
+           [](auto& l) -> auto& { return l.output; }),
     option("--logits-out", "", Use::kOffline, Agree::kCoordinator,
            "write the logits of every position (prompt and generated) as float32 .npy "
            "[positions, vocab]",
@@ -388,6 +393,8 @@ void check_combinations(const CLI::App& app, const CommandLine& line) {
   if (!line.logits_out.empty() && (line.chat || !line.score_file.empty()))
     fail("--logits-out is written for one generation; it cannot be used with {}",
          line.chat ? "--chat" : "--score");
+  if (!line.output.empty() && line.chat)
+    fail("--output collects a run's output for one file; --chat talks on the terminal");
   if (line.sequences > 1 && !line.logits_out.empty())
     fail("--logits-out keeps the logits of one sequence; it cannot be used with --sequences");
 }
@@ -457,7 +464,8 @@ void check_environment() {
 // output paths (never a device, directory or FIFO; two flags never name one file) and --score.
 void check_coordinator_files(const CommandLine& line) {
   std::vector<std::pair<const char*, std::filesystem::path>> outputs;
-  for (const auto& [name, path] : {std::pair{"--logits-out", &line.logits_out},
+  for (const auto& [name, path] : {std::pair{"--output", &line.output},
+                                   {"--logits-out", &line.logits_out},
                                    {"--profile-json", &line.profile_json},
                                    {"--trace", &line.trace}}) {
     if (path->empty()) continue;

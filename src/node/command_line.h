@@ -22,7 +22,7 @@ struct CommandLine {
   std::string placement = "balanced";
   std::string routing_stats = "auto";  // --routing-stats (NodeOptions::routing_stats, "off" = "")
   std::string layout;
-  std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace;
+  std::string prompt, prompt_ids, score_file, think, logits_out, profile_json, trace, output;
   bool chat = false, chat_format = false;
   std::string wire = "f32";
   std::string combine = "star";

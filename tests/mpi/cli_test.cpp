@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -492,6 +493,32 @@ TEST(MpiCli, OutputThatIsADeviceOrADirectoryIsRefusedAndKept) {
   EXPECT_TRUE(fs::is_directory(sub));
   EXPECT_TRUE(fs::is_empty(sub));
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 1);
+}
+
+// --output under mpirun: the coordinator writes what it would print into the file (nothing on
+// stdout, whose failed writes mpirun's forwarding would hide); a full device is refused at start.
+TEST(MpiCli, OutputFileHoldsWhatStdoutWould) {
+  const ScratchDir dir;
+  const std::vector<std::string> args = {"--model",           kModel.string(), "--prompt-ids",
+                                         golden().prompt_arg, "--ngen",        "4",
+                                         "--ignore-eos",      "--quiet"};
+  const JobResult printed = run_node(3, args);
+  expect_clean_end(printed);
+  ASSERT_EQ(printed.exit_code, 0) << describe(printed);
+  ASSERT_FALSE(printed.out.empty());
+  std::vector<std::string> to_file = args;
+  const fs::path file = dir.path() / "out.txt";
+  to_file.insert(to_file.end(), {"--output", file.string()});
+  const JobResult written = run_node(3, to_file);
+  expect_clean_end(written);
+  ASSERT_EQ(written.exit_code, 0) << describe(written);
+  EXPECT_EQ(written.out, "");
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, printed.out);
+  std::vector<std::string> full = args;
+  full.insert(full.end(), {"--output", "/dev/full"});
+  expect_refused(run_node(3, full), {"--output /dev/full", "is a character device"});
 }
 
 TEST(MpiCli, BadNumbersAreRefusedNotWrapped) {

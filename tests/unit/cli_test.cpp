@@ -412,6 +412,8 @@ const ArgsCase kArgsCases[] = {
     {"LogitsOutWithScore",
      {"--score", "x.txt", "--logits-out", "l.npy"},
      {"--logits-out", "--score"}},
+    {"ReplicasWithoutHeat", {"--replicas", "2"}, {"--replicas 2 needs --placement heat"}},
+    {"RepinAlone", {"--placement", "heat", "--repin-every", "8"}, {"--repin-every", "mpirun"}},
     {"TransportNcclAlone", {"--transport", "nccl"}, {"--transport nccl", "a single process"}},
     {"ThinkEmpty", {"--think", ""}, {"--think is given an empty value"}},
     {"LayoutEmpty", {"--layout", ""}, {"--layout is given an empty value"}},
@@ -450,29 +452,15 @@ TEST(CliArgs, EmptyPromptIdsAreRefusedNotReplacedByTheDefaultPrompt) {
 // Every flag the table gives to one kind of run (generation from the command line, --serve, a run
 // with a GPU), given for another, is refused naming it: it would be ignored.
 TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
-  const std::map<std::string, std::string> values = {{"--prompt", "x"},
-                                                     {"--prompt-ids", "1,2"},
-                                                     {"--chat", ""},
-                                                     {"--score", "x.txt"},
-                                                     {"--chat-format", ""},
-                                                     {"--think", "on"},
-                                                     {"--ngen", "2"},
-                                                     {"--temp", "0.5"},
-                                                     {"--top-p", "0.9"},
-                                                     {"--seed", "3"},
-                                                     {"--ignore-eos", ""},
-                                                     {"--logits-out", "l.npy"},
-                                                     {"--sequences", "2"},
-                                                     {"--host", "127.0.0.1"},
-                                                     {"--port", "8081"},
-                                                     {"--api-key", "k"},
-                                                     {"--max-batch-tokens", "64"},
-                                                     {"--max-queue", "8"},
-                                                     {"--max-body-mb", "2"},
-                                                     {"--no-prefix-cache", ""},
-                                                     {"--vram-gb", "1"},
-                                                     {"--pcie-gbps", "20"},
-                                                     {"--cpu-expert-gbps", "5"}};
+  const std::map<std::string, std::string> values = {
+      {"--prompt", "x"},       {"--prompt-ids", "1,2"}, {"--chat", ""},
+      {"--score", "x.txt"},    {"--chat-format", ""},   {"--think", "on"},
+      {"--ngen", "2"},         {"--temp", "0.5"},       {"--top-p", "0.9"},
+      {"--seed", "3"},         {"--ignore-eos", ""},    {"--logits-out", "l.npy"},
+      {"--output", "out.txt"}, {"--sequences", "2"},    {"--host", "127.0.0.1"},
+      {"--port", "8081"},      {"--api-key", "k"},      {"--max-batch-tokens", "64"},
+      {"--max-queue", "8"},    {"--max-body-mb", "2"},  {"--no-prefix-cache", ""},
+      {"--vram-gb", "1"},      {"--pcie-gbps", "20"},   {"--cpu-expert-gbps", "5"}};
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
   int checked = 0;
