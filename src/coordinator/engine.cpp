@@ -43,7 +43,7 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
   seen_.assign(size_t(config.n_routed_experts), 0);
 }
 
-void Engine::predict_next(int layer, int n) {
+void Engine::predict_next(int layer, int n, bool hint) {
   const int next = next_moe_[size_t(layer)];
   predicted_layer_ = next;
   if (next < 0) return;
@@ -66,7 +66,7 @@ void Engine::predict_next(int layer, int n) {
     add(placement_.owner_of(next, e));
     for (int rank : placement_.replicas_of(next, e)) add(rank);
   }
-  dispatcher_.hint(next, hints_);
+  if (hint) dispatcher_.hint(next, hints_);
 }
 
 void Engine::score_prediction(int layer, const Routing& routing, int n) {
@@ -136,6 +136,8 @@ std::vector<float> Engine::forward(const Batch& batch) {
   const size_t values = size_t(n) * config_.hidden_size;
   compute_->begin(batch);
   routes_.add_tokens(n);
+  ++steps_;
+  predicted_layer_ = -1;
   Routing routing;
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
@@ -153,9 +155,12 @@ std::vector<float> Engine::forward(const Batch& batch) {
             placement_counters_.replica_pairs +=
                 placement_.owner_of(l, int(p.expert)) != share.rank;
         }
-        if (options_.prefetch_ahead) {
+        // With --prefetch-ahead every step predicts and hints; without, one step in
+        // kPredictionSampling predicts (no hint), so that the prediction's quality is known
+        // before the flag is turned on.
+        if (options_.prefetch_ahead || steps_ % kPredictionSampling == 0) {
           if (predicted_layer_ == l) score_prediction(l, routing, n);
-          predict_next(l, n);
+          predict_next(l, n, options_.prefetch_ahead);
         }
       }
       // Host views: the NCCL transport will take the device's rows (Device::kCuda) instead.

@@ -27,9 +27,10 @@
 
 namespace colibri {
 
-// How well --prefetch-ahead predicted each MoE layer's experts from the layer before: per layer,
-// routed (row, expert) pairs, those predicted for their row, and over each step's set of distinct
-// experts, the predicted, the routed and those both.
+// How well the next MoE layer's router on a layer's rows predicts that next layer's experts (every
+// step with --prefetch-ahead, else one step in 16): per layer, routed (row, expert) pairs, those
+// predicted for their row, and over each step's set of distinct experts, the predicted, the
+// routed and those both.
 struct PrefetchStats {
   std::vector<uint64_t> pairs, pair_hits;                     // [layers]
   std::vector<uint64_t> set_predicted, set_routed, set_hits;  // [layers]
@@ -106,7 +107,9 @@ class Engine {
   DispatchPlan plan_;
   RoutingStats routes_;
   // --prefetch-ahead: the next MoE layer of each layer (-1: none), the prediction for it, scores.
-  void predict_next(int layer, int n);
+  void predict_next(int layer, int n, bool hint);
+  static constexpr uint64_t kPredictionSampling = 16;
+  uint64_t steps_ = 0;  // forward calls
   void score_prediction(int layer, const Routing& routing, int n);
   std::vector<int> next_moe_;
   Routing predicted_;

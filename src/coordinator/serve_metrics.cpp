@@ -196,7 +196,9 @@ std::string ServeMetrics::render() const {
   }
   if (p.prefetch) {
     metric("colibri_prefetch_pairs_total", "counter",
-           "routed pairs of layers predicted by --prefetch-ahead", p.prefetch_pairs);
+           "routed pairs of layers the layer before predicted (every step with --prefetch-ahead, "
+           "else one step in 16)",
+           p.prefetch_pairs);
     metric("colibri_prefetch_pair_hits_total", "counter", "of those, predicted for their row",
            p.prefetch_pair_hits);
     metric("colibri_prefetch_hinted_experts_total", "counter", "distinct experts hinted per step",
