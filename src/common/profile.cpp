@@ -147,36 +147,40 @@ void print_profile(std::FILE* out, const std::vector<RankReport>& reports,
                human_bytes(r.bytes_out), r.slowest_count, human_bytes(r.weight_bytes_read));
   }
   // Expert tiers, when any rank read an expert after start-up.
-  const bool tiers = std::any_of(reports.begin(), reports.end(),
-                                 [](const RankReport& r) { return r.disk_hits + r.ram_hits > 0; });
+  const bool tiers = std::any_of(reports.begin(), reports.end(), [](const RankReport& r) {
+    return r.store.disk_hits + r.store.ram_hits > 0;
+  });
   if (tiers) {
     fmt::print(out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12}  {:>12}  {:>11}  {:>9}\n",
                "rank", "pinned hit", "ram hit", "disk hit", "disk read", "loader ms", "waited ms",
                "hinted read", "hint hit");
     for (const RankReport& r : reports) {
-      if (r.pinned_hits + r.ram_hits + r.disk_hits == 0) continue;
-      fmt::print(
-          out, "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12.1f}  {:>12.1f}  {:>11}  {:>9}\n",
-          r.rank, r.pinned_hits, r.ram_hits, r.disk_hits, human_bytes(r.disk_bytes_read),
-          double(r.loader_us) / 1e3, double(r.loader_wait_us) / 1e3, r.hint_reads, r.hint_hits);
+      if (r.store.pinned_hits + r.store.ram_hits + r.store.disk_hits == 0) continue;
+      fmt::print(out,
+                 "{:>4}  {:>10}  {:>10}  {:>10}  {:>12}  {:>12.1f}  {:>12.1f}  {:>11}  {:>9}\n",
+                 r.rank, r.store.pinned_hits, r.store.ram_hits, r.store.disk_hits,
+                 human_bytes(r.store.disk_bytes_read), double(r.store.loader_us) / 1e3,
+                 double(r.store.loader_wait_us) / 1e3, r.store.hint_reads, r.store.hint_hits);
     }
   }
   // GPU expert ranks.
   if (std::any_of(reports.begin(), reports.end(),
-                  [](const RankReport& r) { return r.vram_bytes > 0; })) {
+                  [](const RankReport& r) { return r.device.vram_bytes > 0; })) {
     fmt::print(out,
                "{:>4}  {:>12}  {:>12}  {:>12}  {:>12}  {:>10}  {:>10}  {:>10}  {:>12}  {:>10}\n",
                "rank", "vram experts", "gpu reqs", "gpu ms", "gpu us/req", "vram hit", "uploaded",
                "cpu miss", "upload", "upload ms");
     for (const RankReport& r : reports) {
-      if (r.vram_bytes == 0) continue;
-      fmt::print(out,
-                 "{:>4}  {:>12}  {:>12}  {:>12.1f}  {:>12.1f}  {:>10}  {:>10}  {:>10}  {:>12}  "
-                 "{:>10.1f}\n",
-                 r.rank, human_bytes(r.vram_bytes), r.gpu_requests, double(r.gpu_us) / 1e3,
-                 r.gpu_requests ? double(r.gpu_us) / double(r.gpu_requests) : 0.0, r.vram_hits,
-                 r.vram_uploads, r.vram_cpu_experts, human_bytes(r.vram_upload_bytes),
-                 double(r.vram_upload_us) / 1e3);
+      if (r.device.vram_bytes == 0) continue;
+      fmt::print(
+          out,
+          "{:>4}  {:>12}  {:>12}  {:>12.1f}  {:>12.1f}  {:>10}  {:>10}  {:>10}  {:>12}  "
+          "{:>10.1f}\n",
+          r.rank, human_bytes(r.device.vram_bytes), r.device.gpu_requests,
+          double(r.device.gpu_us) / 1e3,
+          r.device.gpu_requests ? double(r.device.gpu_us) / double(r.device.gpu_requests) : 0.0,
+          r.device.vram_hits, r.device.vram_uploads, r.device.vram_cpu_experts,
+          human_bytes(r.device.vram_upload_bytes), double(r.device.vram_upload_us) / 1e3);
     }
   }
   // The coordinator's requests and replies that crossed to and from other hosts.
@@ -252,24 +256,26 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
                      {"reply_us", std::move(replies)},
                      {"slowest_count", r.slowest_count},
                      {"weight_bytes_read", r.weight_bytes_read},
-                     {"pinned_hits", r.pinned_hits},
-                     {"ram_hits", r.ram_hits},
-                     {"disk_hits", r.disk_hits},
-                     {"disk_bytes_read", r.disk_bytes_read},
-                     {"loader_us", r.loader_us},
-                     {"loader_wait_us", r.loader_wait_us},
-                     {"hint_reads", r.hint_reads},
-                     {"hint_hits", r.hint_hits},
-                     {"vram_bytes", r.vram_bytes},
-                     {"gpu_requests", r.gpu_requests},
-                     {"gpu_us", r.gpu_us},
+                     {"pinned_hits", r.store.pinned_hits},
+                     {"ram_hits", r.store.ram_hits},
+                     {"disk_hits", r.store.disk_hits},
+                     {"disk_bytes_read", r.store.disk_bytes_read},
+                     {"loader_us", r.store.loader_us},
+                     {"loader_wait_us", r.store.loader_wait_us},
+                     {"hint_reads", r.store.hint_reads},
+                     {"hint_hits", r.store.hint_hits},
+                     {"waits", r.store.waits},
+                     {"vram_bytes", r.device.vram_bytes},
+                     {"gpu_requests", r.device.gpu_requests},
+                     {"gpu_us", r.device.gpu_us},
                      {"bytes_cross_host", r.bytes_cross_host},
                      {"bytes_shared", r.bytes_shared},
-                     {"vram_hits", r.vram_hits},
-                     {"vram_uploads", r.vram_uploads},
-                     {"vram_cpu_experts", r.vram_cpu_experts},
-                     {"vram_upload_bytes", r.vram_upload_bytes},
-                     {"vram_upload_us", r.vram_upload_us},
+                     {"vram_hits", r.device.vram_hits},
+                     {"vram_uploads", r.device.vram_uploads},
+                     {"vram_cpu_experts", r.device.vram_cpu_experts},
+                     {"vram_evictions", r.device.vram_evictions},
+                     {"vram_upload_bytes", r.device.vram_upload_bytes},
+                     {"vram_upload_us", r.device.vram_upload_us},
                      {"trace_events", r.events.size()},
                      {"dropped_events", r.dropped_events},
                      {"phases_us", std::move(phases)},

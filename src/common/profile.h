@@ -54,6 +54,44 @@ struct TraceEvent {
   }
 };
 
+// An expert rank's RAM and disk tiers as its ExpertStore counts them (rank/expert_store.h), from
+// start-up on (start-up loading is not counted). The store, the rank's report, the printed and
+// JSON profile read this one type.
+struct StoreCounters {
+  uint64_t pinned_hits = 0;      // acquires served from the pinned tier
+  uint64_t ram_hits = 0;         // acquires served from the RAM cache
+  uint64_t disk_hits = 0;        // acquires of an expert read from disk for them
+  uint64_t waits = 0;            // acquires that blocked on a read
+  uint64_t disk_bytes_read = 0;  // weight bytes read from disk after start-up
+  uint64_t loader_us = 0;        // time spent reading (loader thread and demand reads)
+  uint64_t loader_wait_us = 0;   // time acquires spent blocked on reads
+  uint64_t hint_reads = 0;       // experts read because a hint named them (--prefetch-ahead)
+  uint64_t hint_hits = 0;        // acquires served by such a read before anything else touched it
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(pinned_hits, ram_hits, disk_hits, waits, disk_bytes_read, loader_us, loader_wait_us,
+       hint_reads, hint_hits);
+  }
+};
+
+// A GPU expert rank's device and VRAM tier as its CUDA expert backend counts them.
+struct DeviceCounters {
+  uint64_t vram_bytes = 0;    // device memory of the expert slots
+  uint64_t gpu_requests = 0;  // requests computed on the device
+  uint64_t gpu_us = 0;        // their device time (rows up, kernels, partial down; CUDA events)
+  // The VRAM tier (rank/vram_tier.h): request experts found in VRAM, missed and uploaded, missed
+  // and computed on the CPU; slots taken over; bytes and copy-stream time of those uploads.
+  uint64_t vram_hits = 0, vram_uploads = 0, vram_cpu_experts = 0, vram_evictions = 0;
+  uint64_t vram_upload_bytes = 0, vram_upload_us = 0;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(vram_bytes, gpu_requests, gpu_us, vram_hits, vram_uploads, vram_cpu_experts, vram_evictions,
+       vram_upload_bytes, vram_upload_us);
+  }
+};
+
 struct RankReport {
   int rank = 0;
   std::string host;
@@ -72,20 +110,8 @@ struct RankReport {
   uint64_t weight_bytes_read = 0;  // model bytes this rank loaded
   std::vector<TraceEvent> events;
   uint64_t dropped_events = 0;  // trace events not kept once events reached the cap
-  // Expert tiers (expert ranks): acquires served per tier, bytes read from disk after start-up,
-  // time the loader spent reading and time compute waited for it.
-  uint64_t pinned_hits = 0, ram_hits = 0, disk_hits = 0;
-  uint64_t disk_bytes_read = 0;
-  uint64_t loader_us = 0, loader_wait_us = 0;
-  // --prefetch-ahead: experts read because a hint named them, and acquires those reads served.
-  uint64_t hint_reads = 0, hint_hits = 0;
-  // GPU expert ranks: experts held in VRAM (bytes uploaded at start), requests computed on the
-  // GPU and their device time (rows up, kernels, partial down; CUDA events).
-  uint64_t vram_bytes = 0, gpu_requests = 0, gpu_us = 0;
-  // Their VRAM tier: request experts hit in VRAM, uploaded on a miss, computed on the CPU on a
-  // miss; bytes uploaded for misses and the copy stream's time for them (CUDA events).
-  uint64_t vram_hits = 0, vram_uploads = 0, vram_cpu_experts = 0, vram_upload_bytes = 0,
-           vram_upload_us = 0;
+  StoreCounters store;          // expert ranks: their RAM and disk tiers
+  DeviceCounters device;        // GPU expert ranks: their device and VRAM tier
   // Coordinator: bytes of requests and replies to and from expert ranks on other hosts (with
   // --combine host, every message that crosses hosts has the coordinator at one end).
   uint64_t bytes_cross_host = 0;
@@ -96,10 +122,8 @@ struct RankReport {
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
-       bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events,
-       pinned_hits, ram_hits, disk_hits, disk_bytes_read, loader_us, loader_wait_us, vram_bytes,
-       gpu_requests, gpu_us, vram_hits, vram_uploads, vram_cpu_experts, vram_upload_bytes,
-       vram_upload_us, bytes_cross_host, bytes_shared, hint_reads, hint_hits);
+       bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events, store,
+       device, bytes_cross_host, bytes_shared);
   }
 };
 

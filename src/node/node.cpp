@@ -501,28 +501,8 @@ void Node::serve() {
 
 std::vector<RankReport> Node::gather_reports() {
   RankReport mine = profiler_->report();
-  if (expert_store_) {
-    const ExpertStoreStats stats = expert_store_->stats();
-    mine.pinned_hits = stats.pinned_hits;
-    mine.ram_hits = stats.ram_hits;
-    mine.disk_hits = stats.disk_hits;
-    mine.disk_bytes_read = stats.bytes_read;
-    mine.loader_us = stats.load_us;
-    mine.loader_wait_us = stats.wait_us;
-    mine.hint_reads = stats.hint_reads;
-    mine.hint_hits = stats.hint_hits;
-  }
-  if (expert_backend_) {
-    const ExpertDeviceStats gpu = expert_backend_->device_stats();
-    mine.vram_bytes = gpu.vram_bytes;
-    mine.gpu_requests = gpu.requests;
-    mine.gpu_us = gpu.device_us;
-    mine.vram_hits = gpu.vram_hits;
-    mine.vram_uploads = gpu.vram_uploads;
-    mine.vram_cpu_experts = gpu.vram_cpu_experts;
-    mine.vram_upload_bytes = gpu.upload_bytes;
-    mine.vram_upload_us = gpu.upload_us;
-  }
+  if (expert_store_) mine.store = expert_store_->stats();
+  if (expert_backend_) mine.device = expert_backend_->device_stats();
   const std::vector<std::string> all =
       gather_within(comm_, layout_.coordinator(), to_bytes(mine),
                     {options_.rank_timeout_s, "--rank-timeout", "the end-of-run reports"});

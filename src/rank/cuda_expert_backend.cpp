@@ -113,20 +113,20 @@ CudaExpertBackend::~CudaExpertBackend() {
   cudaFree(memory_);
 }
 
-ExpertDeviceStats CudaExpertBackend::device_stats() const {
-  ExpertDeviceStats out;
+DeviceCounters CudaExpertBackend::device_stats() const {
+  DeviceCounters out;
   out.vram_bytes = device_bytes_;
-  out.requests = stats_.requests;
-  out.device_us = stats_.device_us;
+  out.gpu_requests = stats_.requests;
+  out.gpu_us = stats_.device_us;
   if (tier_) {
     const VramTierStats& t = tier_->stats();
     out.vram_hits = t.hits;
     out.vram_uploads = t.uploads;
     out.vram_cpu_experts = t.cpu_experts;
     out.vram_evictions = t.evictions;
-    out.upload_bytes = t.upload_bytes;
+    out.vram_upload_bytes = t.upload_bytes;
   }
-  out.upload_us = stats_.upload_us;
+  out.vram_upload_us = stats_.upload_us;
   return out;
 }
 

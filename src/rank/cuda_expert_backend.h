@@ -58,7 +58,7 @@ class CudaExpertBackend final : public ExpertBackend {
   bool all_resident() const { return all_resident_; }
   const CudaExpertStats& stats() const { return stats_; }
   const VramTierStats& tier_stats() const { return tier_->stats(); }
-  ExpertDeviceStats device_stats() const override;
+  DeviceCounters device_stats() const override;
 
  private:
   // Where each matrix of an expert sits within its slot, from the first owned expert.

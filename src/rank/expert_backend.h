@@ -15,17 +15,6 @@
 
 namespace colibri {
 
-// What a device backend did; zero for the CPU backend.
-struct ExpertDeviceStats {
-  uint64_t vram_bytes = 0;  // device memory of the expert slots
-  uint64_t requests = 0;    // requests computed on the device
-  uint64_t device_us = 0;   // their device time (rows up, kernels, partial down; CUDA events)
-  // The VRAM tier (rank/vram_tier.h): request experts found in VRAM, missed and uploaded, missed
-  // and computed on the CPU; slots taken over; bytes and copy-stream time of those uploads.
-  uint64_t vram_hits = 0, vram_uploads = 0, vram_cpu_experts = 0, vram_evictions = 0;
-  uint64_t upload_bytes = 0, upload_us = 0;
-};
-
 // The request's rows as host fp32 (as sent, or converted into `buffer`); refuses a request with
 // fewer values than n_rows * hidden, naming the layer.
 const float* host_f32_rows(const ExpertRequest& request, int hidden, std::vector<float>& buffer);
@@ -33,7 +22,8 @@ const float* host_f32_rows(const ExpertRequest& request, int hidden, std::vector
 class ExpertBackend {
  public:
   virtual ~ExpertBackend() = default;
-  virtual ExpertDeviceStats device_stats() const { return {}; }
+  // What a device backend did (common/profile.h); zero for the CPU backend.
+  virtual DeviceCounters device_stats() const { return {}; }
   // Starts reading the experts of `layer` that are not resident; returns at once.
   virtual void prefetch(int layer, std::span<const int> experts) = 0;
   // Experts of `layer` likely requested soon (ExpertStore::hint); nothing where all are resident.

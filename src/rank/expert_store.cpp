@@ -59,7 +59,7 @@ uint64_t ExpertStore::resident_bytes() const {
   return cached_bytes_;
 }
 
-ExpertStoreStats ExpertStore::stats() const {
+StoreCounters ExpertStore::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
 }
@@ -82,8 +82,8 @@ void ExpertStore::load_locked(std::unique_lock<std::mutex>& lock, uint64_t k, En
   lock.lock();
   e.weights = std::move(weights);
   e.state = State::ready;
-  stats_.bytes_read += e.weights.bytes();
-  stats_.load_us += us;
+  stats_.disk_bytes_read += e.weights.bytes();
+  stats_.loader_us += us;
   if (e.pin_when_ready) {
     e.pinned = true;
     pinned_bytes_ += e.weights.bytes();
@@ -132,7 +132,7 @@ const MlpWeights& ExpertStore::acquire(int layer, int expert) {
       if (e.state == State::absent)
         load_locked(lock, k, e);  // the loader's read failed or was evicted
     }
-    stats_.wait_us += elapsed_us(start);
+    stats_.loader_wait_us += elapsed_us(start);
     if (e.pinned) {  // gained while running: read now, pinned from here on
       ++stats_.disk_hits;
       return e.weights;

@@ -16,22 +16,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/profile.h"
 #include "model/weights.h"
 
 namespace colibri {
-
-// Counters since construction. Start-up loading (pinned and all-resident experts) is not counted.
-struct ExpertStoreStats {
-  uint64_t pinned_hits = 0;  // acquires served from the pinned tier
-  uint64_t ram_hits = 0;     // acquires served from the RAM cache
-  uint64_t disk_hits = 0;    // acquires of an expert read from disk for them (prefetch or demand)
-  uint64_t waits = 0;        // acquires that blocked on a read
-  uint64_t bytes_read = 0;   // weight bytes read from disk after start-up
-  uint64_t load_us = 0;      // time spent reading from disk (loader thread and demand reads)
-  uint64_t wait_us = 0;      // time acquires spent blocked on reads
-  uint64_t hint_reads = 0;   // experts read because a hint named them (--prefetch-ahead)
-  uint64_t hint_hits = 0;    // acquires served by such a read before anything else touched it
-};
 
 class ExpertStore {
  public:
@@ -73,7 +61,7 @@ class ExpertStore {
   bool resident(int layer, int expert) const;  // pinned or in the RAM cache
   uint64_t resident_bytes() const;             // RAM cache, not pinned
   uint64_t pinned_bytes() const { return pinned_bytes_; }
-  ExpertStoreStats stats() const;
+  StoreCounters stats() const;
 
  private:
   enum class State { absent, queued, loading, ready };
@@ -108,7 +96,7 @@ class ExpertStore {
   std::deque<uint64_t> queue_;
   bool loader_busy_ = false, stop_ = false;
   std::vector<uint64_t> acquired_;
-  ExpertStoreStats stats_;
+  StoreCounters stats_;
   std::thread loader_;
 };
 

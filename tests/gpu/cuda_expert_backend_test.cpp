@@ -245,11 +245,11 @@ TEST_P(CudaExpertBackendParity, VramTierOverHostExpertsMatchesTheCpuBackend) {
               << "mode " << mode << " layer " << layer << ", " << n << " rows";
         }
       }
-    const ExpertDeviceStats s = gpu.device_stats();
+    const DeviceCounters s = gpu.device_stats();
     EXPECT_GT(s.vram_hits + s.vram_uploads + s.vram_cpu_experts, 0u);
     if (mode == 0) {
       EXPECT_GT(s.vram_uploads, 0u);
-      EXPECT_EQ(s.upload_bytes, s.vram_uploads * slot_bytes);
+      EXPECT_EQ(s.vram_upload_bytes, s.vram_uploads * slot_bytes);
     }
     if (mode == 1) {
       EXPECT_EQ(s.vram_uploads, 0u);

@@ -355,14 +355,14 @@ TEST(PrintProfile, NoDecodeGivesZeroRateAndDropsAreReported) {
 // the wire round trip.
 RankReport gpu_report() {
   RankReport r = sample_reports()[1];
-  r.vram_bytes = 3ull << 30;
-  r.gpu_requests = 40;
-  r.gpu_us = 8000;
-  r.vram_hits = 111;
-  r.vram_uploads = 22;
-  r.vram_cpu_experts = 7;
-  r.vram_upload_bytes = 5ull << 20;
-  r.vram_upload_us = 2500;
+  r.device.vram_bytes = 3ull << 30;
+  r.device.gpu_requests = 40;
+  r.device.gpu_us = 8000;
+  r.device.vram_hits = 111;
+  r.device.vram_uploads = 22;
+  r.device.vram_cpu_experts = 7;
+  r.device.vram_upload_bytes = 5ull << 20;
+  r.device.vram_upload_us = 2500;
   return r;
 }
 
@@ -416,14 +416,14 @@ TEST(RankReport, CerealRoundTripKeepsTheVramTier) {
     cereal::BinaryInputArchive archive(buffer);
     archive(out);
   }
-  EXPECT_EQ(out.vram_bytes, in.vram_bytes);
-  EXPECT_EQ(out.gpu_requests, in.gpu_requests);
-  EXPECT_EQ(out.gpu_us, in.gpu_us);
-  EXPECT_EQ(out.vram_hits, in.vram_hits);
-  EXPECT_EQ(out.vram_uploads, in.vram_uploads);
-  EXPECT_EQ(out.vram_cpu_experts, in.vram_cpu_experts);
-  EXPECT_EQ(out.vram_upload_bytes, in.vram_upload_bytes);
-  EXPECT_EQ(out.vram_upload_us, in.vram_upload_us);
+  EXPECT_EQ(out.device.vram_bytes, in.device.vram_bytes);
+  EXPECT_EQ(out.device.gpu_requests, in.device.gpu_requests);
+  EXPECT_EQ(out.device.gpu_us, in.device.gpu_us);
+  EXPECT_EQ(out.device.vram_hits, in.device.vram_hits);
+  EXPECT_EQ(out.device.vram_uploads, in.device.vram_uploads);
+  EXPECT_EQ(out.device.vram_cpu_experts, in.device.vram_cpu_experts);
+  EXPECT_EQ(out.device.vram_upload_bytes, in.device.vram_upload_bytes);
+  EXPECT_EQ(out.device.vram_upload_us, in.device.vram_upload_us);
 }
 
 // ---- JSON ------------------------------------------------------------------------------------

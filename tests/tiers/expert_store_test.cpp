@@ -55,9 +55,9 @@ TEST(ExpertStore, ZeroBudgetKeepsEveryExpertResidentAndReadsNothingLater) {
   for (int l = 0; l < 2; ++l)
     for (int e = 0; e < 4; ++e) expect_expert(store.acquire(l, e), l, e);
   store.release();
-  const ExpertStoreStats s = store.stats();
+  const StoreCounters s = store.stats();
   EXPECT_EQ(s.pinned_hits, 8u);
-  EXPECT_EQ(s.ram_hits + s.disk_hits + s.bytes_read + s.waits, 0u);
+  EXPECT_EQ(s.ram_hits + s.disk_hits + s.disk_bytes_read + s.waits, 0u);
   EXPECT_EQ(loader.reads, 8);
 }
 
@@ -80,11 +80,11 @@ TEST(ExpertStore, LruEvictsLeastRecentlyUsedUnderABudgetSmallerThanTheWorkingSet
   EXPECT_TRUE(store.resident(0, 2));
   EXPECT_LE(store.resident_bytes(), 2 * kExpertBytes);
 
-  const ExpertStoreStats s = store.stats();
+  const StoreCounters s = store.stats();
   EXPECT_EQ(s.disk_hits, 3u);
   EXPECT_EQ(s.ram_hits, 1u);
   EXPECT_EQ(s.pinned_hits, 0u);
-  EXPECT_EQ(s.bytes_read, 3 * kExpertBytes);
+  EXPECT_EQ(s.disk_bytes_read, 3 * kExpertBytes);
   EXPECT_EQ(loader.reads, 3);
 }
 
@@ -115,7 +115,7 @@ TEST(ExpertStore, PinnedExpertsAreNeverEvicted) {
     }
   EXPECT_TRUE(store.resident(0, 0));
   EXPECT_TRUE(store.resident(0, 1));
-  const ExpertStoreStats s = store.stats();
+  const StoreCounters s = store.stats();
   EXPECT_EQ(s.pinned_hits, 6u);
   EXPECT_EQ(s.disk_hits, 12u);  // 4 unpinned experts cycling through a one-expert cache
   EXPECT_EQ(s.ram_hits, 0u);
@@ -131,11 +131,11 @@ TEST(ExpertStore, PrefetchReadsInTheBackgroundSoAcquireDoesNotWait) {
   EXPECT_EQ(loader.reads, 3);
   for (int e : wanted) expect_expert(store.acquire(1, e), 1, e);
   store.release();
-  const ExpertStoreStats s = store.stats();
+  const StoreCounters s = store.stats();
   EXPECT_EQ(s.disk_hits, 3u);
   EXPECT_EQ(s.waits, 0u);
-  EXPECT_EQ(s.wait_us, 0u);
-  EXPECT_EQ(s.bytes_read, 3 * kExpertBytes);
+  EXPECT_EQ(s.loader_wait_us, 0u);
+  EXPECT_EQ(s.disk_bytes_read, 3 * kExpertBytes);
 }
 
 TEST(ExpertStore, AcquireOfAnExpertBeingReadWaitsForThatReadInsteadOfASecondOne) {
@@ -160,9 +160,9 @@ TEST(ExpertStore, AcquireOfAnExpertBeingReadWaitsForThatReadInsteadOfASecondOne)
   expect_expert(*acquired.get(), 0, 1);
   store.release();
   EXPECT_EQ(reads, 1);
-  const ExpertStoreStats s = store.stats();
+  const StoreCounters s = store.stats();
   EXPECT_EQ(s.disk_hits, 1u);
-  EXPECT_EQ(s.bytes_read, kExpertBytes);
+  EXPECT_EQ(s.disk_bytes_read, kExpertBytes);
 }
 
 TEST(ExpertStore, UnownedExpertIsAnError) {

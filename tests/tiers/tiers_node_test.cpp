@@ -114,16 +114,16 @@ void expect_tiers_match_resident(const fs::path& model_dir) {
   for (size_t r = 0; r < resident.reports.size(); ++r) {
     const RankReport& a = resident.reports[r];
     const RankReport& b = tiered.reports[r];
-    EXPECT_EQ(a.disk_hits, 0u) << "rank " << r;
-    EXPECT_EQ(a.disk_bytes_read, 0u) << "rank " << r;
-    EXPECT_EQ(a.ram_hits, 0u) << "rank " << r;
-    resident_pinned += a.pinned_hits;
+    EXPECT_EQ(a.store.disk_hits, 0u) << "rank " << r;
+    EXPECT_EQ(a.store.disk_bytes_read, 0u) << "rank " << r;
+    EXPECT_EQ(a.store.ram_hits, 0u) << "rank " << r;
+    resident_pinned += a.store.pinned_hits;
     if (int(r) == 0 || b.experts == 0)
       continue;  // the coordinator, or an expert rank never routed to
-    EXPECT_GT(b.disk_hits, 0u) << "rank " << r;
-    EXPECT_GT(b.disk_bytes_read, 0u) << "rank " << r;
-    EXPECT_EQ(b.pinned_hits, 0u) << "rank " << r;
-    tiered_disk += b.disk_hits;
+    EXPECT_GT(b.store.disk_hits, 0u) << "rank " << r;
+    EXPECT_GT(b.store.disk_bytes_read, 0u) << "rank " << r;
+    EXPECT_EQ(b.store.pinned_hits, 0u) << "rank " << r;
+    tiered_disk += b.store.disk_hits;
   }
   EXPECT_GT(resident_pinned, 0u);
   EXPECT_GT(tiered_disk, 0u);
