@@ -20,7 +20,7 @@ log=$out/server.log
 mpirun --oversubscribe -np "$np" "$node" --model "$model" --serve --port 0 --quiet \
   --max-seqs 64 --max-queue 256 --kv-tokens 16384 --routing-stats off ${EXTRA:-} 2>"$log" &
 server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
+trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
 port=
 for _ in $(seq 1 600); do
   port=$(grep -o 'on http://127.0.0.1:[0-9]*' "$log" | head -n 1 | sed 's/.*://') || true
