@@ -8,6 +8,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/serve_start.sh
+source "$root/bench/serve_start.sh"
 model=${1:-$root/models/glm5-tiny-kjv}
 np=${NP:-7} max_tokens=${MAX_TOKENS:-64} requests=${REQUESTS:-2} clients=${CLIENTS:-1 4 16 64}
 node=$root/build/src/colibri-node bench=$root/build/bench/serve_bench
@@ -19,14 +21,7 @@ mpirun --oversubscribe -np "$np" "$node" --model "$model" --serve --port 0 --qui
   --max-seqs 64 --max-queue 128 --kv-tokens 16384 ${EXTRA:-} 2>"$log" &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true; rm -f "$log"' EXIT
-port=
-for _ in $(seq 1 600); do
-  port=$(grep -o 'on http://127.0.0.1:[0-9]*' "$log" | head -n 1 | sed 's/.*://') || true
-  [[ -n $port ]] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 $server 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.2
-done
-[[ -n $port ]] || { echo "serve_bench: the server did not start" >&2; cat "$log" >&2; exit 1; }
+wait_for_server "$log" $server
 # shellcheck disable=SC2086
 "$bench" --port "$port" --clients $clients --requests "$requests" --max-tokens "$max_tokens" \
   --label "$(basename "$model") np $np, $(mpirun --version | head -n 1)"

@@ -9,6 +9,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=bench/serve_start.sh
+source "$root/bench/serve_start.sh"
 model=${1:-$root/models/glm5-tiny-kjv}
 np=${NP:-7} clients=${CLIENTS:-64} seconds=${SOAK_SECONDS:-1800}
 out=${OUT:-$(mktemp -d)}
@@ -21,14 +23,7 @@ mpirun --oversubscribe -np "$np" "$node" --model "$model" --serve --port 0 --qui
   --max-seqs 64 --max-queue 256 --kv-tokens 16384 --routing-stats off ${EXTRA:-} 2>"$log" &
 server=$!
 trap 'kill -TERM $server 2>/dev/null || true; wait $server 2>/dev/null || true' EXIT
-port=
-for _ in $(seq 1 600); do
-  port=$(grep -o 'on http://127.0.0.1:[0-9]*' "$log" | head -n 1 | sed 's/.*://') || true
-  [[ -n $port ]] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 $server 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.2
-done
-[[ -n $port ]] || { echo "soak: the server did not start" >&2; cat "$log" >&2; exit 1; }
+wait_for_server "$log" $server
 # Every rank's VmRSS (kB) every 10 s: "seconds rank0 rank1 ...", ranks by their OMPI rank.
 (
   start=$SECONDS

@@ -236,23 +236,19 @@ void print_repin(colibri::Node& node, bool quiet) {
   if (node.options().prefetch_ahead && node.is_coordinator()) {
     const colibri::PrefetchStats& p = node.engine().prefetch_stats();
     std::string layers;
-    uint64_t pairs = 0, hits = 0, predicted = 0, set_hits = 0;
-    for (size_t l = 0; l < p.pairs.size(); ++l) {
-      if (p.pairs[l] == 0) continue;
-      layers += fmt::format(
-          " {}:{:.2f}/{:.2f}", l, double(p.pair_hits[l]) / double(p.pairs[l]),
-          p.set_predicted[l] ? double(p.set_hits[l]) / double(p.set_predicted[l]) : 0.0);
-      pairs += p.pairs[l];
-      hits += p.pair_hits[l];
-      predicted += p.set_predicted[l];
-      set_hits += p.set_hits[l];
-    }
-    if (pairs > 0)
+    for (size_t l = 0; l < p.pairs.size(); ++l)
+      if (p.pairs[l] > 0)
+        layers += fmt::format(
+            " {}:{:.2f}/{:.2f}", l, double(p.pair_hits[l]) / double(p.pairs[l]),
+            p.set_predicted[l] ? double(p.set_hits[l]) / double(p.set_predicted[l]) : 0.0);
+    const colibri::PrefetchStats::Totals t = p.totals();
+    if (t.pairs > 0)
       std::fprintf(stderr,
                    "prefetch ahead: recall %.3f of routed pairs, precision %.3f of hinted experts "
                    "(per layer recall/precision:%s)\n",
-                   double(hits) / double(pairs),
-                   predicted ? double(set_hits) / double(predicted) : 0.0, layers.c_str());
+                   double(t.pair_hits) / double(t.pairs),
+                   t.set_predicted ? double(t.set_hits) / double(t.set_predicted) : 0.0,
+                   layers.c_str());
   }
   if (const colibri::RepinStats* r = node.repin_stats())
     std::fprintf(stderr,

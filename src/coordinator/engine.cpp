@@ -43,6 +43,17 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
   seen_.assign(size_t(config.n_routed_experts), 0);
 }
 
+PrefetchStats::Totals PrefetchStats::totals() const {
+  Totals t;
+  for (size_t l = 0; l < pairs.size(); ++l) {
+    t.pairs += pairs[l];
+    t.pair_hits += pair_hits[l];
+    t.set_predicted += set_predicted[l];
+    t.set_hits += set_hits[l];
+  }
+  return t;
+}
+
 void Engine::predict_next(int layer, int n, bool hint) {
   const int next = next_moe_[size_t(layer)];
   predicted_layer_ = next;

@@ -34,6 +34,11 @@ namespace colibri {
 struct PrefetchStats {
   std::vector<uint64_t> pairs, pair_hits;                     // [layers]
   std::vector<uint64_t> set_predicted, set_routed, set_hits;  // [layers]
+
+  struct Totals {
+    uint64_t pairs = 0, pair_hits = 0, set_predicted = 0, set_hits = 0;
+  };
+  Totals totals() const;  // summed over the layers
 };
 
 // What the dispatch did with the placement: (row, expert) pairs sent to each owner rank, and

@@ -205,13 +205,11 @@ void Scheduler::update_gauges() {
     placement.repin_moves = r->moves;
     placement.repin_seconds = double(r->coordinator_us) * 1e-6;
   }
-  const PrefetchStats& f = engine_.prefetch_stats();
-  for (size_t l = 0; l < f.pairs.size(); ++l) {
-    placement.prefetch_pairs += f.pairs[l];
-    placement.prefetch_pair_hits += f.pair_hits[l];
-    placement.prefetch_hinted += f.set_predicted[l];
-    placement.prefetch_hinted_hits += f.set_hits[l];
-  }
+  const PrefetchStats::Totals f = engine_.prefetch_stats().totals();
+  placement.prefetch_pairs = f.pairs;
+  placement.prefetch_pair_hits = f.pair_hits;
+  placement.prefetch_hinted = f.set_predicted;
+  placement.prefetch_hinted_hits = f.set_hits;
   placement.prefetch = placement.prefetch_pairs > 0;
   metrics_.set_placement(placement);
 }

@@ -125,7 +125,8 @@ PlacementTable place_by_heat(const ModelConfig& config, const Layout& layout,
              item.expert, l);
       load[size_t(pick)] += item.load;
       ++count[size_t(pick)];
-      (pick_tier == 0 ? vram : ram)[size_t(pick)] -= pick_tier < 2 ? 1 : 0;
+      if (pick_tier == 0) --vram[size_t(pick)];
+      if (pick_tier == 1) --ram[size_t(pick)];
       const size_t cell = size_t(l) * experts + size_t(item.expert);
       if (table.owner[cell] < 0) {
         table.owner[cell] = ranks[size_t(pick)];
