@@ -98,6 +98,18 @@ void report_stop(const colibri::StartupStatus& status, bool name_rank) {
   std::fflush(stderr);
 }
 
+// One line of stdin; false at its end. A read interrupted by a signal (mpirun's SIGCONT at the
+// start of its teardown) is not the end of input: the read goes on.
+bool read_line(std::string& line) {
+  for (;;) {
+    errno = 0;
+    if (std::getline(std::cin, line)) return true;
+    if (errno != EINTR || std::feof(stdin)) return false;
+    std::cin.clear();
+    std::clearerr(stdin);
+  }
+}
+
 // Interactive chat on stdin/stdout; the KV cache keeps the whole conversation.
 void run_chat(colibri::Node& node, const colibri::CommandLine& args,
               const colibri::Tokenizer& tokenizer, colibri::GenerateRequest request) {
@@ -112,7 +124,7 @@ void run_chat(colibri::Node& node, const colibri::CommandLine& args,
   for (;;) {
     std::fputs("> ", stderr);
     std::fflush(stderr);
-    if (!std::getline(std::cin, line) || line == "/exit") break;
+    if (!read_line(line) || line == "/exit") break;
     if (line.empty()) continue;
     const size_t rendered = messages.size();
     messages.push_back({"user", line});
@@ -287,6 +299,9 @@ int run(const colibri::CommandLine& args) {
     options.port = args.port;
     options.api_key = args.api_key;
     options.max_body_bytes = size_t(args.max_body_mb * 1024 * 1024);
+    options.connections.max_connections = args.max_connections;
+    options.connections.max_per_client = args.max_client_connections;
+    options.connections.request_timeout_s = args.request_timeout;
     options.model_name = std::filesystem::weakly_canonical(args.node.model_dir).filename().string();
     options.multi_rank = node.size() > 1;
     options.scheduler.max_batch_tokens = args.max_batch_tokens;

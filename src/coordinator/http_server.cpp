@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "coordinator/http_connections.h"
 #include "coordinator/openai_api.h"
 #include "transport/mpi_check.h"
 
@@ -44,12 +45,6 @@ void install_signal_handlers() {
   ::sigaction(SIGTERM, &action, nullptr);
   ::sigaction(SIGCONT, &action, nullptr);  // mpirun's first teardown step (node/job_signals.h)
 }
-
-// httplib 0.11.4 listens with a backlog of 5; a burst of clients would wait for SYN retries.
-class Server : public httplib::Server {
- public:
-  void widen_backlog() { ::listen(svr_sock_, SOMAXCONN); }
-};
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -85,6 +80,7 @@ class Api {
 
  private:
   static constexpr int kDefaultMaxTokens = 512;
+  static constexpr int kClientClosedRequest = 499;  // counted, never sent
 
   void handle(const std::string& body, httplib::Response& res, bool chat) {
     const CompletionRequest r = parse_completion_request(body, chat, config_.vocab_size);
@@ -169,9 +165,20 @@ class Api {
     std::string text;
     std::vector<int> tokens;
     std::vector<ServeEvent> events;
+    auto looked = Clock::now();
     for (;;) {
       events.clear();
-      job->channel.wait(events, std::chrono::milliseconds(1000));
+      job->channel.wait(events, std::chrono::milliseconds(100));
+      // A client that left cancels its request (the answer has nowhere to go); its socket is
+      // looked at every 100 ms.
+      if (Clock::now() - looked >= std::chrono::milliseconds(100)) {
+        looked = Clock::now();
+        if (ConnectionServer::client_gone()) {
+          job->channel.cancel();
+          res.status = kClientClosedRequest;
+          return;
+        }
+      }
       for (const ServeEvent& e : events) {
         if (e.kind == ServeEvent::Kind::kDelta) {
           text += e.text;
@@ -286,15 +293,13 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
   ServeMetrics metrics;
   Scheduler scheduler(engine, tokenizer, metrics, options.scheduler);
   Api api(scheduler, metrics, tokenizer, engine.config(), options);
-  Server server;
-  const int threads =
-      std::clamp(options.scheduler.max_queue + engine.kv().max_seqs() + 8, 16, 1024);
-  server.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+  ConnectionServer server(options.connections);
+  server.on_raw_error = [&](int status, const std::string& message) {
+    metrics.count_response(status);
+    return error_body(ApiError(status, message, {}, {}, reason_phrase_type(status)));
+  };
   server.set_tcp_nodelay(true);
   server.set_payload_max_length(options.max_body_bytes);
-  server.set_keep_alive_timeout(2);
-  server.set_read_timeout(10);
-  server.set_write_timeout(10);
 
   server.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (options.api_key.empty() || req.path == "/health")
@@ -311,12 +316,17 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
     }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  server.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+  server.set_error_handler([&](const httplib::Request&, httplib::Response& res) {
     if (!res.body.empty()) return;
     std::string message = fmt::format("HTTP {}", res.status);
     if (res.status == 404) message = "no such route";
     if (res.status == 413) message = "the request body is too large";
     if (res.status == 400) message = "malformed HTTP request";
+    if (ConnectionServer::request_timed_out()) {
+      res.status = 408;
+      message = fmt::format("the request did not arrive whole within --request-timeout ({} s)",
+                            options.connections.request_timeout_s);
+    }
     reply_error(res, ApiError(res.status, message, {}, {}, reason_phrase_type(res.status)));
   });
   server.set_exception_handler(
@@ -376,6 +386,13 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
                                   fmt::format("the request body is larger than --max-body-mb "
                                               "({} bytes, after decompression)",
                                               options.max_body_bytes),
+                                  {}, {}, "invalid_request_error"));
+      } else if (!read && ConnectionServer::request_timed_out()) {
+        res.set_header("Connection", "close");
+        reply_error(res, ApiError(408,
+                                  fmt::format("the request body did not arrive whole within "
+                                              "--request-timeout ({} s)",
+                                              options.connections.request_timeout_s),
                                   {}, {}, "invalid_request_error"));
       } else if (!read) {
         res.set_header("Connection", "close");

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "coordinator/engine.h"
+#include "coordinator/http_connections.h"
 #include "coordinator/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +23,7 @@ struct ServeOptions {
   std::string api_key;  // empty: no authentication
   size_t max_body_bytes = size_t(1) << 20;
   std::string model_name;
+  ConnectionLimits connections;
   bool multi_rank = false;  // expert ranks exist: a stalled exchange can mean a dead rank
   SchedulerOptions scheduler;
 };

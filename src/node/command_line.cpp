@@ -306,6 +306,15 @@ std::vector<FlagRow> make_table() {
     option("--max-body-mb", "", Use::kServe, Agree::kOwn,
            "--serve: largest request body in MiB (413)",
            [](auto& l) -> auto& { return l.max_body_mb; }),
+    option("--max-connections", "", Use::kServe, Agree::kOwn,
+           "--serve: open connections in all; more are answered 503 and closed",
+           [](auto& l) -> auto& { return l.max_connections; }, in_range(1, 1 << 16)),
+    option("--max-client-connections", "", Use::kServe, Agree::kOwn,
+           "--serve: open connections from one client address; more are answered 503 and closed",
+           [](auto& l) -> auto& { return l.max_client_connections; }, in_range(1, 1 << 16)),
+    option("--request-timeout", "", Use::kServe, Agree::kOwn,
+           "--serve: seconds for a request's line, headers and body to arrive whole (408)",
+           [](auto& l) -> auto& { return l.request_timeout; }),
     flag("--no-prefix-cache", Use::kServe, Agree::kOwn,
          "--serve: do not keep finished sequences' KV blocks for prompts that continue them",
          [](auto& l) -> auto& { return l.no_prefix_cache; }),
@@ -367,6 +376,9 @@ void check_numbers(CommandLine& line) {
     if (line.max_queue < 1) fail("--max-queue {} must be at least 1", line.max_queue);
     if (!std::isfinite(line.max_body_mb) || line.max_body_mb <= 0 || line.max_body_mb > 1024)
       fail("--max-body-mb {} must be in (0, 1024]", line.max_body_mb);
+    if (!std::isfinite(line.request_timeout) || line.request_timeout <= 0 ||
+        line.request_timeout > 3600)
+      fail("--request-timeout {} must be in (0, 3600] seconds", line.request_timeout);
   }
 }
 

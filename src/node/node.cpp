@@ -19,6 +19,7 @@
 #include "node/serialize.h"
 #include "transport/deadline.h"
 #include "transport/exchange.h"
+#include "transport/liveness.h"
 #include "transport/local_dispatcher.h"
 #include "transport/mpi_check.h"
 #include "transport/watchdog.h"
@@ -315,14 +316,33 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     }
   }
   // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
-  // resident-memory line.
-  agree_within(
+  // resident-memory line and answers with its liveness address (transport/liveness.h).
+  LivenessOptions liveness;
+  liveness.silence_s = options_.rank_timeout_s;
+  liveness.period_s = std::clamp(options_.rank_timeout_s / 8, 0.05, 1.0);
+  for (int r : plan.nccl_ranks)  // their exchange has no heartbeat of its own
+    if (r != layout_.coordinator()) liveness.silence.push_back(r);
+  if (size_ > 1 && is_coordinator()) {
+    std::vector<int> others;
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) others.push_back(r);
+    try {
+      liveness_hub_ = std::make_unique<LivenessHub>(rank_, others, liveness);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "colibri-node: warning: %s; a rank's death is noticed by mpirun only\n",
+                   e.what());
+    }
+  }
+  const std::string liveness_address = agree_within(
       comm_, layout_.coordinator(), memory_line(me.host),
       [this](const std::vector<std::string>& lines) {
         memory_report_ = lines;
-        return std::string();
+        return liveness_hub_ ? liveness_hub_->address() : std::string();
       },
       startup_deadline("start-up (exchange ready)"));
+  if (size_ > 1 && !is_coordinator() && !liveness_address.empty())
+    liveness_link_ =
+        std::make_unique<LivenessLink>(rank_, layout_.coordinator(), liveness_address, liveness);
   profiler_->restart_epoch();
 }
 
@@ -473,6 +493,7 @@ Engine& Node::engine() {
 }
 
 void Node::shutdown() {
+  if (liveness_hub_) liveness_hub_->end();  // before the ranks are told to end
   if (dispatcher_ && !shut_down_) dispatcher_->shutdown();
   if (!shut_down_ && is_coordinator())
     if (const std::string error = save_routing_stats(); !error.empty())

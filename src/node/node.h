@@ -25,6 +25,7 @@
 #include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/vram_tier.h"
+#include "transport/liveness.h"
 #include "transport/split_linear.h"
 #include "transport/transport.h"
 #include "transport/transport_choice.h"
@@ -151,6 +152,8 @@ class Node {
   std::unique_ptr<ExpertChannel> channel_;         // expert ranks
   std::unique_ptr<Engine> engine_;                 // coordinator
   std::unique_ptr<Repinner> repinner_;             // coordinator, --repin-every
+  std::unique_ptr<LivenessHub> liveness_hub_;      // coordinator of a job
+  std::unique_ptr<LivenessLink> liveness_link_;    // the other ranks of a job
   bool shut_down_ = false;
   std::vector<std::string> memory_report_;
   std::string routing_stats_file_, routing_stats_warning_;

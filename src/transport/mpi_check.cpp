@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "transport/liveness.h"
 #include "transport/protocol.h"
 
 #include <algorithm>
@@ -127,6 +128,11 @@ void set_abort_hook(std::function<void(const std::string&)> hook) {
   abort_hook() = std::move(hook);
 }
 
+void run_abort_hook(const std::string& what) {
+  static std::atomic<bool> ran{false};
+  if (abort_hook() && !ran.exchange(true)) abort_hook()(what);
+}
+
 void abort_job(const std::string& what) {
   // Once per process: when two threads find a fault at once (the coordinator's main thread a
   // silent rank in an exchange, its heartbeat thread an idle one of the same cut host), the
@@ -137,8 +143,8 @@ void abort_job(const std::string& what) {
   if (!reporting && aborting.exchange(true))
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   reporting = true;
-  static std::atomic<bool> hook_ran{false};
-  if (abort_hook() && !hook_ran.exchange(true)) abort_hook()(what);
+  liveness_report_error();  // the peers' liveness threads leave the report to this line
+  run_abort_hook(what);
   const RankIdentity& me = rank_identity();
   int initialized = 0, finalized = 0, size = 1;
   MPI_Initialized(&initialized);

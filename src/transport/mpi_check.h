@@ -36,6 +36,9 @@ void finish_early_hosts();
 // Runs once, first thing in abort_job, with its message: the server ends every client's stream
 // with an error before the job goes down. Empty: nothing. Set before serving, from one thread.
 void set_abort_hook(std::function<void(const std::string&)> hook);
+// Runs that hook (once per process, as abort_job would) without ending the job: another rank
+// reported an error and its abort is ending the job.
+void run_abort_hook(const std::string& what);
 
 void check_mpi(int code, const char* call, const char* file, int line);
 

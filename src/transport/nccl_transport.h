@@ -17,7 +17,8 @@
 // device x is gathered on the device when the wire is fp32 (else downloaded once); the expert
 // backends take host rows, so an expert rank downloads each payload once and uploads its reply.
 // An idle expert rank waits for the next request without a deadline (no heartbeat over NCCL):
-// a coordinator that ends is taken down by mpirun, a stopped one is not noticed here.
+// the liveness connection (transport/liveness.h) names a coordinator that dies or is stopped,
+// and the coordinator an idle gpu-expert rank that does.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -6,7 +6,7 @@
 //   2. ranks that disagree on a setting, or on the model's weight data, are refused with both
 //      ranks and the field named;
 //   3. the expert ranks notice a stopped or killed coordinator, even while it idles in --chat, and
-//      the idle coordinator notices a stopped expert rank.
+//      the idle coordinator notices a stopped or killed expert rank (on NCCL too, with a GPU).
 // Every case asserts the exit code, the message, the time to exit and that no process is left.
 #include <signal.h>
 
@@ -450,6 +450,65 @@ TEST(MpiFaults, AKilledIdleCoordinatorEndsTheJob) {
   EXPECT_LT(r.elapsed_s - r.action_elapsed_s, 5.0) << describe(r);
   EXPECT_NE(r.combined.find("rank 0 with PID"), std::string::npos) << describe(r);
   EXPECT_NE(r.combined.find("signal 9"), std::string::npos) << describe(r);
+}
+
+// The coordinator idles at its prompt; expert rank 2 is killed: its liveness connection closes
+// and the coordinator names it at once, before Open MPI's teardown (transport/liveness.h).
+TEST(MpiFaults, TheCoordinatorNamesAKilledExpertRankAtOnce) {
+  const JobResult r = run_idle_chat({}, signal_rank(2, SIGKILL));
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  ASSERT_GT(r.action_elapsed_s, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s - r.action_elapsed_s, 5.0) << describe(r);
+  const std::vector<std::string> lines = error_lines(r);
+  ASSERT_EQ(lines.size(), 1u) << describe(r);
+  EXPECT_EQ(lines[0].rfind("[" + rank_at(0) + "] error: " + rank_at(2) + " is gone: ", 0), 0u)
+      << describe(r);
+}
+
+// The same points for gpu-expert ranks whose exchange is NCCL (no heartbeat of its own): the
+// liveness connection names a stopped idle coordinator, and a stopped or killed idle gpu-expert
+// rank. They need a CUDA device and a build with NCCL.
+class NcclFaults : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef COLIBRI_HAVE_NCCL
+    GTEST_SKIP() << "built without NCCL";
+#endif
+    if (!fs::exists("/dev/nvidiactl")) GTEST_SKIP() << "no NVIDIA device (/dev/nvidiactl)";
+    layout_ = fs::path(::testing::TempDir()) / "nccl-faults.layout";
+    std::ofstream(layout_) << "0 coordinator\n1 gpu-expert 0\n2 cpu-expert\n";
+  }
+  JobResult run(const Args& extra, const JobAction& action) {
+    return run_idle_chat(plus({"--layout", layout_.string(), "--transport", "nccl"}, extra),
+                         action);
+  }
+  fs::path layout_;
+};
+
+TEST_F(NcclFaults, AGpuExpertRankNamesAStoppedIdleCoordinator) {
+  const JobResult r = run({"--rank-timeout", "2"}, signal_rank(0, SIGSTOP));
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s - r.action_elapsed_s, 2 + 4.0 + kAfterDeadlineSeconds) << describe(r);
+  EXPECT_NE(r.combined.find("the coordinator " + rank_at(0) + " is silent"), std::string::npos)
+      << describe(r);
+}
+
+TEST_F(NcclFaults, TheCoordinatorNamesAStoppedIdleGpuExpertRank) {
+  const JobResult r = run({"--rank-timeout", "2"}, signal_rank(1, SIGSTOP));
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s - r.action_elapsed_s, 2 + kAfterDeadlineSeconds) << describe(r);
+  EXPECT_NE(r.combined.find(rank_at(1) + " is silent"), std::string::npos) << describe(r);
+}
+
+TEST_F(NcclFaults, TheCoordinatorNamesAKilledGpuExpertRankAtOnce) {
+  const JobResult r = run({}, signal_rank(1, SIGKILL));
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_LT(r.elapsed_s - r.action_elapsed_s, 5.0) << describe(r);
+  EXPECT_NE(r.combined.find(rank_at(1) + " is gone"), std::string::npos) << describe(r);
 }
 
 }  // namespace
