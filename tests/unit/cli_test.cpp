@@ -452,15 +452,33 @@ TEST(CliArgs, EmptyPromptIdsAreRefusedNotReplacedByTheDefaultPrompt) {
 // Every flag the table gives to one kind of run (generation from the command line, --serve, a run
 // with a GPU), given for another, is refused naming it: it would be ignored.
 TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
-  const std::map<std::string, std::string> values = {
-      {"--prompt", "x"},       {"--prompt-ids", "1,2"}, {"--chat", ""},
-      {"--score", "x.txt"},    {"--chat-format", ""},   {"--think", "on"},
-      {"--ngen", "2"},         {"--temp", "0.5"},       {"--top-p", "0.9"},
-      {"--seed", "3"},         {"--ignore-eos", ""},    {"--logits-out", "l.npy"},
-      {"--output", "out.txt"}, {"--sequences", "2"},    {"--host", "127.0.0.1"},
-      {"--port", "8081"},      {"--api-key", "k"},      {"--max-batch-tokens", "64"},
-      {"--max-queue", "8"},    {"--max-body-mb", "2"},  {"--no-prefix-cache", ""},
-      {"--vram-gb", "1"},      {"--pcie-gbps", "20"},   {"--cpu-expert-gbps", "5"}};
+  const std::map<std::string, std::string> values = {{"--prompt", "x"},
+                                                     {"--prompt-ids", "1,2"},
+                                                     {"--chat", ""},
+                                                     {"--score", "x.txt"},
+                                                     {"--chat-format", ""},
+                                                     {"--think", "on"},
+                                                     {"--ngen", "2"},
+                                                     {"--temp", "0.5"},
+                                                     {"--top-p", "0.9"},
+                                                     {"--seed", "3"},
+                                                     {"--ignore-eos", ""},
+                                                     {"--logits-out", "l.npy"},
+                                                     {"--output", "out.txt"},
+                                                     {"--sequences", "2"},
+                                                     {"--host", "127.0.0.1"},
+                                                     {"--port", "8081"},
+                                                     {"--api-key", "k"},
+                                                     {"--max-batch-tokens", "64"},
+                                                     {"--max-queue", "8"},
+                                                     {"--max-body-mb", "2"},
+                                                     {"--no-prefix-cache", ""},
+                                                     {"--vram-gb", "1"},
+                                                     {"--pcie-gbps", "20"},
+                                                     {"--cpu-expert-gbps", "5"},
+                                                     {"--max-connections", "8"},
+                                                     {"--max-client-connections", "4"},
+                                                     {"--request-timeout", "5"}};
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
   int checked = 0;
@@ -508,6 +526,25 @@ TEST(CliArgs, EmptyApiKeyIsRefusedNotAnOpenServer) {
   const ScopedEnv empty("COLIBRI_API_KEY", "");
   expect_refused(run_node({"--model", dir.path().string(), "--serve"}, scratch.path()),
                  {"COLIBRI_API_KEY is set but empty"});
+}
+
+TEST(CliArgs, ConnectionLimitsOutOfRangeAreRefused) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  const auto serve = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> args = {"--model", dir.path().string(), "--serve"};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_node(args, scratch.path());
+  };
+  expect_refused(serve({"--request-timeout", "0"}), {"--request-timeout 0", "(0, 3600]"});
+  expect_refused(serve({"--request-timeout", "nan"}), {"--request-timeout nan"});
+  // Ranges checked by the option parser: its usage exit code, one line naming the flag.
+  for (const auto& [flag, value] :
+       {std::pair{"--max-connections", "0"}, std::pair{"--max-client-connections", "-1"}}) {
+    const RunResult r = serve({flag, value});
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(std::string("colibri-node: error: ") + flag)) << r.err;
+  }
 }
 
 TEST(CliArgs, EnvironmentKnobsAreCheckedAtStart) {
