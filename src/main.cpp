@@ -39,6 +39,7 @@
 #include "node/job_signals.h"
 #include "node/node.h"
 #include "tokenizer/tokenizer.h"
+#include "transport/liveness.h"
 #include "transport/mpi_check.h"
 #include "transport/watchdog.h"
 
@@ -466,6 +467,7 @@ int main(int argc, char** argv) {
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
     if (!initialized || finalized) return;
+    colibri::liveness_report_error();  // this line says why: the coordinator adds none
     const colibri::RankIdentity& self = colibri::rank_identity();
     std::fprintf(stderr, "[rank %d@%s] error: exit() before MPI_Finalize; the job ends\n",
                  self.rank, self.host.c_str());

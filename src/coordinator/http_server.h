@@ -2,6 +2,7 @@
 // The calling thread, which owns the engine and makes every MPI call, runs the Scheduler; the
 // HTTP pool's threads parse and check requests, submit them and stream their events. Routes:
 // POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+// Connections (a thread each, caps, the request deadline, a client that leaves): ConnectionServer.
 // SIGINT/SIGTERM drain: stop admitting, let running requests finish, return 0. In a job, a
 // signal that arrives while an exchange makes no progress (an expert rank died and Open MPI is
 // tearing the job down) ends every stream with an error event and exits non-zero.
