@@ -33,7 +33,48 @@ VramCostModel Node::vram_cost() const {
   return cost;
 }
 
+// What start-up carries from one stage to the next: the handshake's plan, how --split-linears
+// cuts the coordinator's linears, and the refusals every rank learns of together before the
+// engine is built.
+struct Node::Startup {
+  StartupPlan plan;
+  SplitOptions split;
+  int split_part = 0;        // this rank's index in split.ranks (size when it takes no part)
+  bool serves_rows = false;  // an expert rank serving rows of split linears
+  std::string split_error;   // why this rank cannot serve them ("" when it can)
+  StartupStatus status;      // a refusal found while building (collective below)
+  ComputeFactory coordinator_compute;  // the coordinator's forward on a GPU; empty: CPU
+  void refuse(const std::string& message) {
+    status.stop = status.is_error = true;
+    status.exit_code = 1;
+    status.message = message;
+  }
+};
+
 Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(options) {
+  Startup startup;
+  agree_on_plan(startup);
+  load_weights(startup);
+  ExchangeContext exchange = exchange_context(startup.plan);
+  if (size_ == 1)
+    build_alone(startup);
+  else if (is_coordinator())
+    build_coordinator(startup, exchange);
+  else
+    build_expert_rank(startup, exchange);
+  build_split_linears(startup);
+  check_coordinator(startup);
+  const StartupVerdict verdict =
+      agree_to_start(comm_, startup.status, startup_deadline("start-up (GPU expert backends)"));
+  if (verdict.reporter >= 0) throw StartupRefused(verdict.status.message);
+  if (is_coordinator()) build_engine(startup);
+  become_ready(startup);
+  profiler_->restart_epoch();
+}
+
+// Identity, the node-local rank, the model opened, and the handshake's plan (layout, placement,
+// wire, routing statistics) taken in.
+void Node::agree_on_plan(Startup& startup) {
   CHECK_MPI(MPI_Comm_rank(comm_, &rank_));
   CHECK_MPI(MPI_Comm_size(comm_, &size_));
   char host[MPI_MAX_PROCESSOR_NAME];
@@ -77,7 +118,8 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   input.rank_timeout_s = options_.rank_timeout_s;
   input.settings = options_.settings;
   input.deadline = startup_deadline("start-up (handshake)");
-  StartupPlan plan = handshake(comm_, checkpoint_ ? &config_ : nullptr, checkpoint_.get(), input);
+  StartupPlan& plan = startup.plan;
+  plan = handshake(comm_, checkpoint_ ? &config_ : nullptr, checkpoint_.get(), input);
   layout_ = std::move(plan.layout);
   placement_ = std::move(plan.placement);
   routing_stats_file_ = std::move(plan.routing_stats_file);
@@ -86,7 +128,13 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   model_identity_ = plan.model_identity;
   wire_type_ = plan.wire_type;
   raise_test_fault(options_.fault, TestFault::kLoad, rank_);
+}
 
+// This rank's weights: NUMA binding first, the profiler, the weights its role keeps (with
+// --split-linears, a row-serving rank's rows of them and its copy of the compressed cache), and
+// the store of its routed experts.
+void Node::load_weights(Startup& startup) {
+  const RankIdentity& me = rank_identity();
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
   // Before any weight is read: the rank's threads and memory on its node.
   if (spec.numa >= 0) bind_to_numa_node(spec.numa);
@@ -94,7 +142,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   profiler_ = std::make_unique<Profiler>(rank_, me.host, role_name(spec.role), config_.num_layers,
                                          options_.keep_trace);
   // --split-linears: the coordinator, then the cpu-expert ranks in rank order.
-  SplitOptions split;
+  SplitOptions& split = startup.split;
   split.max_rows = options_.max_rows;
   split.rank_timeout_s = options_.rank_timeout_s;
   // The engine's KV pool (Engine: KvManager's default blocks), which ranks attending copy.
@@ -108,16 +156,17 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
       if (r != layout_.coordinator() && layout_.ranks[size_t(r)].role == Role::kCpuExpert)
         split.ranks.push_back(r);
   }
-  const int split_part =
+  startup.split_part =
       int(std::find(split.ranks.begin(), split.ranks.end(), rank_) - split.ranks.begin());
-  const bool serves_rows = size_ > 1 && split_part > 0 && size_t(split_part) < split.ranks.size();
+  startup.serves_rows =
+      size_ > 1 && startup.split_part > 0 && size_t(startup.split_part) < split.ranks.size();
   LoadOptions load;
   if (is_coordinator()) {
     load.keep_stored = true;  // the engine runs int8/int4, BF16 and FP8 weights as stored
     if (size_ > 1) load.owns_expert = [](int, int) { return false; };
   } else {
     load.dense = false;
-    load.split_targets_only = serves_rows;  // its rows of the split linears are cut from them
+    load.split_targets_only = startup.serves_rows;  // its rows of the split linears are cut
     load.keep_stored = true;
     load.mtp = false;
     load.owns_expert = [](int, int) { return false; };  // held by expert_store_
@@ -126,26 +175,25 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   // A rank that serves rows keeps its own and frees the rest before its experts load; its copy of
   // the compressed cache (at most every layer's) must fit first.
   const int kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
-  std::string split_error =
-      serves_rows
-          ? memory_refusal(KvManager::pool_bytes(config_, kv_tokens, split.kv_block_tokens, false),
-                           fmt::format("its copy of the KV cache of {} tokens "
-                                       "(--kv-tokens)",
-                                       kv_tokens),
-                           available_memory_bytes(), me.name_of(rank_))
-          : std::string();
+  if (startup.serves_rows)
+    startup.split_error = memory_refusal(
+        KvManager::pool_bytes(config_, kv_tokens, split.kv_block_tokens, false),
+        fmt::format("its copy of the KV cache of {} tokens (--kv-tokens)", kv_tokens),
+        available_memory_bytes(), me.name_of(rank_));
   try {
-    if (serves_rows && split_error.empty()) {
-      linear_server_ =
-          std::make_unique<LinearServer>(comm_, config_, weights_, split_part, split, *profiler_);
+    if (startup.serves_rows && startup.split_error.empty()) {
+      linear_server_ = std::make_unique<LinearServer>(comm_, config_, weights_, startup.split_part,
+                                                      split, *profiler_);
       weights_ = ModelWeights();
     }
   } catch (const Error& e) {
-    split_error = e.what();
+    startup.split_error = e.what();
   }
   open_expert_store();
   profiler_->counters().weight_bytes_read = checkpoint_->bytes_loaded();
+}
 
+ExchangeContext Node::exchange_context(const StartupPlan& plan) {
   ExchangeContext exchange;
   exchange.comm = comm_;
   exchange.placement = &placement_;
@@ -166,109 +214,128 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
   exchange.nccl_ranks = plan.nccl_ranks;
   exchange.startup = startup_deadline("start-up (NCCL communicator)");
-  StartupStatus gpu_status;
-  const auto refuse = [&](const std::string& message) {
-    gpu_status.stop = gpu_status.is_error = true;
-    gpu_status.exit_code = 1;
-    gpu_status.message = message;
-  };
-  if (options_.gpu_experts && size_ > 1)
-    refuse(
-        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
-        "role in --layout");
-  if (size_ == 1 && options_.gpu_experts) {
+  return exchange;
+}
+
+// A single process: its routed experts on its CPU, or on its GPU with --experts gpu.
+void Node::build_alone(Startup& startup) {
+  if (options_.gpu_experts) {
     try {
       expert_backend_ =
           make_gpu_expert_backend(config_, weights_, choose_gpu(0, "this process"),
                                   gib_to_bytes(options_.vram_gb, "--vram-gb"), vram_cost());
     } catch (const Error& e) {
-      refuse(fmt::format("--experts gpu: {}", e.what()));
-    }
-    if (expert_backend_)
-      dispatcher_ =
-          std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
-  } else if (size_ == 1) {
-    expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
-    dispatcher_ =
-        std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
-  } else if (is_coordinator()) {
-    // The exchange (with NCCL, the communicator) is made by every rank, a failure refused
-    // collectively below.
-    try {
-      if (!exchange.nccl_ranks.empty()) exchange.device = choose_gpu(spec.gpu, me.name_of(rank_));
-      // Its own share of the routed experts (a ram_gb budget in its layout row), on its CPU.
-      std::unique_ptr<PartialDispatcher> own_experts;
-      if (expert_store_) {
-        expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
-        own_experts = std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size,
-                                                        profiler_.get());
-      }
-      dispatcher_ = make_dispatcher(exchange, std::move(own_experts));
-    } catch (const Error& e) {
-      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+      startup.refuse(fmt::format("--experts gpu: {}", e.what()));
     }
   } else {
-    // A gpu-expert rank uploads its experts to its GPU; a failure there (no such device, VRAM)
-    // is refused collectively, so that every rank stops and rank 0 can say why.
-    if (spec.role == Role::kGpuExpert) {
-      try {
-        const int device = choose_gpu(spec.gpu, me.name_of(rank_));
-        exchange.device = device;
-        expert_backend_ = make_gpu_expert_backend(
-            config_, *expert_store_, owned_, device,
-            gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"),
-            vram_cost());
-      } catch (const Error& e) {
-        refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
-      }
-    } else {
+    expert_backend_ = std::make_unique<CpuExpertBackend>(config_, weights_);
+  }
+  if (expert_backend_)
+    dispatcher_ =
+        std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
+}
+
+// The coordinator of a job: the exchange to the expert ranks (with NCCL, the communicator, made
+// by every rank; a failure refused collectively), and its own share of the routed experts when its
+// layout row gives it a RAM budget.
+void Node::build_coordinator(Startup& startup, ExchangeContext& exchange) {
+  const RankIdentity& me = rank_identity();
+  if (options_.gpu_experts)
+    startup.refuse(
+        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
+        "role in --layout");
+  try {
+    if (!exchange.nccl_ranks.empty())
+      exchange.device = choose_gpu(layout_.ranks[size_t(rank_)].gpu, me.name_of(rank_));
+    std::unique_ptr<PartialDispatcher> own_experts;
+    if (expert_store_) {
       expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
+      own_experts =
+          std::make_unique<LocalDispatcher>(*expert_backend_, config_.hidden_size, profiler_.get());
     }
-    try {
-      channel_ = make_expert_channel(exchange);
-      channel_->set_placement_handler(
-          [this](const PlacementChange& change) { on_placement_change(change); });
-      channel_->set_hint_handler([this](int layer, std::span<const int> experts) {
-        expert_backend_->hint(layer, experts);
-      });
-    } catch (const Error& e) {
-      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
-    }
+    dispatcher_ = make_dispatcher(exchange, std::move(own_experts));
+  } catch (const Error& e) {
+    startup.refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
   }
-  if (options_.split_linears) {
+}
+
+// An expert rank: a gpu-expert uploads its experts to its GPU (no such device, or too little VRAM,
+// is refused collectively, so that every rank stops and rank 0 can say why); then its channel to
+// the coordinator, with the handlers for a change of placement and for hints.
+void Node::build_expert_rank(Startup& startup, ExchangeContext& exchange) {
+  const RankIdentity& me = rank_identity();
+  const RankSpec& spec = layout_.ranks[size_t(rank_)];
+  if (options_.gpu_experts)
+    startup.refuse(
+        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
+        "role in --layout");
+  if (spec.role == Role::kGpuExpert) {
     try {
-      if (size_ == 1)
-        fail("--split-linears splits the coordinator's linears across ranks: run it under mpirun");
-      if (split.ranks.size() < 2) fail("--split-linears: the layout has no cpu-expert rank");
-      if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu))
-        fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
-      if (!split_error.empty()) fail("--split-linears: {}", split_error);
-      if (is_coordinator()) {
-        splitter_ = std::make_unique<LinearSplitter>(comm_, config_, weights_, split, *profiler_);
-      } else if (linear_server_) {
-        linear_server_->set_request_hook(
-            [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
-        linear_server_->set_corrupt_attention_at(options_.fault.corrupt_reply_at_layer);
-        if (channel_)
-          channel_->set_idle_work(
-              {[this] { return linear_server_->ready(); }, [this] { linear_server_->serve(); }});
-      }
+      const int device = choose_gpu(spec.gpu, me.name_of(rank_));
+      exchange.device = device;
+      expert_backend_ = make_gpu_expert_backend(
+          config_, *expert_store_, owned_, device,
+          gib_to_bytes(spec.vram_gb > 0 ? spec.vram_gb : options_.vram_gb, "VRAM budget"),
+          vram_cost());
     } catch (const Error& e) {
-      refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+      startup.refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
     }
+  } else {
+    expert_backend_ = std::make_unique<CpuExpertBackend>(config_, *expert_store_);
   }
-  // The coordinator's forward on a GPU: its layout row names one, or --coordinator-gpu.
-  ComputeFactory coordinator_compute;
+  try {
+    channel_ = make_expert_channel(exchange);
+    channel_->set_placement_handler(
+        [this](const PlacementChange& change) { on_placement_change(change); });
+    channel_->set_hint_handler(
+        [this](int layer, std::span<const int> experts) { expert_backend_->hint(layer, experts); });
+  } catch (const Error& e) {
+    startup.refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
+  }
+}
+
+// --split-linears: the coordinator's splitter, a row-serving rank's server (served between
+// expert requests), or the refusal that says why not.
+void Node::build_split_linears(Startup& startup) {
+  if (!options_.split_linears) return;
+  const RankSpec& spec = layout_.ranks[size_t(rank_)];
+  try {
+    if (size_ == 1)
+      fail("--split-linears splits the coordinator's linears across ranks: run it under mpirun");
+    if (startup.split.ranks.size() < 2) fail("--split-linears: the layout has no cpu-expert rank");
+    if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu))
+      fail("--split-linears: the coordinator's forward runs on its GPU, not on the CPU");
+    if (!startup.split_error.empty()) fail("--split-linears: {}", startup.split_error);
+    if (is_coordinator()) {
+      splitter_ =
+          std::make_unique<LinearSplitter>(comm_, config_, weights_, startup.split, *profiler_);
+    } else if (linear_server_) {
+      linear_server_->set_request_hook(
+          [this](int layer) { raise_test_fault(options_.fault, layer, fault_requests_, rank_); });
+      linear_server_->set_corrupt_attention_at(options_.fault.corrupt_reply_at_layer);
+      if (channel_)
+        channel_->set_idle_work(
+            {[this] { return linear_server_->ready(); }, [this] { linear_server_->serve(); }});
+    }
+  } catch (const Error& e) {
+    startup.refuse(fmt::format("{}: {}", rank_identity().name_of(rank_), e.what()));
+  }
+}
+
+// The coordinator's forward on a GPU (its layout row names one, or --coordinator-gpu), what
+// --repin-every needs, and its KV pool in RAM against the memory available.
+void Node::check_coordinator(Startup& startup) {
+  const RankSpec& spec = layout_.ranks[size_t(rank_)];
   if (options_.coordinator_gpu && size_ > 1)
-    refuse(
+    startup.refuse(
         "--coordinator-gpu is for a single process; under mpirun, give the coordinator's layout "
         "row a gpu");
   else if (is_coordinator() && (spec.gpu >= 0 || options_.coordinator_gpu)) {
     try {
-      coordinator_compute =
-          make_gpu_coordinator(choose_gpu(std::max(spec.gpu, 0), me.name_of(rank_)));
+      startup.coordinator_compute =
+          make_gpu_coordinator(choose_gpu(std::max(spec.gpu, 0), rank_identity().name_of(rank_)));
     } catch (const Error& e) {
-      refuse(fmt::format("the coordinator on a GPU: {}", e.what()));
+      startup.refuse(fmt::format("the coordinator on a GPU: {}", e.what()));
     }
   }
   if (is_coordinator() && options_.repin_every > 0) {
@@ -277,50 +344,52 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
                          [role](const RankSpec& r) { return r.role == role; });
     };
     if (size_ == 1)
-      refuse("--repin-every moves experts between ranks: run it under mpirun");
+      startup.refuse("--repin-every moves experts between ranks: run it under mpirun");
     else if (placement_.heat.empty())
-      refuse("--repin-every re-places experts by their heat: it needs --placement heat");
-    else if (roles(Role::kGpuExpert) || !plan.nccl_ranks.empty())
-      refuse(
+      startup.refuse("--repin-every re-places experts by their heat: it needs --placement heat");
+    else if (roles(Role::kGpuExpert) || !startup.plan.nccl_ranks.empty())
+      startup.refuse(
           "--repin-every moves experts between CPU ranks over MPI; the layout has gpu-expert "
           "ranks");
   }
   // The coordinator's KV pool in RAM is allocated with the engine, below.
-  if (is_coordinator() && !coordinator_compute && gpu_status.message.empty())
+  const int kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
+  if (is_coordinator() && !startup.coordinator_compute && startup.status.message.empty())
     if (const std::string r =
             memory_refusal(KvManager::pool_bytes(config_, kv_tokens),
                            fmt::format("the KV pool of {} tokens (--kv-tokens)", kv_tokens),
-                           available_memory_bytes(), me.name_of(rank_));
+                           available_memory_bytes(), rank_identity().name_of(rank_));
         !r.empty())
-      refuse(r);
-  const StartupVerdict gpu_verdict =
-      agree_to_start(comm_, gpu_status, startup_deadline("start-up (GPU expert backends)"));
-  if (gpu_verdict.reporter >= 0) throw StartupRefused(gpu_verdict.status.message);
-  if (is_coordinator()) {
-    EngineOptions engine;
-    engine.max_rows = options_.max_rows;
-    engine.kv_tokens = options_.kv_tokens;
-    engine.max_seqs = options_.max_seqs;
-    engine.prefetch_ahead = options_.prefetch_ahead;
-    engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
-                                       profiler_.get(), coordinator_compute);
-    if (options_.repin_every > 0) {
-      RepinOptions repin;
-      repin.every_tokens = options_.repin_every;
-      repin.max_moves = options_.repin_max_moves;
-      repin.replicas = options_.replicas;
-      repinner_ = std::make_unique<Repinner>(config_, layout_, expert_bytes(), repin, placement_,
-                                             *dispatcher_, expert_store_.get(), rank_);
-      engine_->set_step_hook([this](int rows) { repinner_->after_step(engine_->routes(), rows); });
-      engine_->set_repin_stats(&repinner_->stats());
-    }
+      startup.refuse(r);
+}
+
+void Node::build_engine(Startup& startup) {
+  EngineOptions engine;
+  engine.max_rows = options_.max_rows;
+  engine.kv_tokens = options_.kv_tokens;
+  engine.max_seqs = options_.max_seqs;
+  engine.prefetch_ahead = options_.prefetch_ahead;
+  engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
+                                     profiler_.get(), startup.coordinator_compute);
+  if (options_.repin_every > 0) {
+    RepinOptions repin;
+    repin.every_tokens = options_.repin_every;
+    repin.max_moves = options_.repin_max_moves;
+    repin.replicas = options_.replicas;
+    repinner_ = std::make_unique<Repinner>(config_, layout_, expert_bytes(), repin, placement_,
+                                           *dispatcher_, expert_store_.get(), rank_);
+    engine_->set_step_hook([this](int rows) { repinner_->after_step(engine_->routes(), rows); });
+    engine_->set_repin_stats(&repinner_->stats());
   }
-  // Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
-  // resident-memory line and answers with its liveness address (transport/liveness.h).
+}
+
+// Every rank has loaded its weights and built its exchange; the coordinator keeps each rank's
+// resident-memory line and answers with its liveness address (transport/liveness.h).
+void Node::become_ready(const Startup& startup) {
   LivenessOptions liveness;
   liveness.silence_s = options_.rank_timeout_s;
   liveness.period_s = std::clamp(options_.rank_timeout_s / 8, 0.05, 1.0);
-  for (int r : plan.nccl_ranks)  // their exchange has no heartbeat of its own
+  for (int r : startup.plan.nccl_ranks)  // their exchange has no heartbeat of its own
     if (r != layout_.coordinator()) liveness.silence.push_back(r);
   if (size_ > 1 && is_coordinator()) {
     std::vector<int> others;
@@ -334,7 +403,7 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
     }
   }
   const std::string liveness_address = agree_within(
-      comm_, layout_.coordinator(), memory_line(me.host),
+      comm_, layout_.coordinator(), memory_line(rank_identity().host),
       [this](const std::vector<std::string>& lines) {
         memory_report_ = lines;
         return liveness_hub_ ? liveness_hub_->address() : std::string();
@@ -343,7 +412,6 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   if (size_ > 1 && !is_coordinator() && !liveness_address.empty())
     liveness_link_ =
         std::make_unique<LivenessLink>(rank_, layout_.coordinator(), liveness_address, liveness);
-  profiler_->restart_epoch();
 }
 
 void Node::on_placement_change(const PlacementChange& change) {

@@ -25,6 +25,7 @@
 #include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/vram_tier.h"
+#include "transport/exchange.h"
 #include "transport/liveness.h"
 #include "transport/split_linear.h"
 #include "transport/transport.h"
@@ -124,6 +125,19 @@ class Node {
   std::vector<RankReport> gather_reports();
 
  private:
+  // Start-up, in stages (node.cpp): every rank agrees on the plan and loads its weights, then
+  // the builder of its role makes its side of the exchange; refusals are collective.
+  struct Startup;
+  void agree_on_plan(Startup& startup);
+  void load_weights(Startup& startup);
+  ExchangeContext exchange_context(const StartupPlan& plan);
+  void build_alone(Startup& startup);
+  void build_coordinator(Startup& startup, ExchangeContext& exchange);
+  void build_expert_rank(Startup& startup, ExchangeContext& exchange);
+  void build_split_linears(Startup& startup);
+  void check_coordinator(Startup& startup);
+  void build_engine(Startup& startup);
+  void become_ready(const Startup& startup);
   // Expert rank: the store of owned routed experts, refused (collectively) when its projected
   // peak memory exceeds MemAvailable.
   void open_expert_store();
