@@ -39,6 +39,7 @@
 #include "node/job_signals.h"
 #include "node/node.h"
 #include "tokenizer/tokenizer.h"
+#include "plan/plan_main.h"
 #include "transport/liveness.h"
 #include "transport/mpi_check.h"
 #include "transport/watchdog.h"
@@ -440,6 +441,9 @@ void raise_early_test_fault() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Subcommands that need no MPI.
+  if (argc > 1 && std::string_view(argv[1]) == "plan")
+    return colibri::plan_main(argc - 1, argv + 1);
   // The coordinator's heartbeat to the expert ranks is sent from its own thread.
   // MPI_Init waits for every rank without a deadline of its own: the watchdog gives it one.
   const double init_timeout_s =

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 const std::map<std::string, int> kFloors = {
     {"common", 0}, {"cpu", 0},   {"cuda", 1},   {"tokenizer", 1}, {"model", 1},
     {"moe", 2},    {"rank", 3},  {"oracle", 3}, {"transport", 4}, {"coordinator", 5},
-    {"node", 6},   {"tools", 6}, {"", 7},  // src/main.cpp
+    {"node", 6},   {"tools", 6}, {"plan", 7},   {"", 8},  // src/main.cpp
 };
 
 // Upward includes still to remove: "file -> include".

@@ -1,0 +1,140 @@
+// `colibri-node plan`: the plan of a layout on a hardware description (plan/plan.h), printed as
+// a table or JSON. Needs no MPI and reads no weight data (the checkpoint's headers at most).
+#include "plan/plan_main.h"
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/error.h"
+#include "model/checkpoint.h"
+#include "model/container.h"
+#include "moe/routing_stats.h"
+#include "node/handshake.h"
+#include "plan/plan.h"
+
+namespace colibri {
+namespace {
+
+std::string read_text(const std::filesystem::path& path, const char* what) {
+  std::ifstream in(path);
+  if (!in) fail("{} {}: cannot be read", what, path.string());
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The routed experts' format as stored in `checkpoint`: a container's int8/int4, BF16 or FP8.
+std::string stored_format(const ModelConfig& config, const Checkpoint& checkpoint) {
+  int layer = 0;
+  while (layer < config.num_layers && !config.layer_is_moe[size_t(layer)]) ++layer;
+  const TensorView* w =
+      checkpoint.find(fmt::format("model.layers.{}.mlp.experts.0.gate_proj.weight", layer));
+  if (!w) return config.fp8_block ? "fp8" : "bf16";
+  if (w->dtype == Dtype::U8 &&
+      checkpoint.find(fmt::format("model.layers.{}.mlp.experts.0.gate_proj.weight{}", layer,
+                                  kQuantScaleSuffix)))
+    return uint64_t(w->nbytes) * 2 <=
+                   uint64_t(config.moe_intermediate_size) * uint64_t(config.hidden_size)
+               ? "int4"
+               : "int8";
+  if (w->dtype == Dtype::F8_E4M3) return "fp8";
+  return "bf16";
+}
+
+}  // namespace
+
+int plan_main(int argc, char** argv) {
+  CLI::App app{
+      "colibri-node plan: what a layout will do on a machine, before it runs: per rank its role, "
+      "tiers and bytes; predicted decode tok/s, time to first token, and which rank and resource "
+      "is the slowest, with every constant and its source."};
+  std::string model, layout_file, hardware_file, placement_name = "balanced", routing_stats,
+                                                 weights, wire = "f32";
+  int np = 0, replicas = 0, prompt_tokens = 1024, context = 1024;
+  std::vector<int> batches = {1, 4, 16, 64};
+  bool as_json = false;
+  app.add_option("--model", model, "model directory (config.json; the checkpoint if present)")
+      ->required();
+  app.add_option("--hardware", hardware_file, "hardware description (JSON, docs/PLAN.md)")
+      ->required();
+  app.add_option("--np", np, "ranks of the plain `mpirun -np N colibri-node` on the first host");
+  app.add_option("--layout", layout_file, "layout file (docs/LAUNCH.md), instead of --np");
+  app.add_option("--placement", placement_name, "placement policy, as a run's --placement");
+  app.add_option("--replicas", replicas, "extra copies per MoE layer (--placement heat)");
+  app.add_option("--routing-stats", routing_stats, "routing statistics for --placement heat");
+  app.add_option("--weights", weights,
+                 "routed experts' format: bf16, fp8, int8, int4 (default: as stored, else bf16 "
+                 "or the config's fp8)");
+  app.add_option("--wire", wire, "exchange activations: f32 or bf16");
+  app.add_option("--batches", batches, "decode rows per step to predict")->delimiter(',');
+  app.add_option("--prompt-tokens", prompt_tokens, "prompt length for the time to first token");
+  app.add_option("--context", context, "tokens each decode row attends to");
+  app.add_flag("--json", as_json, "print JSON instead of the table");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    const ModelConfig config = load_model_config(model);
+    std::unique_ptr<Checkpoint> checkpoint;
+    if (std::filesystem::exists(std::filesystem::path(model) / "model.safetensors") ||
+        std::filesystem::exists(std::filesystem::path(model) / "model.safetensors.index.json"))
+      checkpoint = std::make_unique<Checkpoint>(model, config.fp8_block);
+    if (weights.empty())
+      weights =
+          checkpoint ? stored_format(config, *checkpoint) : (config.fp8_block ? "fp8" : "bf16");
+    const Hardware hardware = parse_hardware(read_text(hardware_file, "--hardware"), hardware_file);
+    if ((np > 0) == !layout_file.empty()) fail("plan: give --np N or --layout FILE (one of them)");
+    if (wire != "f32" && wire != "bf16") fail("--wire '{}': expected f32 or bf16", wire);
+    if (prompt_tokens < 1 || context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
+    for (int b : batches)
+      if (b < 1) fail("--batches: {} rows is not a batch", b);
+    Layout layout;
+    if (!layout_file.empty()) {
+      // Its rows (comments and blank lines left out) are the job's ranks.
+      const std::string text = read_text(layout_file, "--layout");
+      std::istringstream lines(text);
+      int rows = 0;
+      for (std::string line; std::getline(lines, line);)
+        if (line.substr(0, line.find('#')).find_first_not_of(" \t\r") != std::string::npos) ++rows;
+      layout = parse_layout(text, layout_file, std::max(rows, 1));
+    } else {
+      std::vector<int> local(static_cast<size_t>(np)), host_index(static_cast<size_t>(np), 0);
+      for (int i = 0; i < np; ++i) local[size_t(i)] = i;
+      const std::vector<int> gpus(static_cast<size_t>(np), int(hardware.hosts.front().gpus.size()));
+      layout = default_layout(np, local, gpus, host_index);
+    }
+    const ModelBytes bytes = model_bytes(config, weights);
+    RoutingStats stats;
+    if (!routing_stats.empty()) {
+      if (!checkpoint)
+        fail("--routing-stats: {} has no checkpoint to check the statistics against", model);
+      stats =
+          read_routing_stats(routing_stats, config.num_layers, config.n_routed_experts,
+                             {model_hash(model, *checkpoint), weights_fingerprint(*checkpoint)});
+    }
+    const PlacementTable placement =
+        make_placement(config, layout, parse_placement_policy(placement_name), bytes.expert,
+                       routing_stats.empty() ? nullptr : &stats, replicas);
+    PlanOptions options;
+    options.batches = batches;
+    options.prompt_tokens = prompt_tokens;
+    options.context_tokens = context;
+    options.wire_bytes = wire == "bf16" ? 2 : 4;
+    const Plan plan = make_plan(config, bytes, layout, placement, hardware, options);
+    std::fputs((as_json ? plan_json(plan) : format_plan(plan)).c_str(), stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "colibri-node plan: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace colibri

@@ -1,0 +1,208 @@
+// colibri-node plan (src/plan/plan.h): the critical path of a hand-made machine against a hand
+// computation, budgets kept, hardware descriptions refused naming the field, and the subcommand.
+#include "plan/plan.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "model_writer.h"
+#include "plan/plan_main.h"
+
+namespace colibri {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+// The tiny model with two routed experts, both routed for every row: a step's expert part has
+// no chance in it.
+ModelConfig every_expert_routed() {
+  test::TinyModel tiny;
+  tiny.config["n_routed_experts"] = 2;
+  tiny.config["num_experts_per_tok"] = 2;
+  tiny.config["n_group"] = 1;
+  tiny.config["topk_group"] = 1;
+  return parse_model_config(tiny.config.dump(), "tiny config.json");
+}
+
+// One host, one socket of 10 GB/s (10 a core, 2 cores), compute that never binds, a disk of 1 GB/s,
+// exchange 10 us + 1 GB/s.
+const char* kMachine = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
+    "core_gbps": 10, "gflops": 1e9}], "disk_gbps": 1}],
+    "links": {"shm_us": 10, "shm_gbps": 1}})";
+
+Layout three_ranks(double ram_gb = 0) {
+  std::string text = "0 coordinator\n";
+  for (int r = 1; r <= 2; ++r)
+    text += ram_gb > 0 ? fmt::format("{} cpu-expert - - {}\n", r, ram_gb)
+                       : fmt::format("{} cpu-expert\n", r);
+  return parse_layout(text, "test layout", 3);
+}
+
+TEST(Plan, TheCriticalPathOfAHandMadeMachineIsTheHandComputation) {
+  const ModelConfig config = every_expert_routed();
+  const ModelBytes bytes = model_bytes(config, "bf16");
+  const Layout layout = three_ranks();
+  const PlacementTable placement =
+      make_placement(config, layout, PlacementPolicy::kBalanced, bytes.expert);
+  const Hardware hw = parse_hardware(kMachine, "machine.json");
+  PlanOptions options;
+  options.batches = {1, 3};
+  options.context_tokens = 100;
+  options.samples = 16;
+  const Plan plan = make_plan(config, bytes, layout, placement, hw, options);
+  ASSERT_EQ(plan.batches.size(), 2u);
+  // Two expert ranks share the socket: 5 GB/s each (one core's 10 is not the limit). Each holds
+  // one expert and reads it once a step; its exchange is 10 us + rows x hidden x 4 B x 2 at 1 GB/s.
+  for (const BatchPlan& b : plan.batches) {
+    const double read = double(bytes.expert) / 5e9;
+    const double link = 10e-6 + double(b.rows) * config.hidden_size * 4 * 2 / 1e9;
+    EXPECT_NEAR(b.experts_s, read + link, 1e-12) << b.rows << " rows";
+    // The coordinator: every layer's dense weights and the head at 10 GB/s, and each row's KV
+    // reads of 100 tokens.
+    double coordinator = double(bytes.head) / 10e9;
+    for (uint64_t layer : bytes.dense_layer) coordinator += double(layer) / 10e9;
+    coordinator += double(bytes.kv_per_token) * 100 * b.rows / 10e9;
+    EXPECT_NEAR(b.coordinator_s, coordinator, 1e-12) << b.rows << " rows";
+    EXPECT_NEAR(b.decode_tok_s, b.rows / (coordinator + read + link), 1e-6);
+  }
+  // Both owners are as slow: between them they are the slowest of every sampled layer.
+  EXPECT_DOUBLE_EQ(plan.ranks[1].slowest_share + plan.ranks[2].slowest_share, 1.0);
+  // What the slowest spent most time on: the exchange's 10 us, against the expert's read.
+  const double read = double(bytes.expert) / 5e9, link = 10e-6 + config.hidden_size * 4 * 2 / 1e9;
+  EXPECT_EQ(plan.ranks[1].slowest_by, link > read ? "link" : "ram");
+}
+
+TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
+  test::TinyModel tiny;
+  tiny.config["n_routed_experts"] = 16;
+  tiny.config["num_experts_per_tok"] = 4;
+  const ModelConfig config = parse_model_config(tiny.config.dump(), "tiny config.json");
+  const ModelBytes bytes = model_bytes(config, "int4");
+  // Room for 3 of each rank's 8 experts.
+  const double ram_gb = 3.5 * double(bytes.expert) / 1e9;
+  const Layout layout = three_ranks(ram_gb);
+  const PlacementTable placement =
+      make_placement(config, layout, PlacementPolicy::kBalanced, bytes.expert);
+  const Plan plan = make_plan(config, bytes, layout, placement,
+                              parse_hardware(kMachine, "machine.json"), PlanOptions{});
+  uint64_t held = 0;
+  for (int r = 1; r <= 2; ++r) {
+    const RankPlan& rank = plan.ranks[size_t(r)];
+    EXPECT_LE(double(rank.ram_bytes), ram_gb * 1e9) << "rank " << r;
+    EXPECT_EQ(rank.ram_bytes, 3 * bytes.expert) << "rank " << r;
+    EXPECT_EQ(rank.vram_bytes, 0u);
+    held += rank.ram_bytes + rank.disk_bytes;
+  }
+  EXPECT_EQ(held, uint64_t(config.num_moe_layers()) * 16 * bytes.expert);
+  // The experts on disk (0.5 GB/s a rank, against 5 from RAM) make the step's expert part
+  // slower than with every expert resident.
+  const Layout resident = three_ranks();
+  const Plan all_in_ram =
+      make_plan(config, bytes, resident,
+                make_placement(config, resident, PlacementPolicy::kBalanced, bytes.expert),
+                parse_hardware(kMachine, "machine.json"), PlanOptions{});
+  for (size_t b = 0; b < plan.batches.size(); ++b)
+    EXPECT_GT(plan.batches[b].experts_s, all_in_ram.batches[b].experts_s) << b;
+  EXPECT_EQ(all_in_ram.ranks[1].disk_bytes, 0u);
+}
+
+TEST(Plan, AHardwareDescriptionMissingAFieldIsRefusedNamingIt) {
+  try {
+    parse_hardware(R"({"hosts": [{"name": "a", "sockets": [{"cores": 4, "gflops": 1}],
+                       "disk_gbps": 1}]})",
+                   "hw.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hw.json: hosts[0].sockets[0]: missing \"mem_gbps\""));
+  }
+  try {
+    parse_hardware(R"({"hosts": [{"name": "a", "sockets": [{"cores": 4, "mem_gbps": -1,
+                       "gflops": 1}], "disk_gbps": 1}]})",
+                   "hw.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("\"mem_gbps\" must be a finite number >= 0"));
+  }
+  EXPECT_THROW(parse_hardware("[]", "hw.json"), Error);
+  // A rank on a GPU the host does not have.
+  const ModelConfig config = every_expert_routed();
+  const ModelBytes bytes = model_bytes(config, "bf16");
+  const Layout layout = parse_layout("0 coordinator\n1 gpu-expert 0\n", "l", 2);
+  try {
+    make_plan(config, bytes, layout,
+              make_placement(config, layout, PlacementPolicy::kBalanced, bytes.expert),
+              parse_hardware(kMachine, "machine.json"), PlanOptions{});
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank 1: GPU 0 is not in host 'box' (0 GPUs)"));
+  }
+}
+
+TEST(Plan, ConstantsSayWhereTheyCameFrom) {
+  const Hardware hw = parse_hardware(kMachine, "machine.json");
+  bool link_from_file = false, link_default = false;
+  for (const PlanConstant& c : hw.constants) {
+    if (c.name == "exchange shm_us") link_from_file = c.source == "machine.json" && c.value == 10;
+    if (c.name == "exchange link_us") link_default = c.source == "default";
+  }
+  EXPECT_TRUE(link_from_file);
+  EXPECT_TRUE(link_default);
+}
+
+// The subcommand as a script uses it: --np on the embedded model, JSON with the keys scripts rely
+// on; a missing layout choice and a bad hardware file are one error line and exit 1.
+int run_plan(std::vector<std::string> args, std::string* out, std::string* err) {
+  args.insert(args.begin(), "plan");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = plan_main(int(argv.size()), argv.data());
+  *out = ::testing::internal::GetCapturedStdout();
+  *err = ::testing::internal::GetCapturedStderr();
+  return code;
+}
+
+TEST(PlanCommand, JsonCarriesDecodeTtftAndTheCriticalPath) {
+  test::TempDir dir;
+  const std::string hardware = (dir.path() / "machine.json").string();
+  std::ofstream(hardware) << kMachine;
+  const std::string model =
+      (std::filesystem::path(COLIBRI_TEST_DATA) / ".." / ".." / "models" / "glm5-tiny-kjv")
+          .string();
+  std::string out, err;
+  ASSERT_EQ(run_plan({"--model", model, "--hardware", hardware, "--np", "3", "--json"}, &out, &err),
+            0)
+      << err;
+  const json plan = json::parse(out);
+  EXPECT_GT(plan["decode_tok_s"]["1"].get<double>(), 0);
+  EXPECT_GT(plan["decode_tok_s"]["64"].get<double>(), plan["decode_tok_s"]["1"].get<double>());
+  EXPECT_GT(plan["ttft_s"].get<double>(), 0);
+  ASSERT_EQ(plan["ranks"].size(), 3u);
+  EXPECT_EQ(plan["ranks"][0]["role"], "coordinator");
+  EXPECT_EQ(plan["critical_path"].size(), 3u);
+  // Every routed expert is held once (no replicas): the owners' bytes add up to all of them.
+  uint64_t held = 0;
+  for (const json& r : plan["ranks"])
+    held += r["vram_bytes"].get<uint64_t>() + r["ram_bytes"].get<uint64_t>() +
+            r["disk_bytes"].get<uint64_t>();
+  EXPECT_GT(held, 0u);
+
+  EXPECT_EQ(run_plan({"--model", model, "--hardware", hardware}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("give --np N or --layout FILE"));
+  std::ofstream(hardware) << "{\"hosts\": []}";
+  EXPECT_EQ(run_plan({"--model", model, "--hardware", hardware, "--np", "3"}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("\"hosts\" must be a non-empty array"));
+}
+
+}  // namespace
+}  // namespace colibri
