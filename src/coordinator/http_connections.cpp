@@ -208,15 +208,14 @@ struct ConnectionServer::State {
 };
 
 ConnectionServer::ConnectionServer(const ConnectionLimits& limits)
-    : state_(new State), limits_(limits) {
+    : state_(std::make_unique<State>()), limits_(limits) {
   const int max_threads = limits_.max_connections + 256;
   new_task_queue = [max_threads] { return new ThreadPerConnection(max_threads); };
   set_keep_alive_max_count(limits_.keep_alive_max_requests);
+  set_keep_alive_timeout(time_t(std::ceil(limits_.keep_alive_timeout_s)));  // the header it sends
 }
 
-ConnectionServer::~ConnectionServer() {
-  delete state_;
-}
+ConnectionServer::~ConnectionServer() = default;
 
 bool ConnectionServer::stopping() const {
   return svr_sock_ == INVALID_SOCKET;

@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace colibri {
@@ -50,7 +51,7 @@ class ConnectionServer : public httplib::Server {
   bool stopping() const;  // stop() was called (is_running() turns false only after the drain)
 
   struct State;
-  State* state_;
+  std::unique_ptr<State> state_;
   ConnectionLimits limits_;
 };
 
