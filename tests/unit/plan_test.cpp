@@ -113,6 +113,19 @@ TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
   for (size_t b = 0; b < plan.batches.size(); ++b)
     EXPECT_GT(plan.batches[b].experts_s, all_in_ram.batches[b].experts_s) << b;
   EXPECT_EQ(all_in_ram.ranks[1].disk_bytes, 0u);
+  // Replicas take room in their holders' budgets too.
+  const PlacementTable replicated =
+      make_placement(config, layout, PlacementPolicy::kHeat, bytes.expert, nullptr, 4);
+  const Plan with_replicas = make_plan(config, bytes, layout, replicated,
+                                       parse_hardware(kMachine, "machine.json"), PlanOptions{});
+  uint64_t copies = 0;
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_LE(double(with_replicas.ranks[size_t(r)].ram_bytes), ram_gb * 1e9) << "rank " << r;
+    copies += with_replicas.ranks[size_t(r)].ram_bytes + with_replicas.ranks[size_t(r)].disk_bytes;
+  }
+  EXPECT_EQ(copies,
+            (uint64_t(config.num_moe_layers()) * 16 + uint64_t(replicated.replica_count())) *
+                bytes.expert);
 }
 
 TEST(Plan, AHardwareDescriptionMissingAFieldIsRefusedNamingIt) {
