@@ -204,7 +204,6 @@ struct ConnectionServer::State {
   std::mutex mutex;
   int open = 0;
   std::map<std::string, int> per_client;
-  size_t refused = 0;
 };
 
 ConnectionServer::ConnectionServer(const ConnectionLimits& limits)
@@ -233,11 +232,6 @@ bool ConnectionServer::request_timed_out() {
   return t_connection && t_connection->timed_out();
 }
 
-size_t ConnectionServer::refused() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->refused;
-}
-
 bool ConnectionServer::process_and_close_socket(int sock) {
   const std::string client = peer_address(sock);
   std::string refusal;
@@ -252,10 +246,7 @@ bool ConnectionServer::process_and_close_socket(int sock) {
       ++state_->open;
       ++mine;
     }
-    if (!refusal.empty()) {
-      ++state_->refused;
-      if (mine == 0) state_->per_client.erase(client);
-    }
+    if (!refusal.empty() && mine == 0) state_->per_client.erase(client);
   }
   ConnectionStream stream(sock, limits_);
   const auto answer_raw = [&](int status, const char* reason, const std::string& message) {

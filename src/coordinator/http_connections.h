@@ -39,9 +39,6 @@ class ConnectionServer : public httplib::Server {
   // On the error handler's thread: the request being answered ran past request_timeout_s.
   static bool request_timed_out();
 
-  // Connections refused at the caps so far.
-  size_t refused() const;
-
   // The body of an answer written without cpp-httplib (503 at a cap, 408 for a request that
   // stalled before it was read); also where such answers are counted.
   std::function<std::string(int status, const std::string& message)> on_raw_error;

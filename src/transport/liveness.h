@@ -14,8 +14,8 @@
 // - an expert rank: the coordinator's connection closing without 'E' or 'B' ends this rank after
 //   kAbortTeardownSeconds (mpirun's teardown normally comes first); silence for `silence_s`
 //   (plus the same margin) names the coordinator silent, where the exchange has no heartbeat.
-// The connection is refused nothing: a rank that cannot reach the coordinator's address (a
-// firewall between hosts) is named in a warning and left to mpirun's teardown.
+// Nothing waits on the connection being made: a rank that cannot reach the coordinator's address
+// (a firewall between hosts) says so in a warning and is left to mpirun's teardown.
 #pragma once
 
 #include <atomic>
@@ -42,7 +42,8 @@ class LivenessHub {
 
   // What the other ranks connect to (LivenessLink's `address`).
   const std::string& address() const { return address_; }
-  // The job ends normally: every rank is told ('B') and nothing is checked any more.
+  // The job ends normally: every rank is told ('B') and nothing is checked any more. The
+  // destructor does the same when end() was not called.
   void end();
 
  private:
