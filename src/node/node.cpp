@@ -39,6 +39,7 @@ VramCostModel Node::vram_cost() const {
 struct Node::Startup {
   StartupPlan plan;
   SplitOptions split;
+  int kv_tokens = 0;         // --kv-tokens, or the model's default
   int split_part = 0;        // this rank's index in split.ranks (size when it takes no part)
   bool serves_rows = false;  // an expert rank serving rows of split linears
   std::string split_error;   // why this rank cannot serve them ("" when it can)
@@ -56,6 +57,10 @@ Node::Node(MPI_Comm comm, const NodeOptions& options) : comm_(comm), options_(op
   agree_on_plan(startup);
   load_weights(startup);
   ExchangeContext exchange = exchange_context(startup.plan);
+  if (options_.gpu_experts && size_ > 1)
+    startup.refuse(
+        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
+        "role in --layout");
   if (size_ == 1)
     build_alone(startup);
   else if (is_coordinator())
@@ -147,9 +152,8 @@ void Node::load_weights(Startup& startup) {
   split.rank_timeout_s = options_.rank_timeout_s;
   // The engine's KV pool (Engine: KvManager's default blocks), which ranks attending copy.
   split.kv_block_tokens = KvManager::kDefaultBlockTokens;
-  split.kv_blocks = KvManager::pool_blocks(
-      options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_),
-      split.kv_block_tokens);
+  startup.kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
+  split.kv_blocks = KvManager::pool_blocks(startup.kv_tokens, split.kv_block_tokens);
   if (options_.split_linears) {
     split.ranks.push_back(layout_.coordinator());
     for (int r = 0; r < size_; ++r)
@@ -174,7 +178,7 @@ void Node::load_weights(Startup& startup) {
   weights_ = load_model_weights(config_, *checkpoint_, load);
   // A rank that serves rows keeps its own and frees the rest before its experts load; its copy of
   // the compressed cache (at most every layer's) must fit first.
-  const int kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
+  const int kv_tokens = startup.kv_tokens;
   if (startup.serves_rows)
     startup.split_error = memory_refusal(
         KvManager::pool_bytes(config_, kv_tokens, split.kv_block_tokens, false),
@@ -240,10 +244,6 @@ void Node::build_alone(Startup& startup) {
 // layout row gives it a RAM budget.
 void Node::build_coordinator(Startup& startup, ExchangeContext& exchange) {
   const RankIdentity& me = rank_identity();
-  if (options_.gpu_experts)
-    startup.refuse(
-        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
-        "role in --layout");
   try {
     if (!exchange.nccl_ranks.empty())
       exchange.device = choose_gpu(layout_.ranks[size_t(rank_)].gpu, me.name_of(rank_));
@@ -265,10 +265,6 @@ void Node::build_coordinator(Startup& startup, ExchangeContext& exchange) {
 void Node::build_expert_rank(Startup& startup, ExchangeContext& exchange) {
   const RankIdentity& me = rank_identity();
   const RankSpec& spec = layout_.ranks[size_t(rank_)];
-  if (options_.gpu_experts)
-    startup.refuse(
-        "--experts gpu is for a single process; under mpirun, give expert ranks the gpu-expert "
-        "role in --layout");
   if (spec.role == Role::kGpuExpert) {
     try {
       const int device = choose_gpu(spec.gpu, me.name_of(rank_));
@@ -353,7 +349,7 @@ void Node::check_coordinator(Startup& startup) {
           "ranks");
   }
   // The coordinator's KV pool in RAM is allocated with the engine, below.
-  const int kv_tokens = options_.kv_tokens > 0 ? options_.kv_tokens : default_kv_tokens(config_);
+  const int kv_tokens = startup.kv_tokens;
   if (is_coordinator() && !startup.coordinator_compute && startup.status.message.empty())
     if (const std::string r =
             memory_refusal(KvManager::pool_bytes(config_, kv_tokens),

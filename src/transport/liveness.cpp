@@ -217,7 +217,8 @@ LivenessHub::LivenessHub(int rank, std::vector<int> ranks, const LivenessOptions
       ::getsockname(listener_, reinterpret_cast<sockaddr*>(&any), &len) != 0)
     fail("the liveness listener on {}: {}", rank_identity().name_of(rank_), std::strerror(errno));
   Address address;
-  address.nonce = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  nonce_ = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  address.nonce = nonce_;
   address.port = ntohs(any.sin_port);
   address.ips = host_addresses();
   address_ = format_address(address);
@@ -246,7 +247,6 @@ void LivenessHub::run() {
     Silence silence;
     std::string bytes;  // what arrived in this poll
   };
-  const uint64_t nonce = parse_address(address_).nonce;
   std::vector<Peer> peers;
   auto last_beat = Clock::now();
   const auto lose = [&](Peer& peer) {
@@ -273,7 +273,7 @@ void LivenessHub::run() {
       uint64_t their_nonce = 0;
       int32_t their_rank = -1;
       if (fd >= 0 && read_exact(fd, &their_nonce, 8, kConnectSeconds) &&
-          read_exact(fd, &their_rank, 4, kConnectSeconds) && their_nonce == nonce &&
+          read_exact(fd, &their_rank, 4, kConnectSeconds) && their_nonce == nonce_ &&
           std::find(ranks_.begin(), ranks_.end(), their_rank) != ranks_.end()) {
         set_nodelay(fd);
         send_byte(fd, kAccepted);

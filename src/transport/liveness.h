@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -52,6 +53,7 @@ class LivenessHub {
   int rank_;
   LivenessOptions options_;
   std::string address_;
+  uint64_t nonce_ = 0;  // a rank introduces itself with it
   int listener_ = -1;
   std::vector<int> ranks_;
   std::atomic<bool> stop_{false};

@@ -203,7 +203,7 @@ TEST(PlanCommand, JsonCarriesDecodeTtftAndTheCriticalPath) {
   ASSERT_EQ(plan["ranks"].size(), 3u);
   EXPECT_EQ(plan["ranks"][0]["role"], "coordinator");
   EXPECT_EQ(plan["critical_path"].size(), 3u);
-  // Every routed expert is held once (no replicas): the owners' bytes add up to all of them.
+  // The owners hold the routed experts in their tiers.
   uint64_t held = 0;
   for (const json& r : plan["ranks"])
     held += r["vram_bytes"].get<uint64_t>() + r["ram_bytes"].get<uint64_t>() +
