@@ -38,8 +38,9 @@
 #include "node/command_line.h"
 #include "node/job_signals.h"
 #include "node/node.h"
-#include "tokenizer/tokenizer.h"
+#include "node/run_summary.h"
 #include "plan/plan_main.h"
+#include "tokenizer/tokenizer.h"
 #include "transport/liveness.h"
 #include "transport/mpi_check.h"
 #include "transport/watchdog.h"
@@ -283,7 +284,7 @@ int run(const colibri::CommandLine& args) {
     return 0;
   }
   const colibri::ModelConfig& config = node.config();
-  if (!args.quiet)
+  if (!args.quiet && !args.summary)
     for (const std::string& line : node.memory_report())
       std::fprintf(stderr, "memory: %s\n", line.c_str());
   if (!node.routing_stats_warning().empty())
@@ -414,8 +415,14 @@ int run(const colibri::CommandLine& args) {
     const int64_t shape[] = {int64_t(logits.size()) / config.vocab_size, config.vocab_size};
     colibri::write_npy_f32(args.logits_out, logits, shape);
   }
-  if (!args.quiet) colibri::print_profile(stderr, reports, run);
-  print_repin(node, args.quiet);
+  if (args.summary)
+    std::fputs(
+        colibri::format_run_summary(node.placement(), node.layout(), reports, run, request.sampling)
+            .c_str(),
+        stderr);
+  else if (!args.quiet)
+    colibri::print_profile(stderr, reports, run);
+  print_repin(node, args.quiet || args.summary);
   if (!args.profile_json.empty()) colibri::write_profile_json(args.profile_json, reports, run);
   if (!args.trace.empty()) colibri::write_trace(args.trace, reports);
   return 0;

@@ -6,14 +6,16 @@ Stages (run in order by default; each one reuses what the earlier ones left in -
   corpus     King James Version text (Debian bible-kjv-text, read with the `bible` program of
              bible-kjv) -> one verse per line; the last books (1 John .. Revelation, ~2%) held out.
   tokenizer  byte-level BPE (tokenizers), GLM-5 special tokens after the BPE vocabulary.
-  train      fp32 CPU training with a wall-time budget; checkpoints in --work so it can resume.
+  train      CPU training (fp32 weights, bf16 autocast) for --max-steps steps (or a wall-time budget);
+             checkpoints in --work so it can resume.
   finalize   bf16 save_pretrained into --out, reload in fp32 and evaluate (held-out perplexity,
              expert load, DSA indexer quality, greedy samples), write --out/README.md.
 
 Usage:
   apt-get install -y bible-kjv bible-kjv-text
   pip install -r tools/requirements-train.txt
-  nice -n 10 python tools/train_tiny_glm5.py                      # everything, ~40 min of training
+  nice -n 10 python tools/train_tiny_glm5.py --max-steps 1500 --lr 1.5e-3 --warmup-steps 60
+                                                                  # everything: the shipped model's run
   nice -n 10 python tools/train_tiny_glm5.py --stage train        # resume training from --work
   nice -n 10 python tools/train_tiny_glm5.py --stage finalize
 
@@ -54,6 +56,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
+import copy  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import platform  # noqa: E402
@@ -61,6 +64,7 @@ import re  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -108,7 +112,7 @@ MODEL_KW = dict(
     num_hidden_layers=6,
     first_k_dense_replace=1,
     intermediate_size=768,
-    n_routed_experts=32,
+    n_routed_experts=24,  # 32 with the MTP layer would not fit the 25 MB size limit in bf16
     num_experts_per_tok=4,
     n_shared_experts=1,
     moe_intermediate_size=64,  # 192 would make the bf16 checkpoint ~56 MB (limit 25 MB)
@@ -130,12 +134,16 @@ MODEL_KW = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
-    num_nextn_predict_layers=0,
+    num_nextn_predict_layers=1,  # one MTP layer (model.layers.6.*), a draft head for speculation
     initializer_range=0.02,
     attention_bias=False,
 )
 
-SAMPLE_PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "Blessed are the"]
+# The greedy samples of the README; tests/embedded/embedded_test.cpp asks the same five prompts for
+# continuations that do not loop (distinct token 3-grams).
+SAMPLE_PROMPTS = ["In the beginning", "And the LORD said unto Moses,", "Blessed are the", "And it came to pass",
+                  "The kingdom of heaven is like"]
+SAMPLE_TOKENS = 64
 CHAT_SAMPLE = "The LORD is my shepherd; I shall not want."
 
 
@@ -318,12 +326,100 @@ def new_model(config):
                                              experts_implementation="eager", dtype=torch.float32)
 
 
-def moe_gates(model):
-    return [(i, layer.mlp.gate) for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+def mtp_config(config):
+    """The config of a model whose last layer is the MTP layer: its decoder layer is built with this."""
+    c = copy.deepcopy(config)
+    c.num_hidden_layers = config.num_hidden_layers + 1
+    c.layer_types = list(config.layer_types) + ["indexed_attention"]
+    c.mlp_layer_types = list(config.mlp_layer_types) + ["sparse"]
+    c.indexer_types = list(config.indexer_types) + ["full"]
+    c.num_nextn_predict_layers = 0
+    return c
 
 
-def set_index_topk(model, k):
-    for layer in model.model.layers:
+class MtpHead(torch.nn.Module):
+    """One DeepSeek-V3 multi-token-prediction module, stored as model.layers.{num_hidden_layers}.*:
+    from the last main layer's output h_i (before the final norm) and the embedding of token i+1 it
+    predicts token i+2: x = eh_proj([enorm(embed(t_{i+1})); hnorm(h_i)]), one decoder layer (MLA,
+    DSA indexer, MoE), shared_head.norm, then the main model's lm_head."""
+
+    def __init__(self, config):
+        from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import GlmMoeDsaDecoderLayer, GlmMoeDsaRMSNorm
+
+        super().__init__()
+        h, eps = config.hidden_size, config.rms_norm_eps
+        self.enorm = GlmMoeDsaRMSNorm(h, eps)
+        self.hnorm = GlmMoeDsaRMSNorm(h, eps)
+        self.eh_proj = torch.nn.Linear(2 * h, h, bias=False)
+        self.layer = GlmMoeDsaDecoderLayer(mtp_config(config), config.num_hidden_layers)
+        self.head_norm = GlmMoeDsaRMSNorm(h, eps)
+        with torch.no_grad():  # the initialisation transformers gives the main layers
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    p.normal_(0.0, config.initializer_range)
+                elif name.endswith(".bias"):
+                    p.zero_()
+                else:
+                    p.fill_(1.0)
+
+    def forward(self, next_embeds, hidden, attention_mask, position_embeddings):
+        x = self.eh_proj(torch.cat([self.enorm(next_embeds), self.hnorm(hidden)], dim=-1))
+        x, _ = self.layer(x, attention_mask=attention_mask, position_embeddings=position_embeddings)
+        return self.head_norm(x)
+
+    def checkpoint_tensors(self, config):
+        """{checkpoint name: tensor} in the layout of released GLM-5 / DeepSeek-V3 MTP layers."""
+        from transformers import GlmMoeDsaForCausalLM
+
+        c = mtp_config(config)
+        shell = GlmMoeDsaForCausalLM._from_config(c, dtype=torch.float32)
+        shell.model.layers[config.num_hidden_layers].load_state_dict(self.layer.state_dict())
+        p = f"model.layers.{config.num_hidden_layers}."
+        with tempfile.TemporaryDirectory() as tmp:
+            shell.save_pretrained(tmp, safe_serialization=True)
+            from safetensors.torch import load_file
+
+            out = {k: v for k, v in load_file(f"{tmp}/model.safetensors").items() if k.startswith(p)}
+        out[p + "enorm.weight"] = self.enorm.weight.detach().clone()
+        out[p + "hnorm.weight"] = self.hnorm.weight.detach().clone()
+        out[p + "eh_proj.weight"] = self.eh_proj.weight.detach().clone()
+        out[p + "shared_head.norm.weight"] = self.head_norm.weight.detach().clone()
+        return out
+
+
+class LastLayerTap:
+    """A forward hook on the last main layer: its output (the hidden states before the final norm),
+    attention mask and position embeddings, which the MTP layer takes."""
+
+    def __init__(self, model):
+        self.handle = model.model.layers[-1].register_forward_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, layer, args, kwargs, output):
+        self.hidden = output[0]
+        self.mask = kwargs["attention_mask"]
+        self.position_embeddings = kwargs["position_embeddings"]
+
+    def mtp_logits(self, model, mtp, input_ids):
+        """Logits of token i+2 at positions 0..S-2 (the MTP layer sees token i+1, inputs only)."""
+        s = input_ids.shape[1] - 1
+        cos, sin = self.position_embeddings
+        x = mtp(model.model.embed_tokens(input_ids[:, 1:]), self.hidden[:, :s], self.mask[:, :, :s, :s],
+                (cos[:, :s], sin[:, :s]))
+        return model.lm_head(x)
+
+    def remove(self):
+        self.handle.remove()
+
+
+def moe_gates(model, mtp=None):
+    gates = [(i, layer.mlp.gate) for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "gate")]
+    if mtp is not None:
+        gates.append((len(model.model.layers), mtp.layer.mlp.gate))
+    return gates
+
+
+def set_index_topk(model, k, mtp=None):
+    for layer in list(model.model.layers) + ([mtp.layer] if mtp is not None else []):
         if layer.self_attn.indexer is not None:
             layer.self_attn.indexer.index_topk = k
 
@@ -331,8 +427,8 @@ def set_index_topk(model, k):
 class ExpertCounter:
     """Counts routed (token, expert) pairs per MoE layer with forward hooks on the routers."""
 
-    def __init__(self, model):
-        self.gates = moe_gates(model)
+    def __init__(self, model, mtp=None):
+        self.gates = moe_gates(model, mtp)
         self.counts = {i: torch.zeros(g.num_experts, dtype=torch.long) for i, g in self.gates}
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in self.gates]
 
@@ -383,15 +479,16 @@ class IndexerProbe:
     """Forward hooks on the attention modules. In training: the indexer KL loss per layer.
     In evaluation (dense attention): the attention mass the indexer's top-k keys capture."""
 
-    def __init__(self, model, topk, mode):
+    def __init__(self, model, topk, mode, mtp=None):
         self.topk, self.mode = topk, mode
         self.losses, self.kls = [], []
         self.recall_sum = self.local_sum = 0.0
         self.recall_n = self.tie_rows = 0
         self.zero_frac_sum = 0.0
         self.checked = False
+        layers = list(model.model.layers) + ([mtp.layer] if mtp is not None else [])
         self.handles = [layer.self_attn.register_forward_hook(self._hook, with_kwargs=True)
-                        for layer in model.model.layers if layer.self_attn.indexer is not None]
+                        for layer in layers if layer.self_attn.indexer is not None]
 
     def _hook(self, attn, args, kwargs, output):
         attn_weights, topk_idx = output[1], output[2]
@@ -483,9 +580,15 @@ def stage_train(args):
     log_path = args.out / "training_log.txt"
     torch.manual_seed(args.seed)
     model = new_model(config)
+    mtp = MtpHead(config)
+    # Training speed: the experts through transformers' grouped_mm path (the same math as the eager
+    # loop), matrix products in bf16 under autocast; evaluation and everything saved stay fp32/eager.
+    model.set_experts_implementation(args.experts)
     model.train()
-    idx_params = [p for n, p in model.named_parameters() if ".indexer." in n]
-    main_named = [(n, p) for n, p in model.named_parameters() if ".indexer." not in n]
+    mtp.train()
+    named = list(model.named_parameters()) + [("mtp." + n, p) for n, p in mtp.named_parameters()]
+    idx_params = [p for n, p in named if ".indexer." in n]
+    main_named = [(n, p) for n, p in named if ".indexer." not in n]
     decay = [p for n, p in main_named if p.dim() >= 2]
     no_decay = [p for n, p in main_named if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -497,6 +600,7 @@ def stage_train(args):
     if ckpt_path.exists() and not args.restart:
         ck = torch.load(ckpt_path, weights_only=False)
         model.load_state_dict(ck["model"])
+        mtp.load_state_dict(ck["mtp"])
         opt.load_state_dict(ck["opt"])
         gen.set_state(ck["gen"])
         step, train_time, tokens = ck["step"], ck["train_time"], ck["tokens"]
@@ -504,42 +608,47 @@ def stage_train(args):
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = sum(p.numel() for p in model.parameters()) + sum(p.numel() for p in mtp.parameters())
         log(f"# {platform.python_version()} torch {torch.__version__} threads {torch.get_num_threads()} "
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}", log_path)
         log(f"# params {n_params} | train tokens {len(train_ids)} | chat tokens {len(chat_ids)} | "
             f"batch {args.batch}x{args.seq_len} | lr {args.lr} | budget {args.time_budget_min} min | "
-            f"max_steps {args.max_steps} | dense (indexer warm-up) for the first {args.dense_frac:.0%}", log_path)
-    counter = ExpertCounter(model)
+            f"max_steps {args.max_steps} | dense (indexer warm-up) for the first {args.dense_frac:.0%} | "
+            f"experts {args.experts} | autocast {args.amp} | mtp weight {args.mtp_weight}", log_path)
+    counter = ExpertCounter(model, mtp)
+    tap = LastLayerTap(model)
     window = ExpertCounter.__new__(ExpertCounter)  # running counts between routing reports
     window.counts = {i: torch.zeros_like(c) for i, c in counter.counts.items()}
-    probe = IndexerProbe(model, config.index_topk, "train")
+    probe = IndexerProbe(model, config.index_topk, "train", mtp)
     budget = args.time_budget_min * 60.0
     last_ckpt = time.time()
-    hist_loss, hist_kl, t_window, tok_window = [], [], 0.0, 0
+    hist_loss, hist_mtp, hist_kl, t_window, tok_window = [], [], [], 0.0, 0
 
     def progress():
         return step / args.max_steps if args.max_steps else train_time / budget
 
     def save_ckpt():
         tmp = ckpt_path.with_suffix(".tmp")
-        torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), gen=gen.get_state(), step=step,
+        torch.save(dict(model=model.state_dict(), mtp=mtp.state_dict(), opt=opt.state_dict(), gen=gen.get_state(), step=step,
                         train_time=train_time, tokens=tokens), tmp)
         os.replace(tmp, ckpt_path)
 
     while progress() < 1.0:
         t0 = time.time()
         dense = progress() < args.dense_frac
-        set_index_topk(model, 1 << 30 if dense else config.index_topk)
+        set_index_topk(model, 1 << 30 if dense else config.index_topk, mtp)
         lr = lr_at(args, step, progress())
         for g in opt.param_groups:
             g["lr"] = lr
         batch = sample_batch(train_ids, chat_ids, args, gen)
         counter.reset()
-        out = model(input_ids=batch[:, :-1], use_cache=False)
-        lm_loss = F.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), batch[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+            out = model(input_ids=batch[:, :-1], use_cache=False)
+            mtp_logits = tap.mtp_logits(model, mtp, batch[:, :-1]).float()
+        lm_loss = F.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]), batch[:, 1:].reshape(-1))
+        mtp_loss = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))
         idx_loss, kl = probe.take_loss()
-        (lm_loss + idx_loss).backward()
+        (lm_loss + args.mtp_weight * mtp_loss + idx_loss).backward()
         torch.nn.utils.clip_grad_norm_([p for _, p in main_named], args.clip)
         torch.nn.utils.clip_grad_norm_(idx_params, args.clip)
         opt.step()
@@ -556,12 +665,13 @@ def stage_train(args):
         t_window += dt
         tok_window += batch[:, 1:].numel()
         hist_loss.append(float(lm_loss.detach()))
+        hist_mtp.append(float(mtp_loss.detach()))
         hist_kl.append(kl)
         if not math.isfinite(hist_loss[-1]):
             raise RuntimeError(f"non-finite loss at step {step}")
         if step % args.log_every == 0:
             log(f"step {step:5d} | loss {np.mean(hist_loss[-args.log_every:]):.4f} | "
-                f"idx_kl {np.mean(hist_kl[-args.log_every:]):.4f} | lr {lr:.2e} | "
+                f"mtp {np.mean(hist_mtp[-args.log_every:]):.4f} | idx_kl {np.mean(hist_kl[-args.log_every:]):.4f} | lr {lr:.2e} | "
                 f"tok/s {tok_window / t_window:.0f} | tokens {tokens} | elapsed {train_time:.0f}s | "
                 f"{'dense' if dense else 'sparse'}", log_path)
             t_window, tok_window = 0.0, 0
@@ -585,6 +695,7 @@ def stage_train(args):
         f"(this session) {final:.4f}", log_path)
     counter.remove()
     probe.remove()
+    tap.remove()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -626,9 +737,15 @@ def stage_finalize(args):
     model = new_model(config)
     model.load_state_dict(ck["model"])
     model.eval()
-    set_index_topk(model, config.index_topk)
+    mtp = MtpHead(config)
+    mtp.load_state_dict(ck["mtp"])
+    mtp.eval()
+    set_index_topk(model, config.index_topk, mtp)
     fp32_eval = evaluate(model, windows, tok)
     log(f"held-out (fp32 training weights): {fp32_eval}")
+    mtp_eval = evaluate_mtp(model, mtp, windows)
+    log(f"held-out MTP layer (token i+2 from h_i and token i+1): {mtp_eval}")
+    mtp_tensors = mtp.checkpoint_tensors(config)
 
     # bf16 checkpoint; the routing bias stays float32 as in released GLM-5 / DeepSeek-V3 checkpoints.
     model.to(torch.bfloat16)
@@ -638,6 +755,7 @@ def stage_finalize(args):
     for stale in args.out.glob("*.safetensors"):
         stale.unlink()
     model.save_pretrained(args.out, safe_serialization=True)
+    add_mtp_tensors(args.out / "model.safetensors", mtp_tensors)
     GenerationConfig(eos_token_id=[sp["<|endoftext|>"], sp["<|user|>"], sp["<|observation|>"]],
                      pad_token_id=sp["<|endoftext|>"], do_sample=False).save_pretrained(args.out)
 
@@ -662,9 +780,8 @@ def stage_finalize(args):
 
     samples = []
     for prompt in SAMPLE_PROMPTS:
-        ids = torch.tensor([tok.encode(prompt).ids])
-        out = model.generate(ids, max_new_tokens=40, do_sample=False)
-        samples.append((prompt, tok.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=False)))
+        new = greedy(model, tok.encode(prompt).ids, SAMPLE_TOKENS)
+        samples.append((prompt, tok.decode(new, skip_special_tokens=False), distinct_3grams(new)))
     from transformers import AutoTokenizer
 
     hf_tok = AutoTokenizer.from_pretrained(args.out)
@@ -673,12 +790,59 @@ def stage_finalize(args):
     chat_ids = torch.tensor([tok.encode(chat_prompt).ids])
     out = model.generate(chat_ids, max_new_tokens=60, do_sample=False)
     chat_reply = tok.decode(out[0, chat_ids.shape[1]:].tolist(), skip_special_tokens=False)
-    for p, s in samples:
-        log(f"sample: {p!r} -> {s!r}")
+    for p, s, d in samples:
+        log(f"sample ({d:.3f} distinct 3-grams): {p!r} -> {s!r}")
     log(f"chat: {chat_prompt!r} -> {chat_reply!r}")
 
     write_readme(args, tok, config, ck, fp32_eval, bf16_eval, dense_eval, recall, loads, samples,
-                 (chat_prompt, chat_reply), len(train_ids))
+                 (chat_prompt, chat_reply), len(train_ids), mtp_eval)
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    """n greedy tokens after ids, end-of-text tokens included (no stop), as the engine's test asks."""
+    ids = list(ids)
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits
+        ids.append(int(logits[0, -1].argmax()))
+    return ids[-n:]
+
+
+def distinct_3grams(ids):
+    grams = [tuple(ids[i:i + 3]) for i in range(len(ids) - 2)]
+    return len(set(grams)) / max(len(grams), 1)
+
+
+@torch.no_grad()
+def evaluate_mtp(model, mtp, windows, batch=16):
+    """The MTP layer on the held-out windows: perplexity of token i+2 and how often its argmax is
+    that token (the acceptance of a one-token draft that the main model would have confirmed)."""
+    tap = LastLayerTap(model)
+    nll, hits, n = 0.0, 0, 0
+    for i in range(0, len(windows), batch):
+        x = windows[i:i + batch]
+        model(input_ids=x[:, :-1], use_cache=False)
+        logits = tap.mtp_logits(model, mtp, x[:, :-1])
+        target = x[:, 2:]
+        nll += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="sum"))
+        hits += int((logits.argmax(-1) == target).sum())
+        n += target.numel()
+    tap.remove()
+    return dict(ppl=math.exp(nll / n), top1=hits / n, tokens=n)
+
+
+def add_mtp_tensors(path, tensors):
+    """Appends the MTP layer's tensors (bf16; the router bias f32) to a saved checkpoint file."""
+    from safetensors.torch import load_file, save_file
+
+    stored = load_file(str(path))
+    for name, t in tensors.items():
+        keep_f32 = name.endswith("e_score_correction_bias")
+        stored[name] = t.to(torch.float32 if keep_f32 else torch.bfloat16).contiguous()
+    tmp = path.with_suffix(".tmp")
+    save_file(stored, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
 
 
 def load_table(loads, k):
@@ -695,6 +859,14 @@ def load_table(loads, k):
     return lines, summary
 
 
+def mtp_param_count(model_dir, config):
+    from safetensors import safe_open
+
+    p = f"model.layers.{config.num_hidden_layers}."
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys() if k.startswith(p))
+
+
 def count_params(model_dir):
     from safetensors import safe_open
 
@@ -709,7 +881,7 @@ def count_params(model_dir):
 
 
 def write_readme(args, tok, config, ck, fp32_eval, bf16_eval, dense_eval, recall, loads, samples, chat,
-                 n_train_tokens):
+                 n_train_tokens, mtp_eval):
     import transformers
 
     sp = special_ids(tok)
@@ -721,7 +893,9 @@ def write_readme(args, tok, config, ck, fp32_eval, bf16_eval, dense_eval, recall
     last = step_lines[-1] if step_lines else ""
     final_loss = np.mean([float(re.search(r"loss ([0-9.]+)", ln).group(1)) for ln in step_lines[-5:]])
     per_expert = 3 * config.hidden_size * config.moe_intermediate_size
-    active = n_params - (config.n_routed_experts - config.num_experts_per_tok) * per_expert * 5
+    n_moe = sum(1 for t in config.mlp_layer_types if t == "sparse")
+    n_mtp = mtp_param_count(args.out, config)
+    active = n_params - n_mtp - (config.n_routed_experts - config.num_experts_per_tok) * per_expert * n_moe
     table, summary = load_table(loads, config.num_experts_per_tok)
     ratios = [s["ratio"] for s in summary]
     ents = [s["entropy"] for s in summary]
@@ -766,7 +940,7 @@ lightly trained (single-turn "continue the verse" chats).
 | intermediate_size (dense) | {config.intermediate_size} |
 | routed experts / per token | {E} / {k}, `n_group` {config.n_group}, `topk_group` {config.topk_group} |
 | shared experts | {config.n_shared_experts} |
-| moe_intermediate_size | {config.moe_intermediate_size} (192 would not fit the 25 MB size limit in bf16) |
+| moe_intermediate_size | {config.moe_intermediate_size} (with 32 experts, or 192 rows, the bf16 checkpoint would not fit the 25 MB size limit) |
 | routed_scaling_factor, norm_topk_prob | {config.routed_scaling_factor}, {config.norm_topk_prob} |
 | attention (MLA) | {config.num_attention_heads} heads, q_lora_rank {config.q_lora_rank}, kv_lora_rank {config.kv_lora_rank}, qk_nope {config.qk_nope_head_dim}, qk_rope {config.qk_rope_head_dim}, v {config.v_head_dim} |
 | DSA indexer | index_n_heads {config.index_n_heads}, index_head_dim {config.index_head_dim}, index_topk {config.index_topk}, every layer `full` |
@@ -774,7 +948,7 @@ lightly trained (single-turn "continue the verse" chats).
 | vocab_size | {config.vocab_size} |
 | max_position_embeddings | {config.max_position_embeddings} |
 | tie_word_embeddings | {config.tie_word_embeddings} |
-| MTP layers | none (`num_nextn_predict_layers` 0) |
+| MTP layers | 1 (`num_nextn_predict_layers` 1): `model.layers.{config.num_hidden_layers}.*`, DeepSeek-V3's layout (`eh_proj`, `enorm`, `hnorm`, `shared_head.norm`, one MoE decoder layer; embeddings and lm_head shared), {n_mtp:,} parameters |
 | parameters | {n_params:,} ({', '.join(f'{d} {v:,}' for d, v in dtypes.items())}); ~{active / 1e6:.1f} M active per token |
 
 ## Corpus
@@ -813,17 +987,20 @@ generation prompt; the assistant's turn ends when the model emits `<|user|>` (an
 ## Training
 
 ```sh
-nice -n 10 python tools/train_tiny_glm5.py --time-budget-min {args.time_budget_min:g}
+nice -n 10 python tools/train_tiny_glm5.py {f"--max-steps {args.max_steps}" if args.max_steps else f"--time-budget-min {args.time_budget_min:g}"} --lr {args.lr:g} --warmup-steps {args.warmup_steps}
 ```
 
-fp32 on CPU ({args.threads} threads, shared machine), `attn_implementation="eager"`,
-`experts_implementation="eager"`. AdamW (betas 0.9/0.95, weight decay {args.wd} on matrices), peak lr
+CPU ({args.threads} threads, shared machine), fp32 weights and optimizer, the forward's matrix products in
+bf16 under autocast (`--amp {args.amp}`), `attn_implementation="eager"`, experts through transformers'
+`{args.experts}` path (the same math as its eager loop). {'A step schedule of ' + str(args.max_steps) + ' steps' if args.max_steps else 'A wall-time schedule'}. AdamW (betas 0.9/0.95, weight decay {args.wd} on matrices), peak lr
 {args.lr:g}, {args.warmup_steps} warmup steps, cosine to {args.min_lr_ratio:.0%} over the wall-time budget,
 batch {args.batch} x {args.seq_len} tokens (random windows), grad-norm clip {args.clip}, seed {args.seed}.
 
 - Aux-loss-free balancing: after every optimizer step, per MoE layer,
   `e_score_correction_bias += {args.bias_gamma:g} * sign(mean_load - load_e)` from that step's expert counts
   (the bias is a buffer; no balancing loss).
+- MTP layer: trained with the model, loss weight {args.mtp_weight:g} on its cross-entropy of token i+2 (DeepSeek-V3's
+  objective); its gradient reaches the main layers through h_i, as in DeepSeek-V3.
 - DSA indexer: trained by the DeepSeek-V3.2 KL objective (main attention summed over heads and
   L1-normalised, detached, vs. softmax of the index scores; indexer inputs detached). The first
   {args.dense_frac:.0%} of the run used dense attention (indexer warm-up); after that `index_topk` {config.index_topk}
@@ -861,9 +1038,17 @@ implementation-defined (`torch.topk` does not specify it), so logits of position
 differ between correct implementations; up to {config.index_topk} tokens every visible key is selected and
 there is no such ambiguity.
 
-### Greedy samples (this checkpoint in fp32, 40 new tokens)
+### MTP layer (held-out windows, fp32 training weights)
 
-""" + "".join(f"- **{p}** → {s!r}\n" for p, s in samples) + f"""
+Perplexity of token i+2 given the main model's h_i and token i+1: {mtp_eval['ppl']:.2f}; its argmax is token i+2
+in {mtp_eval['top1']:.1%} of {mtp_eval['tokens']:,} positions (the share of one-token drafts a greedy main model would accept).
+colibri-node loads this layer when asked (`LoadOptions::mtp`) and leaves it out of every run today.
+
+### Greedy samples (this checkpoint in fp32, {SAMPLE_TOKENS} new tokens, no stop)
+
+The share of distinct token 3-grams of each continuation is in brackets (1.0: no 3-gram repeats).
+
+""" + "".join(f"- **{p}** ({d:.2f}) → {s!r}\n" for p, s, d in samples) + f"""
 Chat template, greedy, 60 new tokens at most:
 `{chat[0]!r}` → `{chat[1]!r}`
 
@@ -910,6 +1095,9 @@ def main():
     ap.add_argument("--route-every", type=int, default=100)
     ap.add_argument("--ckpt-every-s", type=float, default=300.0)
     ap.add_argument("--eval-seqs", type=int, default=64)
+    ap.add_argument("--experts", default="grouped_mm", help="transformers experts implementation in training")
+    ap.add_argument("--amp", choices=["bf16", "off"], default="bf16", help="autocast of the training forward")
+    ap.add_argument("--mtp-weight", type=float, default=0.3, help="weight of the MTP layer's loss")
     args = ap.parse_args()
     stages = ["corpus", "tokenizer", "train", "finalize"] if args.stage == "all" else [args.stage]
     for s in stages:

@@ -135,6 +135,10 @@ std::vector<FlagRow> make_table() {
            [](auto& l) -> auto& { return l.think; }),
     flag("--quiet", Use::kAny, Agree::kOwn, "do not print the per-rank profile table",
          [](auto& l) -> auto& { return l.quiet; }),
+    flag("--summary", Use::kOffline, Agree::kOwn,
+         "print a short summary (cluster, experts per rank, speed, sampling) instead of the "
+         "memory lines and the per-rank profile table",
+         [](auto& l) -> auto& { return l.summary; }),
     option("--ngen", "", Use::kOffline, Agree::kCoordinator, "number of tokens to generate",
            [](auto& l) -> auto& { return l.ngen; }, in_range(0, 1 << 20)),
     option("--temp", "", Use::kOffline, Agree::kCoordinator, "sampling temperature; 0 = greedy",

@@ -37,7 +37,7 @@ struct CommandLine {
   float temperature = 0.0f, top_p = 1.0f;
   std::string seed_text = "0";
   uint64_t seed = 0;  // parsed from seed_text
-  bool ignore_eos = false, print_placement = false, quiet = false;
+  bool ignore_eos = false, print_placement = false, quiet = false, summary = false;
   // --serve
   bool serve = false, no_prefix_cache = false;
   std::string host = "127.0.0.1", api_key;

@@ -463,6 +463,7 @@ TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
                                                      {"--top-p", "0.9"},
                                                      {"--seed", "3"},
                                                      {"--ignore-eos", ""},
+                                                     {"--summary", ""},
                                                      {"--logits-out", "l.npy"},
                                                      {"--output", "out.txt"},
                                                      {"--sequences", "2"},
