@@ -327,7 +327,9 @@ int run(const colibri::CommandLine& args) {
   if (!args.output.empty()) output.emplace(args.output);
   colibri::GenerateRequest request;
   request.max_new_tokens = args.ngen;
-  request.sampling = {args.temperature, args.top_p, args.seed};
+  request.sampling.temperature = args.temperature;
+  request.sampling.top_p = args.top_p;
+  request.sampling.seed = args.seed;
   if (!args.ignore_eos) request.stop_ids = config.generation.eos_token_ids;
   request.keep_logits = !args.logits_out.empty();
   request.prefill_chunk = args.node.max_rows;

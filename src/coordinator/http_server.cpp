@@ -100,6 +100,7 @@ class Api {
       s.stop_ids = config_.generation.eos_token_ids;
     }
     if (r.ignore_eos) s.stop_ids.clear();
+    s.stop_ids.insert(s.stop_ids.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
     if (s.prompt.empty())
       throw ApiError(400, "the prompt has no tokens", chat ? "messages" : "prompt");
     const int64_t context = config_.max_position_embeddings;
@@ -133,7 +134,14 @@ class Api {
     s.sampling.temperature = r.temperature;
     s.sampling.top_p = r.top_p;
     s.sampling.seed = r.seed ? *r.seed : next_seed();
+    s.sampling.top_k = r.top_k;
+    s.sampling.min_p = r.min_p;
+    s.sampling.presence_penalty = r.presence_penalty;
+    s.sampling.frequency_penalty = r.frequency_penalty;
+    s.sampling.repetition_penalty = r.repetition_penalty;
+    s.sampling.logit_bias = r.logit_bias;
     s.stop_strings = r.stop;
+    s.logprobs = r.logprobs;
 
     switch (scheduler_.submit(job)) {
       case SubmitResult::kAccepted:
@@ -164,6 +172,7 @@ class Api {
              const ResponseIdentity& who, const CompletionRequest& r) {
     std::string text;
     std::vector<int> tokens;
+    std::vector<TokenLogprob> logprobs;
     std::vector<ServeEvent> events;
     auto looked = Clock::now();
     for (;;) {
@@ -183,10 +192,13 @@ class Api {
         if (e.kind == ServeEvent::Kind::kDelta) {
           text += e.text;
           tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
+          logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
         } else if (e.kind == ServeEvent::Kind::kError) {
           throw ApiError(e.status, e.text, {}, "unavailable", "unavailable_error");
         } else {
-          res.set_content(completion_body(who, text, tokens, e, r.return_token_ids),
+          const nlohmann::json lp = r.logprobs >= 0 ? logprobs_json(who.chat, logprobs, tokenizer_)
+                                                    : nlohmann::json(nullptr);
+          res.set_content(completion_body(who, text, tokens, e, r.return_token_ids, lp),
                           "application/json");
           return;
         }
@@ -197,7 +209,9 @@ class Api {
   struct StreamState {
     std::shared_ptr<ServeJob> job;
     ResponseIdentity who;
-    bool include_usage = false, return_token_ids = false;
+    bool include_usage = false, return_token_ids = false, logprobs = false;
+    const Tokenizer* tokenizer = nullptr;
+    size_t text_offset = 0;  // bytes of text streamed so far (completions' text_offset)
     bool started = false, ended = false;
     Clock::time_point last_write = Clock::now();
     std::vector<ServeEvent> events;
@@ -210,6 +224,8 @@ class Api {
     state->who = who;
     state->include_usage = r.include_usage;
     state->return_token_ids = r.return_token_ids;
+    state->logprobs = r.logprobs >= 0;
+    state->tokenizer = &tokenizer_;
     res.set_header("Cache-Control", "no-cache");
     // cpp-httplib 0.11.4 calls the provider in a loop until sink.done() or false: every call
     // blocks on the channel (bounded), and a client gone (write fails, or the socket is no
@@ -230,8 +246,14 @@ class Api {
           state->job->channel.wait(state->events, std::chrono::milliseconds(out.empty() ? 250 : 0));
           for (const ServeEvent& e : state->events) {
             if (e.kind == ServeEvent::Kind::kDelta) {
-              if (!e.text.empty() || state->return_token_ids)
-                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids);
+              if (!e.text.empty() || state->return_token_ids || state->logprobs) {
+                const nlohmann::json lp = state->logprobs
+                                              ? logprobs_json(state->who.chat, e.logprobs,
+                                                              *state->tokenizer, state->text_offset)
+                                              : nlohmann::json(nullptr);
+                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids, lp);
+              }
+              state->text_offset += e.text.size();
             } else {
               if (e.kind == ServeEvent::Kind::kError) {
                 out += sse_error(e.text, e.status);

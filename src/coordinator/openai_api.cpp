@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 
@@ -74,6 +76,110 @@ std::string get_content(const json& v, const std::string& field, bool null_ok) {
     text += get_string(*t, part + ".text");
   }
   return text;
+}
+
+int get_token(const json& v, const std::string& field, int vocab) {
+  if (!v.is_number_integer()) wrong_type(field, "an integer token id", v);
+  const int64_t value = v.get<int64_t>();
+  if (value < 0 || value >= vocab ||
+      (v.is_number_unsigned() && v.get<uint64_t>() >= uint64_t(vocab)))
+    throw ApiError(400, fmt::format("'{}' = {} is not a token id in [0, {})", field, value, vocab),
+                   field);
+  return int(value);
+}
+
+const json* find_field(const json& j, const char* name) {
+  const auto it = j.find(name);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+// top_k, min_p, the penalties, logit_bias and logprobs (the OpenAI and vLLM fields).
+void parse_sampling(const json& j, CompletionRequest& r, int vocab) {
+  if (const json* v = find_field(j, "top_k")) {
+    if (!v->is_number_integer()) wrong_type("top_k", "an integer", *v);
+    const int64_t k = v->get<int64_t>();
+    if (k < -1 || (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(vocab)))
+      throw ApiError(400, "'top_k' must be -1 or 0 (off) or a number of tokens", "top_k");
+    r.top_k = k <= 0 ? 0 : int(std::min<int64_t>(k, vocab));
+  }
+  if (const json* v = find_field(j, "min_p")) r.min_p = float(get_number(*v, "min_p", 0, 1));
+  if (const json* v = find_field(j, "presence_penalty"))
+    r.presence_penalty = float(get_number(*v, "presence_penalty", -2, 2));
+  if (const json* v = find_field(j, "frequency_penalty"))
+    r.frequency_penalty = float(get_number(*v, "frequency_penalty", -2, 2));
+  if (const json* v = find_field(j, "repetition_penalty")) {
+    r.repetition_penalty = float(get_number(*v, "repetition_penalty", 0, 10));
+    if (r.repetition_penalty <= 0)
+      throw ApiError(400, "'repetition_penalty' must be in (0, 10]", "repetition_penalty");
+  }
+  if (const json* v = find_field(j, "logit_bias")) {
+    if (!v->is_object()) wrong_type("logit_bias", "an object of token ids to numbers", *v);
+    for (const auto& [key, bias] : v->items()) {
+      const std::string f = fmt::format("logit_bias.{}", key);
+      int token = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), token);
+      if (ec != std::errc() || end != key.data() + key.size() || token < 0 || token >= vocab)
+        throw ApiError(
+            400, fmt::format("'logit_bias' key '{}' is not a token id in [0, {})", key, vocab),
+            "logit_bias");
+      r.logit_bias.emplace_back(token, float(get_number(bias, f, -100, 100)));
+    }
+  }
+  constexpr int kMaxTopLogprobs = 20;
+  if (r.chat) {
+    const json* v = find_field(j, "logprobs");
+    const bool wanted = v && get_bool(*v, "logprobs");
+    int top = 0;
+    if (const json* t = find_field(j, "top_logprobs")) {
+      if (!t->is_number_integer()) wrong_type("top_logprobs", "an integer", *t);
+      if (t->get<int64_t>() < 0 || t->get<int64_t>() > kMaxTopLogprobs)
+        throw ApiError(400, fmt::format("'top_logprobs' must be in [0, {}]", kMaxTopLogprobs),
+                       "top_logprobs");
+      top = int(t->get<int64_t>());
+      if (!wanted && top > 0)
+        throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    }
+    if (wanted) r.logprobs = top;
+  } else if (const json* v = find_field(j, "logprobs")) {
+    if (!v->is_number_integer()) wrong_type("logprobs", "an integer", *v);
+    if (v->get<int64_t>() < 0 || v->get<int64_t>() > kMaxTopLogprobs)
+      throw ApiError(400, fmt::format("'logprobs' must be in [0, {}]", kMaxTopLogprobs),
+                     "logprobs");
+    r.logprobs = int(v->get<int64_t>());
+  }
+}
+
+[[noreturn]] void not_supported(const std::string& field, const std::string& what) {
+  throw ApiError(400, fmt::format("'{}' is not supported: {}", field, what), field,
+                 "not_supported");
+}
+
+// Fields that would change what the response holds and that this server does not do: refused
+// with their name, never ignored. (Informational fields, such as user, metadata, store,
+// service_tier and parallel_tool_calls, are accepted as they change nothing.)
+void refuse_unsupported(const json& j, bool chat) {
+  if (const json* v = find_field(j, "tools"); v && !(v->is_array() && v->empty()))
+    not_supported("tools", "this server does not parse tool calls");
+  if (const json* v = find_field(j, "tool_choice"); v && !(v->is_string() && *v == "none"))
+    not_supported("tool_choice", "only \"none\" (no tools)");
+  for (const char* legacy : {"functions", "function_call"})
+    if (find_field(j, legacy)) not_supported(legacy, "this server does not parse function calls");
+  if (const json* v = find_field(j, "response_format")) {
+    if (!v->is_object()) wrong_type("response_format", "an object", *v);
+    const auto type = v->find("type");
+    if (type == v->end() || !type->is_string() || *type != "text")
+      not_supported("response_format", "only {\"type\": \"text\"} (no structured output)");
+  }
+  if (chat) return;
+  if (const json* v = find_field(j, "echo"); v && get_bool(*v, "echo"))
+    not_supported("echo", "the prompt is not returned");
+  if (const json* v = find_field(j, "suffix");
+      v && !(v->is_string() && v->get<std::string>().empty()))
+    not_supported("suffix", "no insertion");
+  if (const json* v = find_field(j, "best_of")) {
+    if (!v->is_number_integer()) wrong_type("best_of", "an integer", *v);
+    if (v->get<int64_t>() != 1) not_supported("best_of", "one candidate per request");
+  }
 }
 
 }  // namespace
@@ -180,13 +286,11 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
   if (const json* v = field("n")) {
     if (!v->is_number_integer()) wrong_type("n", "an integer", *v);
     if (v->get<int64_t>() != 1 || (v->is_number_unsigned() && v->get<uint64_t>() != 1))
-      throw ApiError(400, "'n' must be 1: one choice per request is supported", "n");
+      throw ApiError(400, "'n' must be 1: one choice per request is supported", "n",
+                     "not_supported");
   }
-  if (const json* v = field("logprobs")) {
-    const bool wanted =
-        v->is_boolean() ? v->get<bool>() : !(v->is_number_integer() && v->get<int64_t>() == 0);
-    if (wanted) throw ApiError(400, "'logprobs' is not supported", "logprobs", "not_supported");
-  }
+  parse_sampling(j, r, vocab);
+  refuse_unsupported(j, chat);
   if (const json* v = field("stop")) {
     if (v->is_string()) {
       r.stop.push_back(v->get<std::string>());
@@ -206,6 +310,11 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
     const auto u = v->find("include_usage");
     if (u != v->end() && !u->is_null())
       r.include_usage = get_bool(*u, "stream_options.include_usage");
+  }
+  if (const json* v = field("stop_token_ids")) {
+    if (!v->is_array()) wrong_type("stop_token_ids", "an array of token ids", *v);
+    for (size_t i = 0; i < v->size(); ++i)
+      r.stop_token_ids.push_back(get_token((*v)[i], fmt::format("stop_token_ids[{}]", i), vocab));
   }
   if (const json* v = field("ignore_eos")) r.ignore_eos = get_bool(*v, "ignore_eos");
   if (const json* v = field("return_token_ids"))
@@ -243,12 +352,57 @@ std::string sse(const json& j) {
 
 }  // namespace
 
+json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs, const Tokenizer& tokenizer,
+                   size_t text_offset) {
+  const auto text_of = [&](int token) {
+    const int one[] = {token};
+    return tokenizer.decode_bytes(one, /*skip_special=*/false);
+  };
+  const auto bytes_of = [](const std::string& text) {
+    json bytes = json::array();
+    for (unsigned char c : text) bytes.push_back(int(c));
+    return bytes;
+  };
+  if (chat) {
+    json content = json::array();
+    for (const TokenLogprob& t : logprobs) {
+      const std::string text = text_of(t.token);
+      json top = json::array();
+      for (const auto& [id, logprob] : t.top) {
+        const std::string alt = text_of(id);
+        top.push_back({{"token", alt}, {"logprob", logprob}, {"bytes", bytes_of(alt)}});
+      }
+      content.push_back({{"token", text},
+                         {"logprob", t.logprob},
+                         {"bytes", bytes_of(text)},
+                         {"top_logprobs", top}});
+    }
+    return {{"content", content}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), tops = json::array(),
+       offsets = json::array();
+  for (const TokenLogprob& t : logprobs) {
+    const std::string text = text_of(t.token);
+    tokens.push_back(text);
+    token_logprobs.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [id, logprob] : t.top) top[text_of(id)] = logprob;
+    tops.push_back(top);
+    offsets.push_back(text_offset);
+    text_offset += text.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
 std::string completion_body(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids) {
+                            bool return_token_ids, const json& logprobs) {
   json j = envelope(who, false);
   json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(finish.finish)}};
+      {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(finish.finish)}};
   if (who.chat)
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   else
@@ -270,9 +424,10 @@ std::string sse_role_chunk(const ResponseIdentity& who) {
 }
 
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
-                            const std::vector<int>& tokens, bool return_token_ids) {
+                            const std::vector<int>& tokens, bool return_token_ids,
+                            const json& logprobs) {
   json j = envelope(who, true);
-  json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (who.chat)
     choice["delta"] = {{"content", text}};
   else

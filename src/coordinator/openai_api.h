@@ -15,6 +15,7 @@
 
 #include "coordinator/chat.h"
 #include "coordinator/scheduler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace colibri {
 
@@ -42,7 +43,15 @@ struct CompletionRequest {
   float temperature = 1.0f;
   float top_p = 1.0f;
   std::optional<uint64_t> seed;
+  int top_k = 0;  // top_k: -1 and 0 are off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f, repetition_penalty = 1.0f;
+  std::vector<std::pair<int, float>> logit_bias;  // {"<token id>": bias}
   std::vector<std::string> stop;
+  std::vector<int> stop_token_ids;  // extension (vLLM): generation ends after one of these
+  // Log-probabilities of the sampled tokens, each with this many most likely alternatives;
+  // -1: none (chat: logprobs + top_logprobs; completions: logprobs N).
+  int logprobs = -1;
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool ignore_eos = false;        // extension (vLLM): keep going after end-of-sequence ids
@@ -50,7 +59,9 @@ struct CompletionRequest {
 };
 
 // Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
-// ids of a prompt given as ids.
+// ids (of a prompt given as ids, logit_bias, stop_token_ids). A field that would change the
+// response and is not supported (tools, response_format other than text, n > 1, echo, ...) is
+// refused, never ignored.
 CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab);
 
 // {"error": {...}} of an ApiError.
@@ -66,16 +77,23 @@ struct ResponseIdentity {
 
 nlohmann::json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens);
 
-// A whole (non-streamed) response.
+// The "logprobs" of a choice for these tokens: chat {"content": [{token, logprob, bytes,
+// top_logprobs}]}, completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from
+// `text_offset`, the bytes of text before the first of them).
+nlohmann::json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs,
+                             const Tokenizer& tokenizer, size_t text_offset = 0);
+
+// A whole (non-streamed) response; `logprobs` null when not asked for.
 std::string completion_body(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids);
+                            bool return_token_ids, const nlohmann::json& logprobs = nullptr);
 
 // One server-sent event "data: {...}\n\n": the first chunk of a chat stream (role), a text
 // delta, the finish chunk, the usage chunk (choices: []), an error.
 std::string sse_role_chunk(const ResponseIdentity& who);
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
-                            const std::vector<int>& tokens, bool return_token_ids);
+                            const std::vector<int>& tokens, bool return_token_ids,
+                            const nlohmann::json& logprobs = nullptr);
 std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason);
 std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish);
 std::string sse_error(const std::string& message, int status);

@@ -94,7 +94,7 @@ struct Scheduler::Active {
   Clock::time_point admitted, last_token;
 
   Active(std::shared_ptr<ServeJob> j, const SamplingParams& sampling)
-      : job(std::move(j)), sampler(sampling) {}
+      : job(std::move(j)), sampler(sampling, job->request.prompt) {}
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, ServeMetrics& metrics,
@@ -327,7 +327,7 @@ void Scheduler::admit() {
   }
 }
 
-bool Scheduler::on_token(Active& a, int token) {
+bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logprob) {
   const ServeRequest& request = a.job->request;
   const auto now = Clock::now();
   if (a.generated.empty()) {
@@ -371,6 +371,7 @@ bool Scheduler::on_token(Active& a, int token) {
   ServeEvent delta;
   delta.text = a.text.substr(a.emitted, end - a.emitted);
   delta.tokens = {token};
+  if (logprob) delta.logprobs.push_back(std::move(*logprob));
   a.emitted = end;
   a.job->channel.push(std::move(delta));
   if (finished) {
@@ -456,11 +457,14 @@ void Scheduler::step() {
     const std::span<const float> row_logits(logits.data() + row * vocab, vocab);
     if (on_logits) on_logits(*a.job, row_logits);
     int token;
+    std::optional<TokenLogprob> logprob;
     {
       OptionalScope scope(engine_.profiler(), Phase::kSampling);
       token = a.sampler.sample(row_logits);
+      if (a.job->request.logprobs >= 0)
+        logprob = token_logprob(row_logits, token, a.job->request.logprobs);
     }
-    if (on_token(a, token)) finished.push_back(&a);
+    if (on_token(a, token, std::move(logprob))) finished.push_back(&a);
   }
   for (Active* done : finished)
     for (size_t i = 0; i < active_.size(); ++i)

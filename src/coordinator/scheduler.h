@@ -37,6 +37,7 @@ struct ServeRequest {
   SamplingParams sampling;
   std::vector<int> stop_ids;              // generation ends after one of these
   std::vector<std::string> stop_strings;  // generation ends before one of these (not returned)
+  int logprobs = -1;  // >= 0: each token's log-probability with this many alternatives
 };
 
 enum class FinishReason { kStop, kLength };
@@ -47,6 +48,7 @@ struct ServeEvent {
   Kind kind = Kind::kDelta;
   std::string text;         // kDelta: new text, whole UTF-8 characters; kError: the message
   std::vector<int> tokens;  // kDelta: ids sampled since the previous event
+  std::vector<TokenLogprob> logprobs;  // kDelta: theirs, when the request asked
   FinishReason finish = FinishReason::kLength;
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // kFinish
   int status = 503;                                                 // kError: HTTP status
@@ -132,7 +134,7 @@ class Scheduler {
   void evict(size_t cache_index);
   void step();
   // Handles a sampled token; true when the request is finished.
-  bool on_token(Active& a, int token);
+  bool on_token(Active& a, int token, std::optional<TokenLogprob> logprob);
   void finish(size_t active_index, const char* reason);
   void update_gauges();
 

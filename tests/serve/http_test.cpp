@@ -13,6 +13,7 @@
 #include <httplib.h>
 
 #include "../mpi/session.h"
+#include "common/npy.h"
 
 #include <algorithm>
 #include <atomic>
@@ -23,6 +24,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -454,6 +456,163 @@ TEST(Serve, StopStringsMaxTokensAndSeeds) {
   EXPECT_EQ(a.tokens.size(), 24u);
 }
 
+// Log-probabilities are the model's: the log-softmax of the command line's --logits-out rows, the
+// sampled token and the most likely alternatives, whole and streamed, in both formats.
+TEST(Serve, LogprobsAreTheLogSoftmaxOfTheCommandLinesLogits) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const std::vector<int> prompt = {1000, 200, 3000, 45, 6};
+  json request = completion("", 10);
+  request["prompt"] = prompt;
+  request["logprobs"] = 3;
+  const Reply whole = post(port, "/v1/completions", request.dump());
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  const json& lp = whole.body["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), 10u) << whole.raw;
+  ASSERT_EQ(whole.tokens.size(), 10u);
+
+  const fs::path npy =
+      fs::path(::testing::TempDir()) / ("logprobs_" + std::to_string(::getpid()) + ".npy");
+  std::string ids;
+  for (int id : prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  const std::string cmd = std::string(COLIBRI_NODE_BINARY) + " --model " + kModel +
+                          " --prompt-ids " + ids + " --ngen 10 --ignore-eos --quiet --logits-out " +
+                          npy.string() + " >/dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const colibri::NpyArray logits = colibri::read_npy_f32(npy);
+  fs::remove(npy);
+  ASSERT_EQ(logits.shape.size(), 2u);
+  const size_t vocab = size_t(logits.shape[1]);
+  for (size_t i = 0; i < whole.tokens.size(); ++i) {
+    const float* row = &logits.data[(prompt.size() - 1 + i) * vocab];
+    double max = row[0], sum = 0;
+    for (size_t v = 0; v < vocab; ++v) max = std::max(max, double(row[v]));
+    for (size_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - max);
+    const auto log_softmax = [&](size_t v) { return double(row[v]) - max - std::log(sum); };
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), log_softmax(size_t(whole.tokens[i])), 1e-5)
+        << "token " << i;
+    // Greedy: the sampled token is the most likely of the alternatives.
+    const json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u);
+    for (const auto& [text, value] : top.items())
+      EXPECT_LE(value.get<double>(), lp["token_logprobs"][i].get<double>() + 1e-6) << text;
+    EXPECT_TRUE(top.contains(lp["tokens"][i].get<std::string>())) << top.dump();
+  }
+  EXPECT_EQ(lp["text_offset"][0], 0);
+
+  const Reply streamed = post_stream(port, "/v1/completions", request);
+  std::vector<double> streamed_logprobs;
+  for (const json& chunk : streamed.chunks)
+    if (!chunk["choices"].empty() && chunk["choices"][0]["logprobs"].is_object())
+      for (const json& v : chunk["choices"][0]["logprobs"]["token_logprobs"])
+        streamed_logprobs.push_back(v.get<double>());
+  EXPECT_EQ(streamed_logprobs, lp["token_logprobs"].get<std::vector<double>>());
+
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
+               {"max_tokens", 6},
+               {"temperature", 0},
+               {"logprobs", true},
+               {"top_logprobs", 2}};
+  const Reply chat_whole = post(port, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(chat_whole.status, 200) << chat_whole.raw;
+  const json& content = chat_whole.body["choices"][0]["logprobs"]["content"];
+  ASSERT_GE(content.size(), 1u) << chat_whole.raw;
+  std::string joined;
+  for (const json& t : content) {
+    ASSERT_EQ(t["top_logprobs"].size(), 2u);
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);  // greedy
+    EXPECT_EQ(t["top_logprobs"][0]["logprob"], t["logprob"]);
+    std::string bytes;
+    for (int b : t["bytes"]) bytes += char(b);
+    joined += bytes;
+  }
+  EXPECT_EQ(joined.substr(0, chat_whole.text.size()), chat_whole.text);
+  const Reply chat_stream = post_stream(port, "/v1/chat/completions", chat);
+  size_t streamed_entries = 0;
+  for (const json& chunk : chat_stream.chunks)
+    if (!chunk["choices"].empty() && chunk["choices"][0]["logprobs"].is_object())
+      streamed_entries += chunk["choices"][0]["logprobs"]["content"].size();
+  EXPECT_EQ(streamed_entries, content.size());
+}
+
+// top_k, min_p, the penalties, logit_bias and stop_token_ids act on the tokens; informational
+// fields are accepted; fields that would change the response and are not supported are refused
+// with their name.
+TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const json base = completion("And God said,", 24);
+  const Reply greedy = post(port, "/v1/completions", base.dump());
+  ASSERT_EQ(greedy.status, 200) << greedy.raw;
+  ASSERT_EQ(greedy.tokens.size(), 24u);
+
+  json one = base;  // top_k 1 at any temperature is greedy
+  one["temperature"] = 1.5;
+  one["top_k"] = 1;
+  one["seed"] = 5;
+  EXPECT_EQ(post(port, "/v1/completions", one.dump()).tokens, greedy.tokens);
+  json near = base;  // so is min_p 1
+  near["temperature"] = 1.0;
+  near["min_p"] = 1.0;
+  EXPECT_EQ(post(port, "/v1/completions", near.dump()).tokens, greedy.tokens);
+
+  json forced = base;  // a bias of 100 on one token makes it every token
+  forced["logit_bias"] = {{"42", 100}};
+  for (int t : post(port, "/v1/completions", forced.dump()).tokens) EXPECT_EQ(t, 42);
+  json banned = base;  // and -100 on the greedy first token moves the first token
+  banned["logit_bias"] = {{std::to_string(greedy.tokens[0]), -100}};
+  EXPECT_NE(post(port, "/v1/completions", banned.dump()).tokens[0], greedy.tokens[0]);
+
+  // A frequency penalty makes repeated tokens rarer.
+  const auto distinct = [](const std::vector<int>& tokens) {
+    return std::set<int>(tokens.begin(), tokens.end()).size();
+  };
+  json penalised = base;
+  penalised["frequency_penalty"] = 2.0;
+  const Reply fewer = post(port, "/v1/completions", penalised.dump());
+  EXPECT_NE(fewer.tokens, greedy.tokens);
+  EXPECT_GT(distinct(fewer.tokens), distinct(greedy.tokens));
+  json repetition = base;
+  repetition["repetition_penalty"] = 1.5;
+  EXPECT_NE(post(port, "/v1/completions", repetition.dump()).tokens, greedy.tokens);
+
+  json stop_ids = base;  // generation ends after the fifth token, which is returned
+  stop_ids["stop_token_ids"] = {greedy.tokens[4]};
+  const Reply stopped = post(port, "/v1/completions", stop_ids.dump());
+  const size_t first =
+      size_t(std::find(greedy.tokens.begin(), greedy.tokens.end(), greedy.tokens[4]) -
+             greedy.tokens.begin());
+  EXPECT_EQ(stopped.tokens,
+            std::vector<int>(greedy.tokens.begin(), greedy.tokens.begin() + first + 1));
+  EXPECT_EQ(stopped.finish_reason, "stop");
+
+  json informational = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                        {"max_tokens", 2},
+                        {"user", "u-1"},
+                        {"metadata", {{"k", "v"}}},
+                        {"store", false},
+                        {"service_tier", "auto"},
+                        {"parallel_tool_calls", true},
+                        {"tools", json::array()},
+                        {"tool_choice", "none"},
+                        {"response_format", {{"type", "text"}}}};
+  EXPECT_EQ(post(port, "/v1/chat/completions", informational.dump()).status, 200);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+           {"tool_choice", "required"},
+           {"response_format", {{"type", "json_schema"}}},
+           {"n", 2}}) {
+    json refused = informational;
+    refused[field] = value;
+    const Reply r = post(port, "/v1/chat/completions", refused.dump());
+    EXPECT_EQ(r.status, 400) << field;
+    EXPECT_EQ(r.body["error"]["param"], field) << r.raw;
+    EXPECT_EQ(r.body["error"]["code"], "not_supported") << r.raw;
+  }
+}
+
 // Without max_tokens a request gets what fits: on a KV pool smaller than the default of 512 plus
 // the prompt it runs to the pool's end instead of being refused.
 TEST(Serve, DefaultMaxTokensIsWhatTheKvPoolHolds) {
@@ -570,7 +729,21 @@ std::vector<std::pair<std::string, std::string>> hostile_requests() {
       {{"messages", user}, {"stream_options", {{"include_usage", "yes"}}}},
       {{"messages", user}, {"n", 2}},
       {{"messages", user}, {"n", "1"}},
-      {{"messages", user}, {"logprobs", true}},
+      {{"messages", user}, {"logprobs", "yes"}},
+      {{"messages", user}, {"top_logprobs", 3}},  // without logprobs
+      {{"messages", user}, {"logprobs", true}, {"top_logprobs", 21}},
+      {{"messages", user}, {"tools", {{{"type", "function"}}}}},
+      {{"messages", user}, {"tool_choice", "auto"}},
+      {{"messages", user}, {"functions", json::array()}},
+      {{"messages", user}, {"response_format", {{"type", "json_object"}}}},
+      {{"messages", user}, {"logit_bias", {{"abc", 1}}}},
+      {{"messages", user}, {"logit_bias", {{"5", 500}}}},
+      {{"messages", user}, {"logit_bias", {{"99999", 1}}}},
+      {{"messages", user}, {"top_k", -5}},
+      {{"messages", user}, {"min_p", 2}},
+      {{"messages", user}, {"repetition_penalty", 0}},
+      {{"messages", user}, {"presence_penalty", 3}},
+      {{"messages", user}, {"stop_token_ids", {99999}}},
       {{"messages", user}, {"model", 5}},
       {{"messages", user}, {"ignore_eos", "no"}},
       {{"messages", {{{"role", "user"}, {"content", std::string(9000, 'a')}}}}, {"max_tokens", 10}},
@@ -599,6 +772,11 @@ std::vector<std::pair<std::string, std::string>> hostile_requests() {
       {{"prompt", "a"}, {"max_tokens", 5000}},
       {{"prompt", std::string(12000, 'x')}},
       {{"prompt", "a"}, {"temperature", nullptr}, {"top_p", -0.5}},
+      {{"prompt", "a"}, {"logprobs", true}},
+      {{"prompt", "a"}, {"logprobs", 30}},
+      {{"prompt", "a"}, {"echo", true}},
+      {{"prompt", "a"}, {"best_of", 2}},
+      {{"prompt", "a"}, {"suffix", "b"}},
       {{"prompt", "a"},
        {"stop",
         {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q"}}},
