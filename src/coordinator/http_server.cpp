@@ -78,27 +78,66 @@ class Api {
     }
   }
 
+  // POST /tokenize (vLLM's): {"prompt": ...} or {"messages": [...]} -> the ids a completion of
+  // it would start from (a chat with the assistant's generation prompt).
+  void tokenize(const std::string& body, httplib::Response& res) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+      const bool chat = j.is_object() && j.contains("messages");
+      const CompletionRequest r = parse_completion_request(body, chat, config_.vocab_size);
+      const std::vector<int> ids = prompt_of(r);
+      res.set_content(dump_json({{"tokens", ids},
+                                 {"count", ids.size()},
+                                 {"max_model_len", config_.max_position_embeddings}}),
+                      "application/json");
+    } catch (const ApiError& e) {
+      reply_error(res, e);
+    }
+  }
+
+  // POST /detokenize: {"tokens": [ids]} -> {"prompt": text}, special tokens included.
+  void detokenize(const std::string& body, httplib::Response& res) {
+    try {
+      const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+      if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+        throw ApiError(400, "'tokens' must be an array of token ids", "tokens");
+      std::vector<int> ids;
+      for (const nlohmann::json& id : j["tokens"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= config_.vocab_size)
+          throw ApiError(400,
+                         fmt::format("'tokens' holds {}, not a token id in [0, {})", id.dump(),
+                                     config_.vocab_size),
+                         "tokens");
+        ids.push_back(id.get<int>());
+      }
+      res.set_content(dump_json({{"prompt", tokenizer_.decode(ids, /*skip_special=*/false)}}),
+                      "application/json");
+    } catch (const ApiError& e) {
+      reply_error(res, e);
+    }
+  }
+
  private:
   static constexpr int kDefaultMaxTokens = 512;
   static constexpr int kClientClosedRequest = 499;  // counted, never sent
+
+  // The prompt's ids: a chat rendered in the model's format with the generation prompt.
+  std::vector<int> prompt_of(const CompletionRequest& r) const {
+    if (!r.chat) return r.prompt_is_ids ? r.prompt_ids : tokenizer_.encode(r.prompt_text);
+    try {
+      return tokenizer_.encode(render_chat(format_, r.messages, true));
+    } catch (const Error& e) {
+      throw ApiError(400, e.what(), "messages");
+    }
+  }
 
   void handle(const std::string& body, httplib::Response& res, bool chat) {
     const CompletionRequest r = parse_completion_request(body, chat, config_.vocab_size);
     auto job = std::make_shared<ServeJob>();
     ServeRequest& s = job->request;
-    if (chat) {
-      std::string text;
-      try {
-        text = render_chat(format_, r.messages, true);
-      } catch (const Error& e) {
-        throw ApiError(400, e.what(), "messages");
-      }
-      s.prompt = tokenizer_.encode(text);
-      s.stop_ids = chat_stop_ids_;
-    } else {
-      s.prompt = r.prompt_is_ids ? r.prompt_ids : tokenizer_.encode(r.prompt_text);
-      s.stop_ids = config_.generation.eos_token_ids;
-    }
+    s.prompt = prompt_of(r);
+    s.stop_ids = chat ? chat_stop_ids_ : config_.generation.eos_token_ids;
     if (r.ignore_eos) s.stop_ids.clear();
     s.stop_ids.insert(s.stop_ids.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
     if (s.prompt.empty())
@@ -391,10 +430,13 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
   // The body through a content reader, counted as it arrives and after any decompression, so that
   // --max-body-mb holds for chunked and compressed bodies too (cpp-httplib's own limit sees only
   // Content-Length).
-  for (const auto& [path, chat] :
-       {std::pair{"/v1/chat/completions", true}, std::pair{"/v1/completions", false}}) {
-    server.Post(path, [&, chat = chat](const httplib::Request&, httplib::Response& res,
-                                       const httplib::ContentReader& reader) {
+  enum class Route { kChat, kCompletions, kTokenize, kDetokenize };
+  for (const auto& [path, route] :
+       {std::pair{"/v1/chat/completions", Route::kChat},
+        std::pair{"/v1/completions", Route::kCompletions}, std::pair{"/tokenize", Route::kTokenize},
+        std::pair{"/detokenize", Route::kDetokenize}}) {
+    server.Post(path, [&, route = route](const httplib::Request&, httplib::Response& res,
+                                         const httplib::ContentReader& reader) {
       std::string body;
       bool too_large = false;
       const bool read = reader([&](const char* data, size_t bytes) {
@@ -420,8 +462,12 @@ int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& option
         res.set_header("Connection", "close");
         reply_error(res, ApiError(400, "the request body could not be read", {}, {},
                                   "invalid_request_error"));
+      } else if (route == Route::kTokenize) {
+        api.tokenize(body, res);
+      } else if (route == Route::kDetokenize) {
+        api.detokenize(body, res);
       } else {
-        api.completions(body, res, chat);
+        api.completions(body, res, route == Route::kChat);
       }
     });
   }

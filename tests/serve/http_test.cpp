@@ -207,7 +207,7 @@ Reply post(int port, const std::string& path, const std::string& body, const std
   r.raw = res->body;
   r.retry_after = res->get_header_value("Retry-After");
   r.body = json::parse(res->body, nullptr, false);
-  if (r.status == 200 && r.body.is_object()) {
+  if (r.status == 200 && r.body.is_object() && r.body.contains("choices")) {
     const json& choice = r.body["choices"][0];
     r.text = choice.contains("message") ? choice["message"]["content"].get<std::string>()
                                         : choice["text"].get<std::string>();
@@ -599,6 +599,24 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
                         {"tool_choice", "none"},
                         {"response_format", {{"type", "text"}}}};
   EXPECT_EQ(post(port, "/v1/chat/completions", informational.dump()).status, 200);
+
+  // /tokenize gives the ids a completion starts from; /detokenize the text back.
+  const Reply ids = post(port, "/tokenize", json{{"prompt", "And God said,"}}.dump());
+  ASSERT_EQ(ids.status, 200) << ids.raw;
+  json by_ids = base;
+  by_ids["prompt"] = ids.body["tokens"];
+  EXPECT_EQ(post(port, "/v1/completions", by_ids.dump()).tokens, greedy.tokens);
+  EXPECT_EQ(ids.body["count"], ids.body["tokens"].size());
+  const Reply text = post(port, "/detokenize", json{{"tokens", ids.body["tokens"]}}.dump());
+  EXPECT_EQ(text.body["prompt"], "And God said,") << text.raw;
+  const Reply chat_ids =
+      post(port, "/tokenize", json{{"messages", informational["messages"]}}.dump());
+  ASSERT_EQ(chat_ids.status, 200) << chat_ids.raw;
+  EXPECT_EQ(chat_ids.body["tokens"].size(), post(port, "/v1/chat/completions", informational.dump())
+                                                .usage["prompt_tokens"]
+                                                .get<size_t>());
+  EXPECT_EQ(post(port, "/detokenize", json{{"tokens", {-1}}}.dump()).status, 400);
+  EXPECT_EQ(post(port, "/tokenize", "{}").status, 400);
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
            {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
            {"tool_choice", "required"},
