@@ -310,6 +310,7 @@ int run(const colibri::CommandLine& args) {
     options.scheduler.max_batch_tokens = args.max_batch_tokens;
     options.scheduler.max_queue = args.max_queue;
     options.scheduler.prefix_cache = !args.no_prefix_cache;
+    options.thinking = parse_thinking(args.think);
     const int code = colibri::serve(node.engine(), tokenizer, options);
     node.shutdown();
     const std::vector<colibri::RankReport> reports = node.gather_reports();

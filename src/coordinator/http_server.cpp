@@ -68,7 +68,9 @@ class Api {
         config_(config),
         options_(options),
         format_(chat_format_for(config)),
-        chat_stop_ids_(chat_stop_ids(format_, config, tokenizer)) {}
+        chat_stop_ids_(chat_stop_ids(format_, config, tokenizer)),
+        think_open_(tokenizer.token_to_id("<think>")),
+        think_close_(tokenizer.token_to_id("</think>")) {}
 
   void completions(const std::string& body, httplib::Response& res, bool chat) {
     try {
@@ -123,10 +125,15 @@ class Api {
   static constexpr int kClientClosedRequest = 499;  // counted, never sent
 
   // The prompt's ids: a chat rendered in the model's format with the generation prompt.
+  Thinking thinking_of(const CompletionRequest& r) const {
+    if (!r.thinking) return options_.thinking;
+    return *r.thinking ? Thinking::kOn : Thinking::kOff;
+  }
+
   std::vector<int> prompt_of(const CompletionRequest& r) const {
     if (!r.chat) return r.prompt_is_ids ? r.prompt_ids : tokenizer_.encode(r.prompt_text);
     try {
-      return tokenizer_.encode(render_chat(format_, r.messages, true));
+      return tokenizer_.encode(render_chat(format_, r.messages, true, thinking_of(r)));
     } catch (const Error& e) {
       throw ApiError(400, e.what(), "messages");
     }
@@ -138,6 +145,11 @@ class Api {
     ServeRequest& s = job->request;
     s.prompt = prompt_of(r);
     s.stop_ids = chat ? chat_stop_ids_ : config_.generation.eos_token_ids;
+    if (chat && think_open_ && think_close_) {
+      s.think_open = *think_open_;
+      s.think_close = *think_close_;
+      s.thinking_open = thinking_of(r) == Thinking::kOn;
+    }
     if (r.ignore_eos) s.stop_ids.clear();
     s.stop_ids.insert(s.stop_ids.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
     if (s.prompt.empty())
@@ -212,6 +224,7 @@ class Api {
     std::string text;
     std::vector<int> tokens;
     std::vector<TokenLogprob> logprobs;
+    std::string reasoning;
     std::vector<ServeEvent> events;
     auto looked = Clock::now();
     for (;;) {
@@ -232,13 +245,17 @@ class Api {
           text += e.text;
           tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
           logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+          reasoning += e.reasoning;
         } else if (e.kind == ServeEvent::Kind::kError) {
           throw ApiError(e.status, e.text, {}, "unavailable", "unavailable_error");
         } else {
           const nlohmann::json lp = r.logprobs >= 0 ? logprobs_json(who.chat, logprobs, tokenizer_)
                                                     : nlohmann::json(nullptr);
-          res.set_content(completion_body(who, text, tokens, e, r.return_token_ids, lp),
-                          "application/json");
+          const bool split = who.chat && job->request.think_close >= 0;
+          res.set_content(
+              completion_body(who, text, tokens, e, r.return_token_ids, lp,
+                              split ? std::optional<std::string>(reasoning) : std::nullopt),
+              "application/json");
           return;
         }
       }
@@ -285,12 +302,14 @@ class Api {
           state->job->channel.wait(state->events, std::chrono::milliseconds(out.empty() ? 250 : 0));
           for (const ServeEvent& e : state->events) {
             if (e.kind == ServeEvent::Kind::kDelta) {
-              if (!e.text.empty() || state->return_token_ids || state->logprobs) {
+              if (!e.text.empty() || !e.reasoning.empty() || state->return_token_ids ||
+                  state->logprobs) {
                 const nlohmann::json lp = state->logprobs
                                               ? logprobs_json(state->who.chat, e.logprobs,
                                                               *state->tokenizer, state->text_offset)
                                               : nlohmann::json(nullptr);
-                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids, lp);
+                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids, lp,
+                                       e.reasoning);
               }
               state->text_offset += e.text.size();
             } else {
@@ -328,6 +347,7 @@ class Api {
   const ServeOptions& options_;
   ChatFormat format_;
   std::vector<int> chat_stop_ids_;
+  std::optional<int> think_open_, think_close_;  // the thinking block's markers, when tokens
   std::atomic<uint64_t> ids_{0};
 };
 

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <string>
 
+#include "coordinator/chat.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_connections.h"
 #include "coordinator/scheduler.h"
@@ -27,6 +28,7 @@ struct ServeOptions {
   ConnectionLimits connections;
   bool multi_rank = false;  // expert ranks exist: a stalled exchange can mean a dead rank
   SchedulerOptions scheduler;
+  Thinking thinking = Thinking::kUnset;  // --think: for chat requests that do not choose
 };
 
 // Serves until a signal drains the server. Returns the process exit code.

@@ -149,6 +149,25 @@ void parse_sampling(const json& j, CompletionRequest& r, int vocab) {
   }
 }
 
+// The thinking block: chat_template_kwargs.enable_thinking (GLM, vLLM) or .thinking (DeepSeek),
+// else reasoning_effort ("none": off; minimal, low, medium, high: on).
+void parse_thinking(const json& j, CompletionRequest& r) {
+  if (const json* v = find_field(j, "reasoning_effort")) {
+    const std::string effort = get_string(*v, "reasoning_effort");
+    if (effort != "none" && effort != "minimal" && effort != "low" && effort != "medium" &&
+        effort != "high")
+      throw ApiError(400, "'reasoning_effort' must be none, minimal, low, medium or high",
+                     "reasoning_effort");
+    r.thinking = effort != "none";
+  }
+  if (const json* v = find_field(j, "chat_template_kwargs")) {
+    if (!v->is_object()) wrong_type("chat_template_kwargs", "an object", *v);
+    for (const char* name : {"enable_thinking", "thinking"})
+      if (const json* t = find_field(*v, name))
+        r.thinking = get_bool(*t, fmt::format("chat_template_kwargs.{}", name));
+  }
+}
+
 [[noreturn]] void not_supported(const std::string& field, const std::string& what) {
   throw ApiError(400, fmt::format("'{}' is not supported: {}", field, what), field,
                  "not_supported");
@@ -291,6 +310,7 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
   }
   parse_sampling(j, r, vocab);
   refuse_unsupported(j, chat);
+  if (chat) parse_thinking(j, r);
   if (const json* v = field("stop")) {
     if (v->is_string()) {
       r.stop.push_back(v->get<std::string>());
@@ -399,14 +419,19 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs, const T
 
 std::string completion_body(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids, const json& logprobs) {
+                            bool return_token_ids, const json& logprobs,
+                            const std::optional<std::string>& reasoning) {
   json j = envelope(who, false);
   json choice = {
       {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(finish.finish)}};
-  if (who.chat)
+  if (who.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
-  else
+    if (reasoning)
+      choice["message"]["reasoning_content"] =
+          reasoning->empty() ? json(nullptr) : json(*reasoning);
+  } else {
     choice["text"] = text;
+  }
   if (return_token_ids) choice["token_ids"] = tokens;
   j["choices"] = json::array({choice});
   j["usage"] = usage_json(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens);
@@ -425,10 +450,14 @@ std::string sse_role_chunk(const ResponseIdentity& who) {
 
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, bool return_token_ids,
-                            const json& logprobs) {
+                            const json& logprobs, const std::string& reasoning) {
   json j = envelope(who, true);
   json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
-  if (who.chat)
+  if (who.chat && !reasoning.empty() && text.empty())
+    choice["delta"] = {{"reasoning_content", reasoning}};
+  else if (who.chat && !reasoning.empty())
+    choice["delta"] = {{"reasoning_content", reasoning}, {"content", text}};
+  else if (who.chat)
     choice["delta"] = {{"content", text}};
   else
     choice["text"] = text;

@@ -56,6 +56,9 @@ struct CompletionRequest {
   bool include_usage = false;     // stream_options.include_usage
   bool ignore_eos = false;        // extension (vLLM): keep going after end-of-sequence ids
   bool return_token_ids = false;  // extension (vLLM): the generated ids in every choice
+  // Chat: the thinking block on or off (chat_template_kwargs.enable_thinking or .thinking,
+  // reasoning_effort "none" or not); unset: the server's --think.
+  std::optional<bool> thinking;
 };
 
 // Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
@@ -83,17 +86,20 @@ nlohmann::json usage_json(int prompt_tokens, int completion_tokens, int cached_t
 nlohmann::json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs,
                              const Tokenizer& tokenizer, size_t text_offset = 0);
 
-// A whole (non-streamed) response; `logprobs` null when not asked for.
+// A whole (non-streamed) response; `logprobs` null when not asked for; `reasoning` (the thinking
+// block, as message.reasoning_content) only for a chat whose reply is split.
 std::string completion_body(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids, const nlohmann::json& logprobs = nullptr);
+                            bool return_token_ids, const nlohmann::json& logprobs = nullptr,
+                            const std::optional<std::string>& reasoning = std::nullopt);
 
 // One server-sent event "data: {...}\n\n": the first chunk of a chat stream (role), a text
 // delta, the finish chunk, the usage chunk (choices: []), an error.
 std::string sse_role_chunk(const ResponseIdentity& who);
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, bool return_token_ids,
-                            const nlohmann::json& logprobs = nullptr);
+                            const nlohmann::json& logprobs = nullptr,
+                            const std::string& reasoning = {});
 std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason);
 std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish);
 std::string sse_error(const std::string& message, int status);

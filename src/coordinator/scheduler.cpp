@@ -88,13 +88,18 @@ struct Scheduler::Active {
   int last = -1;         // sampled token to feed next; -1 while prefilling
   std::vector<int> ids;  // tokens in the KV cache, in order
   std::vector<int> generated;
-  std::string text;    // generated text (bytes), stop strings cut
-  size_t emitted = 0;  // bytes of text sent
+  std::string text;           // generated text (bytes), stop strings cut
+  size_t emitted = 0;         // bytes of text sent
+  bool thinking = false;      // inside the thinking block: text goes to `reasoning`
+  std::string reasoning;      // the thinking block's text (bytes)
+  size_t reasoning_sent = 0;  // bytes of it sent
   Sampler sampler;
   Clock::time_point admitted, last_token;
 
   Active(std::shared_ptr<ServeJob> j, const SamplingParams& sampling)
-      : job(std::move(j)), sampler(sampling, job->request.prompt) {}
+      : job(std::move(j)),
+        thinking(job->request.thinking_open && job->request.think_close >= 0),
+        sampler(sampling, job->request.prompt) {}
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, ServeMetrics& metrics,
@@ -341,10 +346,18 @@ bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logpr
 
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
+  const bool opens = request.think_close >= 0 && token == request.think_open && !a.thinking &&
+                     a.generated.size() == 1;
+  const bool closes = a.thinking && token == request.think_close;
   if (std::find(request.stop_ids.begin(), request.stop_ids.end(), token) !=
       request.stop_ids.end()) {
     finished = true;
     reason = FinishReason::kStop;
+  } else if (opens || closes) {
+    a.thinking = opens;  // the markers themselves are in neither text
+  } else if (a.thinking) {
+    const int one[] = {token};
+    a.reasoning += tokenizer_.decode_bytes(one, /*skip_special=*/true);
   } else {
     const int one[] = {token};
     const size_t before = a.text.size();
@@ -369,6 +382,11 @@ bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logpr
     end = std::max(a.emitted, utf8_complete_prefix(a.text, end));
   }
   ServeEvent delta;
+  const size_t thought =
+      finished ? a.reasoning.size()
+               : std::max(a.reasoning_sent, utf8_complete_prefix(a.reasoning, a.reasoning.size()));
+  delta.reasoning = a.reasoning.substr(a.reasoning_sent, thought - a.reasoning_sent);
+  a.reasoning_sent = thought;
   delta.text = a.text.substr(a.emitted, end - a.emitted);
   delta.tokens = {token};
   if (logprob) delta.logprobs.push_back(std::move(*logprob));

@@ -38,6 +38,11 @@ struct ServeRequest {
   std::vector<int> stop_ids;              // generation ends after one of these
   std::vector<std::string> stop_strings;  // generation ends before one of these (not returned)
   int logprobs = -1;  // >= 0: each token's log-probability with this many alternatives
+  // A chat's thinking block, returned apart from the answer: the ids of its markers (-1: no
+  // split), and whether the prompt opened it. Without that, a reply that starts with the
+  // opening marker opens it.
+  int think_open = -1, think_close = -1;
+  bool thinking_open = false;
 };
 
 enum class FinishReason { kStop, kLength };
@@ -49,6 +54,7 @@ struct ServeEvent {
   std::string text;         // kDelta: new text, whole UTF-8 characters; kError: the message
   std::vector<int> tokens;  // kDelta: ids sampled since the previous event
   std::vector<TokenLogprob> logprobs;  // kDelta: theirs, when the request asked
+  std::string reasoning;               // kDelta: new text of the thinking block
   FinishReason finish = FinishReason::kLength;
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;  // kFinish
   int status = 503;                                                 // kError: HTTP status

@@ -130,8 +130,9 @@ std::vector<FlagRow> make_table() {
     flag("--chat-format", Use::kOffline, Agree::kCoordinator,
          "wrap --prompt as one user turn in the model's chat format",
          [](auto& l) -> auto& { return l.chat_format; }),
-    option("--think", "template's", Use::kOffline, Agree::kCoordinator,
-           "chat thinking block: on or off (default: the template's choice)",
+    option("--think", "template's", Use::kAny, Agree::kCoordinator,
+           "chat thinking block: on or off (default: the template's choice); with --serve, "
+           "the default of requests that do not choose",
            [](auto& l) -> auto& { return l.think; }),
     flag("--quiet", Use::kAny, Agree::kOwn, "do not print the per-rank profile table",
          [](auto& l) -> auto& { return l.quiet; }),
@@ -401,8 +402,8 @@ void check_combinations(const CLI::App& app, const CommandLine& line) {
     for (const std::string& value : o->results())
       if (value.empty()) fail("{} is given an empty value", row.name);
   }
-  if (!line.think.empty() && !line.chat && !line.chat_format)
-    fail("--think {} needs --chat or --chat-format", line.think);
+  if (!line.think.empty() && !line.chat && !line.chat_format && !line.serve)
+    fail("--think {} needs --chat, --chat-format or --serve", line.think);
   if (line.chat_format && given(app, "--prompt-ids"))
     fail("--chat-format wraps a text prompt; it cannot be used with --prompt-ids");
   if (line.chat_format && given(app, "--score")) fail("--chat-format cannot be used with --score");

@@ -631,6 +631,65 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
   }
 }
 
+// The thinking block comes back as reasoning_content, apart from the answer: on per request
+// (chat_template_kwargs.enable_thinking, reasoning_effort), else the server's --think. The
+// embedded model never closes a block it was given, so with thinking on the whole reply is
+// reasoning; the prompt ends with <think> (on) or <think></think> (off).
+TEST(Serve, ThinkingOnReturnsReasoningContentApartFromTheAnswer) {
+  ServerProcess server(1, {"--think", "off"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const json messages = {{{"role", "user"}, {"content", "Who made the heaven?"}}};
+  json on = {{"messages", messages},     {"max_tokens", 8},
+             {"temperature", 0},         {"ignore_eos", true},
+             {"return_token_ids", true}, {"chat_template_kwargs", {{"enable_thinking", true}}}};
+  json off = on;
+  off.erase("chat_template_kwargs");  // the server's --think off
+  const auto last_ids = [&](const json& request, size_t n) {
+    const json ids =
+        post(port, "/tokenize",
+             json{{"messages", request["messages"]},
+                  {"chat_template_kwargs", request.value("chat_template_kwargs", json::object())}}
+                 .dump())
+            .body["tokens"];
+    return std::vector<int>(ids.end() - std::ptrdiff_t(n), ids.end());
+  };
+  const auto ids_of = [&](const std::string& text) {
+    return post(port, "/tokenize", json{{"prompt", text}}.dump())
+        .body["tokens"]
+        .get<std::vector<int>>();
+  };
+  EXPECT_EQ(last_ids(on, 1), ids_of("<think>"));
+  EXPECT_EQ(last_ids(off, 2), ids_of("<think></think>"));
+
+  const Reply thinking = post(port, "/v1/chat/completions", on.dump());
+  ASSERT_EQ(thinking.status, 200) << thinking.raw;
+  const json& message = thinking.body["choices"][0]["message"];
+  ASSERT_TRUE(message["reasoning_content"].is_string()) << thinking.raw;
+  EXPECT_FALSE(message["reasoning_content"].get<std::string>().empty());
+  EXPECT_EQ(message["content"], "");
+  EXPECT_EQ(thinking.tokens.size(), 8u);
+  const Reply streamed = post_stream(port, "/v1/chat/completions", on);
+  std::string streamed_reasoning;
+  for (const json& chunk : streamed.chunks)
+    if (!chunk["choices"].empty() && chunk["choices"][0].contains("delta") &&
+        chunk["choices"][0]["delta"].contains("reasoning_content"))
+      streamed_reasoning += chunk["choices"][0]["delta"]["reasoning_content"].get<std::string>();
+  EXPECT_EQ(streamed_reasoning, message["reasoning_content"]);
+  EXPECT_EQ(streamed.text, "");
+
+  const Reply answer = post(port, "/v1/chat/completions", off.dump());
+  ASSERT_EQ(answer.status, 200) << answer.raw;
+  EXPECT_TRUE(answer.body["choices"][0]["message"]["reasoning_content"].is_null()) << answer.raw;
+  EXPECT_FALSE(answer.text.empty());
+  json none = on;  // reasoning_effort "none" is off too; chat_template_kwargs wins when both
+  none.erase("chat_template_kwargs");
+  none["reasoning_effort"] = "none";
+  EXPECT_EQ(post(port, "/v1/chat/completions", none.dump()).tokens, answer.tokens);
+  none["reasoning_effort"] = "high";
+  EXPECT_EQ(post(port, "/v1/chat/completions", none.dump()).tokens, thinking.tokens);
+}
+
 // Without max_tokens a request gets what fits: on a KV pool smaller than the default of 512 plus
 // the prompt it runs to the pool's end instead of being refused.
 TEST(Serve, DefaultMaxTokensIsWhatTheKvPoolHolds) {

@@ -3,6 +3,7 @@
 // gets alone, stop strings cut the text, and the KV pool is back to empty afterwards.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -31,6 +32,7 @@ LocalModel& model() {
 struct Outcome {
   std::vector<int> tokens;
   std::string text;
+  std::string reasoning;
   std::vector<std::vector<float>> logits;  // one row per generated token
   ServeEvent finish;
 };
@@ -76,6 +78,7 @@ std::vector<Outcome> run_all(const std::vector<ServeRequest>& requests, bool pre
     for (const ServeEvent& e : events) {
       if (e.kind == ServeEvent::Kind::kDelta) {
         out[i].text += e.text;
+        out[i].reasoning += e.reasoning;
         out[i].tokens.insert(out[i].tokens.end(), e.tokens.begin(), e.tokens.end());
       } else {
         out[i].finish = e;
@@ -184,6 +187,44 @@ TEST(Scheduler, StopStringsCutTheTextAndEndWithStop) {
   EXPECT_EQ(cut.text, full.text.substr(0, full.text.find(stop)));
   EXPECT_EQ(cut.finish.finish, FinishReason::kStop);
   EXPECT_LT(cut.tokens.size(), full.tokens.size());
+}
+
+// The thinking block goes apart from the answer, split on its marker tokens. Markers taken from
+// the greedy reply itself (its first token opens, a later one closes) make the expected texts
+// the decoding of known token ranges; the markers are in neither text.
+TEST(Scheduler, TheThinkingBlockIsSplitOffTheAnswerAtItsMarkers) {
+  const Tokenizer& tok = model().tokenizer;
+  const ServeRequest plain = greedy("And God said,", 24);
+  const Outcome full = run_all({plain}, false)[0];
+  ASSERT_EQ(full.tokens.size(), 24u);
+  size_t close = 3;  // a token that first appears at index >= 3
+  while (close < full.tokens.size() &&
+         std::find(full.tokens.begin(), full.tokens.begin() + std::ptrdiff_t(close),
+                   full.tokens[close]) != full.tokens.begin() + std::ptrdiff_t(close))
+    ++close;
+  ASSERT_LT(close, full.tokens.size()) << "no token first appears late enough";
+  const auto decode = [&](size_t from, size_t to) {
+    return tok.decode(std::span(full.tokens).subspan(from, to - from), true);
+  };
+  ServeRequest opened_by_reply = plain;  // the reply's first token opens the block
+  opened_by_reply.think_open = full.tokens[0];
+  opened_by_reply.think_close = full.tokens[close];
+  ServeRequest opened_by_prompt = plain;  // the prompt opened it
+  opened_by_prompt.think_open = -2;
+  opened_by_prompt.think_close = full.tokens[close];
+  opened_by_prompt.thinking_open = true;
+  ServeRequest never_opened = plain;  // the first token is not the opening marker
+  never_opened.think_open = full.tokens[close];
+  never_opened.think_close = full.tokens[0];
+  const std::vector<Outcome> out =
+      run_all({opened_by_reply, opened_by_prompt, never_opened}, false);
+  for (const Outcome& o : out) EXPECT_EQ(o.tokens, full.tokens);
+  EXPECT_EQ(out[0].reasoning, decode(1, close));
+  EXPECT_EQ(out[0].text, decode(close + 1, full.tokens.size()));
+  EXPECT_EQ(out[1].reasoning, decode(0, close));
+  EXPECT_EQ(out[1].text, decode(close + 1, full.tokens.size()));
+  EXPECT_EQ(out[2].reasoning, "");
+  EXPECT_EQ(out[2].text, full.text);
 }
 
 TEST(Scheduler, Utf8CompletePrefix) {
