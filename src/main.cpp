@@ -32,6 +32,7 @@
 #include "common/output_file.h"
 #include "coordinator/batch_generate.h"
 #include "coordinator/chat.h"
+#include "coordinator/kv_file.h"
 #include "cpu/quant.h"
 #include "model/generate.h"
 #include "model/score.h"
@@ -122,6 +123,23 @@ void run_chat(colibri::Node& node, const colibri::CommandLine& args,
   const int seq = engine.open_sequence();
   const colibri::ForwardFn forward = colibri::sequence_forward(engine, seq);
   std::vector<colibri::ChatMessage> messages;
+  // --kv-file: the conversation so far comes back without a prefill; each turn is appended.
+  std::optional<colibri::KvFile> kv_file;
+  if (!args.kv_file.empty()) {
+    kv_file.emplace(args.kv_file, node.config(), node.model_identity());
+    std::vector<std::string> notes;
+    const std::vector<int> ids = kv_file->restore(engine.kv(), seq, notes);
+    for (const std::string& note : notes) std::fprintf(stderr, "(%s)\n", note.c_str());
+    if (!ids.empty()) {
+      std::fprintf(stderr, "(continuing the conversation in %s: %zu tokens, no prefill)\n",
+                   args.kv_file.c_str(), ids.size());
+      messages.push_back({"history", ""});  // rendered already: new turns follow it
+    }
+  }
+  const auto new_conversation = [&] {
+    engine.clear_sequence(seq);
+    if (kv_file) kv_file->reset();
+  };
   const TextStream stream(tokenizer);
   std::string line;
   for (;;) {
@@ -142,7 +160,7 @@ void run_chat(colibri::Node& node, const colibri::CommandLine& args,
     };
     if (positions() > context && rendered > 0) {
       std::fputs("(context is full; starting a new conversation)\n", stderr);
-      engine.clear_sequence(seq);
+      new_conversation();
       messages.erase(messages.begin(), messages.end() - 1);
       request.prompt = tokenizer.encode(
           colibri::render_chat(format, messages, true, parse_thinking(args.think), 0));
@@ -155,6 +173,7 @@ void run_chat(colibri::Node& node, const colibri::CommandLine& args,
       messages.pop_back();
       continue;
     }
+    const int before = engine.length(seq);
     const colibri::GenerateResult result =
         colibri::generate(forward, node.config().vocab_size, request, stream, engine.profiler());
     std::fputs("\n", stdout);
@@ -163,10 +182,21 @@ void run_chat(colibri::Node& node, const colibri::CommandLine& args,
     if (!reply.empty() &&
         std::count(request.stop_ids.begin(), request.stop_ids.end(), reply.back()))
       reply.pop_back();
+    if (kv_file) {
+      // The positions the turn added: its prompt and the reply, but the last token when it was
+      // not fed (a final stop token, or the last of --ngen).
+      std::vector<int> turn = request.prompt;
+      turn.insert(turn.end(), result.tokens.begin(), result.tokens.end());
+      const int grew = engine.length(seq) - before;
+      if (grew > int(turn.size()) || grew + 1 < int(turn.size()))
+        fail("--kv-file: the turn holds {} tokens but the sequence grew by {}", turn.size(), grew);
+      turn.resize(size_t(grew));
+      kv_file->append(engine.kv(), seq, before, turn);
+    }
     messages.push_back({"assistant", tokenizer.decode(reply, true)});
     if (engine.length(seq) + request.max_new_tokens + 64 > node.config().max_position_embeddings) {
       std::fputs("(context is full; starting a new conversation)\n", stderr);
-      engine.clear_sequence(seq);
+      new_conversation();
       messages.clear();
     }
   }

@@ -63,6 +63,9 @@ class KvManager {
   float* latent(int layer) { return layers_[size_t(layer)].latent.get(); }
   float* k_rope(int layer) { return layers_[size_t(layer)].k_rope.get(); }
   float* index_k(int layer) { return layers_[size_t(layer)].index_k.get(); }
+  const float* latent(int layer) const { return layers_[size_t(layer)].latent.get(); }
+  const float* k_rope(int layer) const { return layers_[size_t(layer)].k_rope.get(); }
+  const float* index_k(int layer) const { return layers_[size_t(layer)].index_k.get(); }
 
   int block_tokens() const { return block_tokens_; }
   int total_blocks() const { return int(block_owner_.size()); }

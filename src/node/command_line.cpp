@@ -127,6 +127,10 @@ std::vector<FlagRow> make_table() {
     option("--score", "", Use::kOffline, Agree::kCoordinator,
            "print the per-token negative log-likelihood and perplexity of a text file",
            [](auto& l) -> auto& { return l.score_file; }),
+    option("--kv-file", "", Use::kOffline, Agree::kCoordinator,
+           "with --chat: the conversation's KV cache, appended after every turn and continued "
+           "from when the chat is reopened",
+           [](auto& l) -> auto& { return l.kv_file; }),
     flag("--chat-format", Use::kOffline, Agree::kCoordinator,
          "wrap --prompt as one user turn in the model's chat format",
          [](auto& l) -> auto& { return l.chat_format; }),
@@ -402,6 +406,10 @@ void check_combinations(const CLI::App& app, const CommandLine& line) {
     for (const std::string& value : o->results())
       if (value.empty()) fail("{} is given an empty value", row.name);
   }
+  if (!line.kv_file.empty() && !line.chat) fail("--kv-file {} needs --chat", line.kv_file);
+  if (!line.kv_file.empty() && (line.node.split_linears || line.node.coordinator_gpu))
+    fail("--kv-file keeps the coordinator's CPU KV cache; it cannot be used with {}",
+         line.node.split_linears ? "--split-linears" : "--coordinator-gpu");
   if (!line.think.empty() && !line.chat && !line.chat_format && !line.serve)
     fail("--think {} needs --chat, --chat-format or --serve", line.think);
   if (line.chat_format && given(app, "--prompt-ids"))

@@ -38,6 +38,7 @@ struct CommandLine {
   std::string seed_text = "0";
   uint64_t seed = 0;  // parsed from seed_text
   bool ignore_eos = false, print_placement = false, quiet = false, summary = false;
+  std::string kv_file;  // --kv-file
   // --serve
   bool serve = false, no_prefix_cache = false;
   std::string host = "127.0.0.1", api_key;

@@ -114,6 +114,8 @@ class Node {
   int split_linear_count() const { return splitter_ ? splitter_->split_count() : 0; }
   // Layers whose attention is split by heads.
   int split_heads_count() const { return splitter_ ? splitter_->split_heads_count() : 0; }
+  // The model's identity (config, tensor index, sampled weight bytes), as the handshake agreed.
+  const ModelIdentity& model_identity() const { return model_identity_; }
   // Coordinator: the engine whose routed experts run on their owners.
   Engine& engine();
   // Coordinator: ends every expert rank's serve loop.

@@ -108,6 +108,31 @@ TEST(EmbeddedCli, StartupReportsResidentMemoryByRepresentation) {
   EXPECT_GE(rss, total) << line;
 }
 
+// --chat --kv-file: a conversation closed after its first turn and reopened writes the second
+// reply of the uninterrupted conversation, without a prefill of the first turn.
+TEST(EmbeddedCli, AChatReopenedFromItsKvFileContinuesAsIfNeverClosed) {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() /
+                                     ("colibri-chat-" + std::to_string(::getpid()) + ".kv");
+  std::filesystem::remove(file);
+  const std::string chat = "'" COLIBRI_NODE_BINARY "' --chat --ngen 12 --quiet";
+  const RunResult both =
+      run_command("printf 'Who made the heaven?\\nAnd the earth?\\n' | " + chat + " 2>/dev/null");
+  ASSERT_EQ(both.exit_code, 0) << both.out;
+  const std::string with_file = chat + " --kv-file '" + file.string() + "'";
+  const RunResult first =
+      run_command("printf 'Who made the heaven?\\n' | " + with_file + " 2>/dev/null");
+  const RunResult second = run_command("printf 'And the earth?\\n' | " + with_file + " 2>&1");
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  EXPECT_NE(second.out.find("(continuing the conversation in"), std::string::npos) << second.out;
+  const size_t reply = second.out.find("> ");
+  ASSERT_NE(reply, std::string::npos) << second.out;
+  std::string second_reply = second.out.substr(reply + 2);
+  second_reply = second_reply.substr(0, second_reply.find('\n') + 1);
+  EXPECT_EQ(first.out + second_reply, both.out);
+  std::filesystem::remove(file);
+}
+
 TEST(EmbeddedCli, ScorePerplexityMatchesTransformers) {
   const auto golden = read_json(kDataDir / "score.json");
   const std::string heldout = (kDataDir / "heldout.txt").string();

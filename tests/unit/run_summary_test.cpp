@@ -47,9 +47,12 @@ TEST(RunSummary, NamesRanksHostsExpertsSpeedAndSampling) {
                        .decode_tokens = 10,
                        .decode_seconds = 0.5,
                        .ttft_seconds = 0.021};
-  const std::string text =
-      format_run_summary(uneven_table(), two_host_layout(), reports_on({"a", "a", "b", "b"}), run,
-                         {.temperature = 0.7f, .top_p = 0.9f, .seed = 3});
+  SamplingParams sampling;
+  sampling.temperature = 0.7f;
+  sampling.top_p = 0.9f;
+  sampling.seed = 3;
+  const std::string text = format_run_summary(uneven_table(), two_host_layout(),
+                                              reports_on({"a", "a", "b", "b"}), run, sampling);
   EXPECT_EQ(text,
             "cluster: 4 ranks on 2 hosts (a, b): coordinator rank 0, cpu-expert ranks 1-3\n"
             "experts: 6 routed x 2 MoE layers, placement balanced; per layer 1.5 on rank 3, 2 on "
