@@ -14,8 +14,8 @@ Stages (run in order by default; each one reuses what the earlier ones left in -
 Usage:
   apt-get install -y bible-kjv bible-kjv-text
   pip install -r tools/requirements-train.txt
-  nice -n 10 python tools/train_tiny_glm5.py --max-steps 1500 --lr 1.5e-3 --warmup-steps 60
-                                                                  # everything: the shipped model's run
+  nice -n 10 python tools/train_tiny_glm5.py --max-steps 1300 --lr 1.5e-3 --warmup-steps 60
+                                                                  # everything, ~75 min of training
   nice -n 10 python tools/train_tiny_glm5.py --stage train        # resume training from --work
   nice -n 10 python tools/train_tiny_glm5.py --stage finalize
 
