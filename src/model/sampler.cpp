@@ -13,6 +13,24 @@ int argmax(std::span<const float> values) {
   return int(std::max_element(values.begin(), values.end()) - values.begin());
 }
 
+namespace {
+
+// The `n` most likely token ids of `logits`, most likely first, the lower id first on ties.
+std::vector<int> most_likely(std::span<const float> logits, size_t n) {
+  std::vector<int> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  n = std::min(n, order.size());
+  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(n), order.end(),
+                    [&](int a, int b) {
+                      return logits[size_t(a)] > logits[size_t(b)] ||
+                             (logits[size_t(a)] == logits[size_t(b)] && a < b);
+                    });
+  order.resize(n);
+  return order;
+}
+
+}  // namespace
+
 TokenLogprob token_logprob(std::span<const float> logits, int token, int top) {
   const float max = *std::max_element(logits.begin(), logits.end());
   double sum = 0.0;
@@ -21,16 +39,8 @@ TokenLogprob token_logprob(std::span<const float> logits, int token, int top) {
   TokenLogprob out;
   out.token = token;
   out.logprob = float(double(logits[size_t(token)]) - log_total);
-  std::vector<int> order(logits.size());
-  std::iota(order.begin(), order.end(), 0);
-  const size_t n = std::min(order.size(), size_t(std::max(top, 0)));
-  std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(n), order.end(),
-                    [&](int a, int b) {
-                      return logits[size_t(a)] > logits[size_t(b)] ||
-                             (logits[size_t(a)] == logits[size_t(b)] && a < b);
-                    });
-  for (size_t i = 0; i < n; ++i)
-    out.top.emplace_back(order[i], float(double(logits[size_t(order[i])]) - log_total));
+  for (int id : most_likely(logits, size_t(std::max(top, 0))))
+    out.top.emplace_back(id, float(double(logits[size_t(id)]) - log_total));
   return out;
 }
 
@@ -69,10 +79,9 @@ std::span<const float> Sampler::adjusted(std::span<const float> logits) {
       float& x = scratch_[size_t(token)];
       x = x > 0 ? x / params_.repetition_penalty : x * params_.repetition_penalty;
     };
-    std::vector<int> seen = prompt_;
+    for (int token : prompt_) penalise(token);
     for (const auto& [token, count] : generated_)
-      if (!std::binary_search(prompt_.begin(), prompt_.end(), token)) seen.push_back(token);
-    for (int token : seen) penalise(token);
+      if (!std::binary_search(prompt_.begin(), prompt_.end(), token)) penalise(token);
   }
   for (const auto& [token, count] : generated_)
     if (in_vocab(token))
@@ -88,17 +97,12 @@ int Sampler::sample(std::span<const float> raw) {
     token = argmax(logits);
   } else {
     const float max = *std::max_element(logits.begin(), logits.end());
-    std::vector<int> order(logits.size());
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int a, int b) {
-      return logits[size_t(a)] > logits[size_t(b)] ||
-             (logits[size_t(a)] == logits[size_t(b)] && a < b);
-    });
     // Candidates: the top_k most likely, then those within min_p of the most likely (its
     // probability is exp(0) = 1 relative), then the smallest prefix whose mass reaches top_p;
     // at least one token.
-    size_t candidates =
-        params_.top_k > 0 ? std::min(order.size(), size_t(params_.top_k)) : order.size();
+    const std::vector<int> order =
+        most_likely(logits, params_.top_k > 0 ? size_t(params_.top_k) : logits.size());
+    size_t candidates = order.size();
     std::vector<double> probs(candidates);
     double total = 0.0;
     for (size_t i = 0; i < candidates; ++i) {
