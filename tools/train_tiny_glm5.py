@@ -560,11 +560,11 @@ def lr_at(args, step, progress):
     return args.lr * warm * cos
 
 
-def sample_batch(stream, chat, args, gen):
-    seq = args.seq_len + 1
+def sample_batch(stream, chat, args, gen, seq_len, batch):
+    seq = seq_len + 1
     rows = []
-    use_chat = torch.rand(args.batch, generator=gen) < args.chat_frac
-    for i in range(args.batch):
+    use_chat = torch.rand(batch, generator=gen) < args.chat_frac
+    for i in range(batch):
         s = chat if bool(use_chat[i]) else stream
         o = int(torch.randint(0, len(s) - seq, (1,), generator=gen))
         rows.append(s[o:o + seq])
@@ -612,7 +612,7 @@ def stage_train(args):
         log(f"# {platform.python_version()} torch {torch.__version__} threads {torch.get_num_threads()} "
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}", log_path)
         log(f"# params {n_params} | train tokens {len(train_ids)} | chat tokens {len(chat_ids)} | "
-            f"batch {args.batch}x{args.seq_len} | lr {args.lr} | budget {args.time_budget_min} min | "
+            f"batch {args.batch}x{args.seq_len} | last {args.long_frac:.0%} on rows of {args.long_seq_len} | lr {args.lr} | budget {args.time_budget_min} min | "
             f"max_steps {args.max_steps} | dense (indexer warm-up) for the first {args.dense_frac:.0%} | "
             f"experts {args.experts} | autocast {args.amp} | mtp weight {args.mtp_weight}", log_path)
     counter = ExpertCounter(model, mtp)
@@ -640,7 +640,12 @@ def stage_train(args):
         lr = lr_at(args, step, progress())
         for g in opt.param_groups:
             g["lr"] = lr
-        batch = sample_batch(train_ids, chat_ids, args, gen)
+        # The last --long-frac of training on rows of --long-seq-len (as many tokens a step), so that
+        # positions beyond --seq-len are trained too; the short rows before it are ~3x faster.
+        long_rows = args.long_seq_len > 0 and progress() >= 1.0 - args.long_frac
+        seq_len = args.long_seq_len if long_rows else args.seq_len
+        batch = sample_batch(train_ids, chat_ids, args, gen, seq_len,
+                             max(1, args.batch * args.seq_len // seq_len))
         counter.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.amp == "bf16"):
             out = model(input_ids=batch[:, :-1], use_cache=False)
@@ -673,7 +678,7 @@ def stage_train(args):
             log(f"step {step:5d} | loss {np.mean(hist_loss[-args.log_every:]):.4f} | "
                 f"mtp {np.mean(hist_mtp[-args.log_every:]):.4f} | idx_kl {np.mean(hist_kl[-args.log_every:]):.4f} | lr {lr:.2e} | "
                 f"tok/s {tok_window / t_window:.0f} | tokens {tokens} | elapsed {train_time:.0f}s | "
-                f"{'dense' if dense else 'sparse'}", log_path)
+                f"{'dense' if dense else 'sparse'} | rows {batch.shape[0]}x{batch.shape[1] - 1}", log_path)
             t_window, tok_window = 0.0, 0
         if step % args.route_every == 0:
             parts = []
@@ -1083,6 +1088,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--long-seq-len", type=int, default=1536,
+                    help="row length of the last --long-frac of training (0: off); batch scaled to keep tokens per step")
+    ap.add_argument("--long-frac", type=float, default=0.3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup-steps", type=int, default=40)
