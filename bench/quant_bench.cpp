@@ -15,7 +15,6 @@
 // --layout: the same bytes read as kRows or as kTiles (kernels/cpu/quant.h; the bytes are random,
 // so either reading is a valid matrix), where the shape allows tiles.
 #include <fmt/format.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -35,6 +34,7 @@
 #include <vector>
 
 #include "cpu/quant.h"
+#include "cpu/read_bandwidth.h"
 
 namespace colibri {
 namespace {
@@ -109,50 +109,8 @@ void fill_random(uint8_t* p, size_t bytes, uint64_t seed) {
 
 // ---- the read-bandwidth limit ----------------------------------------------------------------
 
-// Sum of the buffer as 64-bit integers, 8 independent vector accumulators, OpenMP static split:
-// a pure streaming read with no dependency chain (a scalar reduction would measure the adder).
-__attribute__((target("avx512f"))) uint64_t read_sum_avx512(const uint8_t* p, size_t bytes) {
-  uint64_t total = 0;
-  const size_t lines = bytes / 512;
-#pragma omp parallel reduction(+ : total)
-  {
-    __m512i acc[8];
-    for (auto& a : acc) a = _mm512_setzero_si512();
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < lines; ++i)
-      for (int k = 0; k < 8; ++k)
-        acc[k] = _mm512_add_epi64(acc[k], _mm512_load_si512(p + i * 512 + k * 64));
-    alignas(64) uint64_t lanes[8];
-    for (int k = 1; k < 8; ++k) acc[0] = _mm512_add_epi64(acc[0], acc[k]);
-    _mm512_store_si512(lanes, acc[0]);
-    for (uint64_t v : lanes) total += v;
-  }
-  return total;
-}
-
-__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint8_t* p, size_t bytes) {
-  uint64_t total = 0;
-  const size_t lines = bytes / 256;
-#pragma omp parallel reduction(+ : total)
-  {
-    __m256i acc[8];
-    for (auto& a : acc) a = _mm256_setzero_si256();
-#pragma omp for schedule(static)
-    for (size_t i = 0; i < lines; ++i)
-      for (int k = 0; k < 8; ++k)
-        acc[k] = _mm256_add_epi64(
-            acc[k], _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i * 256 + k * 32)));
-    alignas(32) uint64_t lanes[4];
-    for (int k = 1; k < 8; ++k) acc[0] = _mm256_add_epi64(acc[0], acc[k]);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), acc[0]);
-    total += lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  }
-  return total;
-}
-
 uint64_t read_sum(const uint8_t* p, size_t bytes) {
-  if (__builtin_cpu_supports("avx512f")) return read_sum_avx512(p, bytes);
-  return read_sum_avx2(p, bytes);
+  return kernels::read_sum(p, bytes, omp_get_max_threads());
 }
 
 // ---- the experts -----------------------------------------------------------------------------

@@ -40,6 +40,7 @@
 #include "node/job_signals.h"
 #include "node/node.h"
 #include "node/run_summary.h"
+#include "plan/calibrate.h"
 #include "plan/plan_main.h"
 #include "tokenizer/tokenizer.h"
 #include "transport/liveness.h"
@@ -484,6 +485,9 @@ int main(int argc, char** argv) {
   // Subcommands that need no MPI.
   if (argc > 1 && std::string_view(argv[1]) == "plan")
     return colibri::plan_main(argc - 1, argv + 1);
+  // calibrate starts MPI itself, only under mpirun -np 2 (the exchange).
+  if (argc > 1 && std::string_view(argv[1]) == "calibrate")
+    return colibri::calibrate_main(argc - 1, argv + 1);
   // The coordinator's heartbeat to the expert ranks is sent from its own thread.
   // MPI_Init waits for every rank without a deadline of its own: the watchdog gives it one.
   const double init_timeout_s =

@@ -52,9 +52,23 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
   if (!doc.contains("hosts") || !doc["hosts"].is_array() || doc["hosts"].empty())
     fail("{}: \"hosts\" must be a non-empty array", source);
   Hardware hw;
+  std::string from = source;
+  if (doc.contains("calibration")) {
+    const json& calibration = doc["calibration"];
+    if (!calibration.is_object() || !calibration.contains("version") ||
+        !calibration["version"].is_number_integer())
+      fail("{}: \"calibration\" must be an object with an integer \"version\"", source);
+    if (calibration["version"].get<int>() != kCalibrationVersion)
+      fail(
+          "{}: calibration version {} is not this build's ({}): run `colibri-node calibrate` "
+          "again",
+          source, calibration["version"].get<int>(), kCalibrationVersion);
+    from = fmt::format("calibration {} ({})", source, calibration.value("date", "undated"));
+  }
+  // A value from the description itself is named by `from` (the calibration, where it is one).
   const auto constant = [&](const std::string& name, double value, const char* unit,
-                            const std::string& from) {
-    hw.constants.push_back({name, value, unit, from});
+                            const std::string& origin) {
+    hw.constants.push_back({name, value, unit, origin == source ? from : origin});
   };
   for (size_t h = 0; h < doc["hosts"].size(); ++h) {
     const json& host = doc["hosts"][h];
@@ -73,14 +87,33 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
       sock.mem_gbps = number(socket, "mem_gbps", at, true);
       sock.core_gbps = number(socket, "core_gbps", at, false, sock.mem_gbps);
       sock.gflops = number(socket, "gflops", at, true);
+      sock.linear_us = number(socket, "linear_us", at, false);
       if (sock.cores < 1 || sock.mem_gbps <= 0 || sock.gflops <= 0)
         fail("{}: cores, mem_gbps and gflops must be positive", at);
-      spec.sockets.push_back(sock);
       const std::string name = fmt::format("{} socket {}", spec.name, s);
       constant(name + " read", sock.mem_gbps, "GB/s", source);
       constant(name + " read per core", sock.core_gbps, "GB/s",
                socket.contains("core_gbps") ? source : "default (the socket's)");
       constant(name + " compute", sock.gflops, "GFLOP/s", source);
+      constant(name + " matrix product call", sock.linear_us, "us",
+               socket.contains("linear_us") ? source : "default (none)");
+      const auto per_format = [&](const char* key, std::map<std::string, double>& out,
+                                  const char* what, const char* unit, bool positive) {
+        if (!socket.contains(key)) return;
+        const json& table = socket.at(key);
+        if (!table.is_object()) fail("{}: \"{}\" must be an object of formats", at, key);
+        for (const auto& [format, value] : table.items()) {
+          if (format != "bf16" && format != "fp8" && format != "int8" && format != "int4")
+            fail("{}.{}: \"{}\" is not a weight format (bf16, fp8, int8, int4)", at, key, format);
+          out[format] = number(table, format.c_str(), at + "." + key, true);
+          if (positive && out[format] <= 0) fail("{}.{}: \"{}\" must be positive", at, key, format);
+          constant(fmt::format("{} {} {}", name, what, format), out[format], unit, source);
+        }
+      };
+      per_format("expert_us", sock.expert_us, "expert call", "us", false);
+      per_format("expert_gbps", sock.expert_gbps, "expert kernel read", "GB/s", true);
+      per_format("expert_gflops", sock.expert_gflops, "expert kernel compute", "GFLOP/s", true);
+      spec.sockets.push_back(sock);
     }
     if (host.contains("gpus")) {
       if (!host["gpus"].is_array()) fail("{}: \"gpus\" must be an array", where);
@@ -162,6 +195,7 @@ ModelBytes model_bytes(const ModelConfig& c, const std::string& format) {
     if (moe) bytes += 4 * uint64_t(c.n_routed_experts) * h;  // the router, fp32
     b.dense_layer.push_back(bytes);
     b.dense_layer_params.push_back(params);
+    b.dense_layer_calls.push_back(int(attention.size()) + 3 + (moe ? 1 : 0));
   }
   b.head = matrix_bytes(uint64_t(c.vocab_size), h, dense) + 2 * h;
   b.head_params = uint64_t(c.vocab_size) * h;
@@ -206,19 +240,34 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     if (spec.numa >= int(host.sockets.size()))
       fail("rank {}: NUMA node {} is not a socket of host '{}' ({} sockets)", spec.rank, spec.numa,
            host.name, host.sockets.size());
-    double mem = 0, core = 0, gflops = 0;
+    // The expert kernel's rates for this format where the description has them (calibrate),
+    // else the socket's read and compute; its fixed costs where measured, else none.
+    const auto rate = [&](const std::map<std::string, double>& m, double fallback) {
+      const auto it = m.find(bytes.format);
+      return it == m.end() ? fallback : it->second;
+    };
+    double mem = 0, core = 0, gflops = 0, kernel = 0, call_us = 0, linear_us = 0;
     int cores = 0;
     for (size_t s = 0; s < host.sockets.size(); ++s)
       if (spec.numa < 0 || int(s) == spec.numa) {
-        mem += host.sockets[s].mem_gbps;
-        gflops += host.sockets[s].gflops;
-        cores += host.sockets[s].cores;
-        core = host.sockets[s].core_gbps;
+        const SocketSpec& socket = host.sockets[s];
+        mem += socket.mem_gbps;
+        gflops += rate(socket.expert_gflops, socket.gflops);
+        kernel += rate(socket.expert_gbps, socket.mem_gbps);
+        cores += socket.cores;
+        core = socket.core_gbps;
+        call_us = std::max(call_us, rate(socket.expert_us, 0));
+        linear_us = std::max(linear_us, socket.linear_us);
       }
     const int share = spec.rank == coordinator ? 1 : sharing[{host.name, spec.numa}];
     const double threads = std::max(1.0, double(cores) / share);
     r.ram_gbps = std::min(mem / share, threads * core);
+    r.expert_ram_gbps = std::min(kernel / share, threads * core);
     r.gflops = gflops / share;
+    // Measured with every core of the socket: a rank with 1/share of them takes share times as
+    // long per call.
+    r.expert_call_s = call_us * 1e-6 * share;
+    r.linear_call_s = linear_us * 1e-6;
     r.disk_gbps = host.disk_gbps / std::max(1, on_host[host.name]);
     r.device = spec.numa >= 0 ? fmt::format("socket {}", spec.numa) : "CPU";
     if (spec.gpu >= 0) {
@@ -231,6 +280,8 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
       r.gflops = gpu.tflops * 1e3;
       // A miss is computed on the CPU or uploaded, whichever is cheaper (the VRAM tier's rule).
       r.ram_gbps = std::max(r.ram_gbps, gpu.pcie_gbps);
+      r.expert_ram_gbps = r.ram_gbps;
+      r.expert_call_s = 0;  // not measured for GPUs
     }
   }
 
@@ -288,7 +339,8 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     out.rows = rows;
     for (int layer = 0; layer < config.num_layers; ++layer) {
       const double params = double(bytes.dense_layer_params[size_t(layer)]);
-      const double dense_s = std::max(double(bytes.dense_layer[size_t(layer)]) / (coord_gbps * kGB),
+      const double dense_s = bytes.dense_layer_calls[size_t(layer)] * coord.linear_call_s +
+                             std::max(double(bytes.dense_layer[size_t(layer)]) / (coord_gbps * kGB),
                                       2 * params * rows / (coord_gflops * 1e9));
       const double kv_s =
           double(bytes.kv_per_token) / config.num_layers * context * rows / (coord_gbps * kGB);
@@ -324,9 +376,10 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
             if (n == 0) continue;
             const RankPlan& rp = plan.ranks[size_t(r)];
             const int t = tier[size_t(r)][size_t(layer) * size_t(E) + size_t(e)];
-            const double gbps = t == 0 ? rp.vram_gbps : t == 1 ? rp.ram_gbps : rp.disk_gbps;
-            const double read_s = double(bytes.expert) / (gbps * kGB);
-            const double compute_s = 2.0 * double(bytes.expert_params) * n / (rp.gflops * 1e9);
+            const double gbps = t == 0 ? rp.vram_gbps : t == 1 ? rp.expert_ram_gbps : rp.disk_gbps;
+            const double read_s = rp.expert_call_s + double(bytes.expert) / (gbps * kGB);
+            const double compute_s =
+                rp.expert_call_s + 2.0 * double(bytes.expert_params) * n / (rp.gflops * 1e9);
             parts[size_t(r)][compute_s > read_s ? "compute"
                              : t == 0           ? "vram"
                              : t == 1           ? "ram"
@@ -361,7 +414,8 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
       }
       out.experts_s += layer_s / samples;
     }
-    out.coordinator_s += std::max(double(bytes.head) / (coord_gbps * kGB),
+    out.coordinator_s += coord.linear_call_s +
+                         std::max(double(bytes.head) / (coord_gbps * kGB),
                                   2.0 * double(bytes.head_params) * rows / (coord_gflops * 1e9));
     out.step_s = out.coordinator_s + out.experts_s;
     out.decode_tok_s = rows / out.step_s;

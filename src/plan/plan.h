@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,11 @@ struct SocketSpec {
   double mem_gbps = 0;   // read bandwidth of the socket, all cores
   double core_gbps = 0;  // read bandwidth one core reaches
   double gflops = 0;     // quantized matrix products at many rows, all cores
+  double linear_us = 0;  // fixed cost of one of the coordinator's matrix products (0: none)
+  // Per routed-expert format ("bf16", "int8", "int4"), where measured (calibrate): the fixed cost
+  // of one expert call at one row (us), the rate the kernel streams experts from memory (GB/s,
+  // instead of mem_gbps) and its compute rate at many rows (GFLOP/s, instead of gflops).
+  std::map<std::string, double> expert_us, expert_gbps, expert_gflops;
 };
 
 struct GpuSpec {
@@ -56,10 +62,15 @@ struct Hardware {
 };
 
 // A hardware description (JSON): {"hosts": [{"name", "sockets": [{"cores", "mem_gbps",
-// "core_gbps", "gflops"}], "gpus": [{"name", "vram_gb", "hbm_gbps", "pcie_gbps", "tflops"}],
+// "core_gbps", "gflops", "linear_us", "expert_us": {format: us}, "expert_gbps": {..},
+// "expert_gflops": {..}}], "gpus": [{"name", "vram_gb", "hbm_gbps", "pcie_gbps", "tflops"}],
 // "disk_gbps"}], "links": {"shm_us", "shm_gbps", "link_us", "link_gbps"}}. Missing link fields
-// take the defaults (named as such); anything else missing or out of range is an error naming
-// the file and the field.
+// take the defaults (named as such), missing per-call costs are 0 and per-format rates fall back
+// to the socket's; anything else missing or out of range is an error naming the file and the
+// field. A description with a "calibration" block (colibri-node calibrate) names its constants'
+// source as "calibration FILE (date)".
+// The version of calibrate's output this build reads (an older one is refused: calibrate again).
+constexpr int kCalibrationVersion = 1;
 Hardware parse_hardware(const std::string& json_text, const std::string& source);
 
 // Bytes the step reads, from the model's shapes and the weights' format.
@@ -69,7 +80,8 @@ struct ModelBytes {
   uint64_t expert_params = 0;
   std::vector<uint64_t> dense_layer;  // [layers] attention, shared experts, router / dense MLP
   std::vector<uint64_t> dense_layer_params;
-  uint64_t head = 0;  // lm_head (and the embedding row)
+  std::vector<int> dense_layer_calls;  // [layers] matrix products of the coordinator
+  uint64_t head = 0;                   // lm_head (and the embedding row)
   uint64_t head_params = 0;
   uint64_t kv_per_token = 0;  // the KV cache of one token, every layer
 };
@@ -95,7 +107,10 @@ struct RankPlan {
   uint64_t vram_bytes = 0, ram_bytes = 0, disk_bytes = 0;
   uint64_t dense_bytes = 0, kv_bytes = 0;  // the coordinator
   double vram_gbps = 0, ram_gbps = 0, disk_gbps = 0, gflops = 0;
-  double slowest_share = 0;  // of the MoE layers at batch 1, how often it was the slowest owner
+  double expert_ram_gbps = 0;  // the expert kernel's rate from RAM (ram_gbps where not measured)
+  double expert_call_s = 0;    // fixed cost of one expert call
+  double linear_call_s = 0;    // fixed cost of one matrix product (the coordinator)
+  double slowest_share = 0;    // of the MoE layers at batch 1, how often it was the slowest owner
   std::string
       slowest_by;  // what it spent most time on then: "vram", "ram", "disk", "compute", "link"
 };

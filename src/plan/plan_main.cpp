@@ -16,6 +16,7 @@
 #include "model/container.h"
 #include "moe/routing_stats.h"
 #include "node/handshake.h"
+#include "plan/calibrate.h"
 #include "plan/plan.h"
 
 namespace colibri {
@@ -61,8 +62,10 @@ int plan_main(int argc, char** argv) {
   bool as_json = false;
   app.add_option("--model", model, "model directory (config.json; the checkpoint if present)")
       ->required();
-  app.add_option("--hardware", hardware_file, "hardware description (JSON, docs/PLAN.md)")
-      ->required();
+  app.add_option("--hardware", hardware_file,
+                 fmt::format("hardware description (JSON, docs/PLAN.md); default: this machine's "
+                             "calibration, {}",
+                             default_hardware_path()));
   app.add_option("--np", np, "ranks of the plain `mpirun -np N colibri-node` on the first host");
   app.add_option("--layout", layout_file, "layout file (docs/LAUNCH.md), instead of --np");
   app.add_option("--placement", placement_name, "placement policy, as a run's --placement");
@@ -90,6 +93,14 @@ int plan_main(int argc, char** argv) {
     if (weights.empty())
       weights =
           checkpoint ? stored_format(config, *checkpoint) : (config.fp8_block ? "fp8" : "bf16");
+    if (hardware_file.empty()) {
+      hardware_file = default_hardware_path();
+      if (!std::filesystem::exists(hardware_file))
+        fail(
+            "plan: no --hardware and no calibration of this machine at {}: run `colibri-node "
+            "calibrate` (launch/calibrate.sh also measures the exchange) or give --hardware FILE",
+            hardware_file);
+    }
     const Hardware hardware = parse_hardware(read_text(hardware_file, "--hardware"), hardware_file);
     if ((np > 0) == !layout_file.empty()) fail("plan: give --np N or --layout FILE (one of them)");
     if (wire != "f32" && wire != "bf16") fail("--wire '{}': expected f32 or bf16", wire);

@@ -569,5 +569,36 @@ TEST(MpiCli, SingleRankGeneratesTheGoldenTokens) {
   EXPECT_EQ(parse_tokens(r.out), golden().greedy) << r.out;
 }
 
+// ---- calibrate's exchange ----------------------------------------------------------------------
+
+// `calibrate` alone, then `mpirun -np 2 colibri-node calibrate --exchange` adds the exchange's
+// raw times and the links to the same file; without a calibration to add to, the job ends at
+// once naming the file.
+TEST(MpiCli, CalibrateExchangeAddsTheLinksToTheCalibration) {
+  const ScratchDir dir;
+  const fs::path out = dir.path() / "hardware.json";
+  const JobResult alone =
+      run_job({COLIBRI_NODE_BINARY, "calibrate", "--quick", "--out", out.string()});
+  expect_clean_end(alone);
+  ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+  const JobResult r =
+      run_node(2, {"calibrate", "--exchange", "--quick", "--hidden", "256", "--out", out.string()});
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  std::ifstream in(out);
+  const json doc = json::parse(in);
+  ASSERT_TRUE(doc["calibration"]["exchange"].is_object()) << doc.dump(2);
+  EXPECT_EQ(doc["calibration"]["exchange"]["median_us"].size(), 4u);
+  for (const json& us : doc["calibration"]["exchange"]["median_us"]) EXPECT_GT(us.get<double>(), 0);
+  EXPECT_TRUE(doc["links"].contains("shm_us")) << doc.dump(2);
+  EXPECT_TRUE(doc["calibration"]["experts"].contains("int4"));  // the rest kept
+
+  const JobResult missing = run_node(
+      2, {"calibrate", "--exchange", "--quick", "--out", (dir.path() / "none.json").string()});
+  expect_clean_end(missing);
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("none.json cannot be read"), std::string::npos) << describe(missing);
+}
+
 }  // namespace
 }  // namespace colibri

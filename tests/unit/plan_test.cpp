@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 
 #include "common/error.h"
 #include "model_writer.h"
+#include "plan/calibrate.h"
 #include "plan/plan_main.h"
 
 namespace colibri {
@@ -128,6 +130,71 @@ TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
                 bytes.expert);
 }
 
+TEST(Plan, PerCallCostsAddToTheHandComputation) {
+  // kMachine with a fixed cost of 4 us per coordinator matrix product and 100 us per BF16 expert
+  // call (measured with the whole socket: each of the two owners sharing it pays 200 us).
+  const char* with_calls = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
+      "core_gbps": 10, "gflops": 1e9, "linear_us": 4, "expert_us": {"bf16": 100, "int4": 7}}],
+      "disk_gbps": 1}], "links": {"shm_us": 10, "shm_gbps": 1}})";
+  const ModelConfig config = every_expert_routed();
+  const ModelBytes bytes = model_bytes(config, "bf16");
+  const Layout layout = three_ranks();
+  const PlacementTable placement =
+      make_placement(config, layout, PlacementPolicy::kBalanced, bytes.expert);
+  PlanOptions options;
+  options.batches = {1, 3};
+  options.samples = 16;
+  const Plan base =
+      make_plan(config, bytes, layout, placement, parse_hardware(kMachine, "m.json"), options);
+  const Plan plan =
+      make_plan(config, bytes, layout, placement, parse_hardware(with_calls, "m.json"), options);
+  int calls = 1;  // the head
+  for (int c : bytes.dense_layer_calls) calls += c;
+  for (size_t b = 0; b < plan.batches.size(); ++b) {
+    EXPECT_NEAR(plan.batches[b].coordinator_s - base.batches[b].coordinator_s, calls * 4e-6, 1e-12);
+    EXPECT_NEAR(plan.batches[b].experts_s - base.batches[b].experts_s,
+                config.num_moe_layers() * 200e-6, 1e-12);
+  }
+  // A measured kernel rate replaces the socket's read for the experts only.
+  const char* kernel_rate = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
+      "core_gbps": 10, "gflops": 1e9, "expert_gbps": {"bf16": 4}}], "disk_gbps": 1}],
+      "links": {"shm_us": 10, "shm_gbps": 1}})";
+  const Plan slower =
+      make_plan(config, bytes, layout, placement, parse_hardware(kernel_rate, "m.json"), options);
+  EXPECT_NEAR(slower.batches[0].experts_s - base.batches[0].experts_s,
+              config.num_moe_layers() * (double(bytes.expert) / 2e9 - double(bytes.expert) / 5e9),
+              1e-12);
+  EXPECT_DOUBLE_EQ(slower.batches[0].coordinator_s, base.batches[0].coordinator_s);
+}
+
+TEST(Plan, ACalibrationNamesItselfAndAnotherVersionIsRefused) {
+  const std::string calibrated = R"({"calibration": {"version": 1, "date": "2026-12-07"},
+      "hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10, "gflops": 5,
+      "expert_gbps": {"int4": 3}}], "disk_gbps": 1}]})";
+  const Hardware hw = parse_hardware(calibrated, "hw.json");
+  bool named = false;
+  for (const PlanConstant& c : hw.constants)
+    if (c.name == "box socket 0 expert kernel read int4")
+      named = c.source == "calibration hw.json (2026-12-07)" && c.value == 3;
+  EXPECT_TRUE(named);
+  try {
+    std::string old = calibrated;
+    old.replace(old.find("\"version\": 1"), 12, "\"version\": 0");
+    parse_hardware(old, "hw.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("calibration version 0 is not this build's (1)"));
+  }
+  try {
+    std::string bad = calibrated;
+    bad.replace(bad.find("\"int4\": 3"), 9, "\"int3\": 3");
+    parse_hardware(bad, "hw.json");
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hw.json: hosts[0].sockets[0].expert_gbps: \"int3\" is not"));
+  }
+}
+
 TEST(Plan, AHardwareDescriptionMissingAFieldIsRefusedNamingIt) {
   try {
     parse_hardware(R"({"hosts": [{"name": "a", "sockets": [{"cores": 4, "gflops": 1}],
@@ -215,6 +282,76 @@ TEST(PlanCommand, JsonCarriesDecodeTtftAndTheCriticalPath) {
   std::ofstream(hardware) << "{\"hosts\": []}";
   EXPECT_EQ(run_plan({"--model", model, "--hardware", hardware, "--np", "3"}, &out, &err), 1);
   EXPECT_THAT(err, HasSubstr("\"hosts\" must be a non-empty array"));
+}
+
+int run_calibrate(std::vector<std::string> args, std::string* out, std::string* err) {
+  args.insert(args.begin(), "calibrate");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = calibrate_main(int(argv.size()), argv.data());
+  *out = ::testing::internal::GetCapturedStdout();
+  *err = ::testing::internal::GetCapturedStderr();
+  return code;
+}
+
+// calibrate --quick writes a description with its fingerprint and raw numbers at the default
+// path, which plan then reads without --hardware, naming the calibration as its constants' source.
+TEST(CalibrateCommand, WritesADescriptionThatPlanReadsByDefault) {
+  test::TempDir dir;
+  const std::string saved = std::getenv("XDG_CONFIG_HOME") ? std::getenv("XDG_CONFIG_HOME") : "";
+  ::setenv("XDG_CONFIG_HOME", dir.path().c_str(), 1);
+  const std::string path = default_hardware_path();
+  EXPECT_EQ(path, (dir.path() / "colibri-node" / "hardware.json").string());
+  const std::string model =
+      (std::filesystem::path(COLIBRI_TEST_DATA) / ".." / ".." / "models" / "glm5-tiny-kjv")
+          .string();
+  std::string out, err;
+  EXPECT_EQ(run_plan({"--model", model, "--np", "3"}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("no calibration of this machine at " + path));
+  ASSERT_EQ(run_calibrate({"--quick"}, &out, &err), 0) << err;
+  EXPECT_THAT(out, HasSubstr("experts int4"));
+  std::ifstream in(path);
+  const json doc = json::parse(in);
+  EXPECT_EQ(doc["calibration"]["version"], kCalibrationVersion);
+  EXPECT_FALSE(doc["calibration"]["machine"]["cpu"].get<std::string>().empty());
+  EXPECT_GT(doc["calibration"]["machine"]["threads"].get<int>(), 0);
+  for (const char* format : {"bf16", "int8", "int4"}) {
+    const json& e = doc["calibration"]["experts"][format];
+    EXPECT_GT(e["call_us"].get<double>(), 0) << format;
+    EXPECT_GT(e["gbps"].get<double>(), 0) << format;
+    EXPECT_GT(e["gflops"].get<double>(), 0) << format;
+  }
+  EXPECT_GT(doc["calibration"]["disk"]["gbps"].get<double>(), 0);
+  EXPECT_THAT(doc["calibration"]["exchange"].get<std::string>(), HasSubstr("not measured"));
+  const Hardware hw = parse_hardware(json(doc).dump(), path);
+  ASSERT_EQ(hw.hosts.size(), 1u);
+  EXPECT_GT(hw.hosts[0].sockets[0].mem_gbps, 0);
+  EXPECT_EQ(hw.hosts[0].sockets[0].expert_us.size(), 3u);
+  ASSERT_EQ(run_plan({"--model", model, "--np", "3"}, &out, &err), 0) << err;
+  EXPECT_THAT(out, HasSubstr("(calibration " + path));
+  EXPECT_THAT(out, HasSubstr("exchange shm_us = 20 us (default)"));
+  // Nothing of the disk test is left behind.
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path() / "colibri-node")) {
+    EXPECT_EQ(entry.path().filename(), "hardware.json");
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  if (saved.empty())
+    ::unsetenv("XDG_CONFIG_HOME");
+  else
+    ::setenv("XDG_CONFIG_HOME", saved.c_str(), 1);
+}
+
+TEST(CalibrateCommand, WritesNothingButARegularFileAndNeedsMpirunForTheExchange) {
+  std::string out, err;
+  EXPECT_EQ(run_calibrate({"--quick", "--out", "/dev/null"}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("/dev/null"));
+  EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
+  EXPECT_EQ(run_calibrate({"--exchange", "--quick", "--out", "/dev/null"}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("mpirun -np 2 colibri-node calibrate --exchange"));
 }
 
 }  // namespace
