@@ -101,6 +101,14 @@ int numa_nodes() {
   return std::max(1, nodes);
 }
 
+// MemTotal of /proc/meminfo in GB (0 where it cannot be read).
+double memory_gb() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("MemTotal:", 0) == 0) return std::atof(line.c_str() + 9) * 1024 / 1e9;
+  return 0;
+}
+
 std::string host_name() {
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) != 0) return "localhost";
@@ -391,13 +399,10 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
   const int threads = omp_get_max_threads();
   const int nodes = numa_nodes();
   const int cpus = int(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN)));
-  json machine = {{"host", host_name()},
-                  {"cpu", cpu_model()},
-                  {"logical_cpus", cpus},
-                  {"numa_nodes", nodes},
-                  {"threads", threads},
-                  {"isa", kernels::quant_isa()},
-                  {"vnni", kernels::vnni_enabled()}};
+  json machine = {{"host", host_name()},           {"cpu", cpu_model()},
+                  {"logical_cpus", cpus},          {"numa_nodes", nodes},
+                  {"ram_gb", round3(memory_gb())}, {"threads", threads},
+                  {"isa", kernels::quant_isa()},   {"vnni", kernels::vnni_enabled()}};
   fmt::print("calibrate: {} | {} logical CPUs, {} NUMA node(s), {} threads | ISA {}{}\n",
              machine["cpu"].get<std::string>(), cpus, nodes, threads, kernels::quant_isa(),
              kernels::vnni_enabled() ? " + VNNI" : "");
@@ -466,7 +471,10 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
       "it";
   fmt::print("  exchange: not measured here (launch/calibrate.sh adds it under mpirun -np 2)\n");
 
-  json host = {{"name", host_name()}, {"sockets", json::array()}, {"disk_gbps", round3(disk.gbps)}};
+  json host = {{"name", host_name()},
+               {"sockets", json::array()},
+               {"disk_gbps", round3(disk.gbps)},
+               {"ram_gb", round3(memory_gb())}};
   for (int s = 0; s < nodes; ++s)
     host["sockets"].push_back({{"cores", std::max(1, cpus / nodes)},
                                {"mem_gbps", round3(best_read / nodes)},

@@ -20,6 +20,7 @@
 #include "common/layout.h"
 #include "model/config.h"
 #include "moe/placement.h"
+#include "moe/routing_stats.h"
 
 namespace colibri {
 
@@ -52,6 +53,7 @@ struct HostSpec {
   std::vector<SocketSpec> sockets;
   std::vector<GpuSpec> gpus;
   double disk_gbps = 0;
+  double ram_gb = 0;  // memory of the host (0: not described; a search then sets no budgets)
 };
 
 struct Hardware {
@@ -64,9 +66,9 @@ struct Hardware {
 // A hardware description (JSON): {"hosts": [{"name", "sockets": [{"cores", "mem_gbps",
 // "core_gbps", "gflops", "linear_us", "expert_us": {format: us}, "expert_gbps": {..},
 // "expert_gflops": {..}}], "gpus": [{"name", "vram_gb", "hbm_gbps", "pcie_gbps", "tflops"}],
-// "disk_gbps"}], "links": {"shm_us", "shm_gbps", "link_us", "link_gbps"}}. Missing link fields
-// take the defaults (named as such), missing per-call costs are 0 and per-format rates fall back
-// to the socket's; anything else missing or out of range is an error naming the file and the
+// "disk_gbps", "ram_gb"}], "links": {"shm_us", "shm_gbps", "link_us", "link_gbps"}}. Missing link
+// fields take the defaults (named as such), missing per-call costs are 0 and per-format rates fall
+// back to the socket's; anything else missing or out of range is an error naming the file and the
 // field. A description with a "calibration" block (colibri-node calibrate) names its constants'
 // source as "calibration FILE (date)".
 // The version of calibrate's output this build reads (an older one is refused: calibrate again).
@@ -138,5 +140,35 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
 // The plan as a table, and as JSON (decode_tok_s per batch, ttft_s, per rank, constants).
 std::string format_plan(const Plan& plan);
 std::string plan_json(const Plan& plan);
+
+// ---- --search: the best layout within the hardware ----
+
+struct SearchOptions {
+  PlanOptions plan;  // its batches: the candidates are ranked by the first
+  PlacementPolicy policy = PlacementPolicy::kBalanced;
+  const RoutingStats* stats = nullptr;  // for the heat policy
+  int replicas = 0;
+  double ram_headroom = 0.1;  // of a host's memory left to the OS and the processes
+  double vram_usable = 0.9;   // of a GPU's memory for experts (the rest: context, activations)
+};
+
+struct SearchCandidate {
+  Layout layout;
+  std::string summary;  // "coordinator on GPU 0, 5 gpu-expert, 1 cpu-expert a socket"
+  Plan plan;
+  std::string refused;  // why it cannot run (does not fit); empty when it can
+};
+
+// Every layout of one shape the hardware allows, planned: the coordinator on the CPU of the first
+// host or on its GPU 0; a gpu-expert rank on every other GPU of every host; 0, 1 or 2 cpu-expert
+// ranks bound to each socket of every host; RAM budgets splitting each host's ram_gb (less the
+// headroom, and the coordinator's dense weights and KV on its host) evenly over its expert ranks,
+// VRAM budgets vram_usable of each GPU. Sorted best first by decode tok/s at the first batch;
+// candidates that do not fit (the coordinator's weights and KV over its GPU) last, with the reason.
+std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const ModelBytes& bytes,
+                                            const Hardware& hardware, const SearchOptions& options);
+
+// A layout as a layout file (docs/LAUNCH.md): a comment `header`, then one row per rank.
+std::string layout_text(const Layout& layout, const std::string& header);
 
 }  // namespace colibri

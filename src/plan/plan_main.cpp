@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/output_file.h"
 #include "model/checkpoint.h"
 #include "model/container.h"
 #include "moe/routing_stats.h"
@@ -48,6 +50,35 @@ std::string stored_format(const ModelConfig& config, const Checkpoint& checkpoin
   return "bf16";
 }
 
+std::string format_search(const std::vector<SearchCandidate>& found) {
+  std::string out = fmt::format("{:>3}  {:<62} {:>5}", "#", "layout", "ranks");
+  for (const BatchPlan& b : found.front().plan.batches)
+    out += fmt::format(" {:>11}", fmt::format("{} rows", b.rows));
+  out += "  (predicted decode tok/s)\n";
+  for (size_t i = 0; i < found.size(); ++i) {
+    const SearchCandidate& c = found[i];
+    out += fmt::format("{:>3}  {:<62} {:>5}", i + 1, c.summary, c.layout.ranks.size());
+    for (const BatchPlan& b : c.plan.batches) out += fmt::format(" {:>11.2f}", b.decode_tok_s);
+    if (!c.refused.empty()) out += "  does not fit: " + c.refused;
+    out += "\n";
+  }
+  return out;
+}
+
+std::string search_json(const std::vector<SearchCandidate>& found, const std::string& layout) {
+  nlohmann::json doc;
+  for (const SearchCandidate& c : found) {
+    nlohmann::json entry = {{"summary", c.summary}, {"ranks", c.layout.ranks.size()}};
+    for (const BatchPlan& b : c.plan.batches)
+      entry["decode_tok_s"][std::to_string(b.rows)] = b.decode_tok_s;
+    if (!c.refused.empty()) entry["refused"] = c.refused;
+    doc["candidates"].push_back(entry);
+  }
+  doc["best"] = nlohmann::json::parse(plan_json(found.front().plan));
+  doc["layout"] = layout;
+  return doc.dump(2) + "\n";
+}
+
 }  // namespace
 
 int plan_main(int argc, char** argv) {
@@ -59,7 +90,8 @@ int plan_main(int argc, char** argv) {
                                                  weights, wire = "f32";
   int np = 0, replicas = 0, prompt_tokens = 1024, context = 1024;
   std::vector<int> batches = {1, 4, 16, 64};
-  bool as_json = false;
+  bool as_json = false, search = false;
+  std::string search_out;
   app.add_option("--model", model, "model directory (config.json; the checkpoint if present)")
       ->required();
   app.add_option("--hardware", hardware_file,
@@ -79,6 +111,12 @@ int plan_main(int argc, char** argv) {
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length for the time to first token");
   app.add_option("--context", context, "tokens each decode row attends to");
   app.add_flag("--json", as_json, "print JSON instead of the table");
+  app.add_flag(
+      "--search", search,
+      "instead of --np/--layout: plan every layout of the hardware (coordinator on the CPU "
+      "or a GPU, a gpu-expert per GPU, 0-2 cpu-expert ranks a socket, budgets from the "
+      "hosts' memory) and show the best by decode tok/s at the first of --batches");
+  app.add_option("--search-out", search_out, "--search: write the best layout to this file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -102,11 +140,59 @@ int plan_main(int argc, char** argv) {
             hardware_file);
     }
     const Hardware hardware = parse_hardware(read_text(hardware_file, "--hardware"), hardware_file);
-    if ((np > 0) == !layout_file.empty()) fail("plan: give --np N or --layout FILE (one of them)");
+    if (search) {
+      if (np > 0 || !layout_file.empty())
+        fail("plan: --search plans its own layouts: no --np or --layout");
+    } else {
+      if (!search_out.empty()) fail("plan: --search-out needs --search");
+      if ((np > 0) == !layout_file.empty()) fail("plan: give --np N, --layout FILE or --search");
+    }
+    if (!search_out.empty()) check_output_path(search_out, "--search-out");
     if (wire != "f32" && wire != "bf16") fail("--wire '{}': expected f32 or bf16", wire);
     if (prompt_tokens < 1 || context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
     for (int b : batches)
       if (b < 1) fail("--batches: {} rows is not a batch", b);
+    const ModelBytes bytes = model_bytes(config, weights);
+    RoutingStats stats;
+    if (!routing_stats.empty()) {
+      if (!checkpoint)
+        fail("--routing-stats: {} has no checkpoint to check the statistics against", model);
+      stats =
+          read_routing_stats(routing_stats, config.num_layers, config.n_routed_experts,
+                             {model_hash(model, *checkpoint), weights_fingerprint(*checkpoint)});
+    }
+    PlanOptions options;
+    options.batches = batches;
+    options.prompt_tokens = prompt_tokens;
+    options.context_tokens = context;
+    options.wire_bytes = wire == "bf16" ? 2 : 4;
+    if (search) {
+      SearchOptions search_options;
+      search_options.plan = options;
+      search_options.policy = parse_placement_policy(placement_name);
+      search_options.stats = routing_stats.empty() ? nullptr : &stats;
+      search_options.replicas = replicas;
+      const std::vector<SearchCandidate> found =
+          search_layouts(config, bytes, hardware, search_options);
+      if (found.empty() || !found.front().refused.empty())
+        fail("plan --search: no layout of {} fits ({})", hardware_file,
+             found.empty() ? "no expert rank possible" : found.front().refused);
+      const SearchCandidate& best = found.front();
+      const std::string layout = layout_text(
+          best.layout,
+          fmt::format("colibri-node plan --search: {} ({} routed experts of {}), "
+                      "predicted {:.2f} tok/s at {} rows on {}",
+                      best.summary, weights, model, best.plan.batches.front().decode_tok_s,
+                      best.plan.batches.front().rows, hardware_file));
+      if (!search_out.empty())
+        write_file_atomically(search_out, [&](std::FILE* f) { std::fputs(layout.c_str(), f); });
+      std::fputs(as_json ? search_json(found, layout).c_str()
+                         : (format_search(found) + "\nthe best layout:\n" + layout + "\n" +
+                            format_plan(best.plan))
+                               .c_str(),
+                 stdout);
+      return 0;
+    }
     Layout layout;
     if (!layout_file.empty()) {
       // Its rows (comments and blank lines left out) are the job's ranks.
@@ -122,23 +208,9 @@ int plan_main(int argc, char** argv) {
       const std::vector<int> gpus(static_cast<size_t>(np), int(hardware.hosts.front().gpus.size()));
       layout = default_layout(np, local, gpus, host_index);
     }
-    const ModelBytes bytes = model_bytes(config, weights);
-    RoutingStats stats;
-    if (!routing_stats.empty()) {
-      if (!checkpoint)
-        fail("--routing-stats: {} has no checkpoint to check the statistics against", model);
-      stats =
-          read_routing_stats(routing_stats, config.num_layers, config.n_routed_experts,
-                             {model_hash(model, *checkpoint), weights_fingerprint(*checkpoint)});
-    }
     const PlacementTable placement =
         make_placement(config, layout, parse_placement_policy(placement_name), bytes.expert,
                        routing_stats.empty() ? nullptr : &stats, replicas);
-    PlanOptions options;
-    options.batches = batches;
-    options.prompt_tokens = prompt_tokens;
-    options.context_tokens = context;
-    options.wire_bytes = wire == "bf16" ? 2 : 4;
     const Plan plan = make_plan(config, bytes, layout, placement, hardware, options);
     std::fputs((as_json ? plan_json(plan) : format_plan(plan)).c_str(), stdout);
     return 0;

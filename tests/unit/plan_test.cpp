@@ -195,6 +195,62 @@ TEST(Plan, ACalibrationNamesItselfAndAnotherVersionIsRefused) {
   }
 }
 
+TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
+  test::TinyModel tiny;
+  tiny.config["n_routed_experts"] = 16;
+  tiny.config["num_experts_per_tok"] = 4;
+  const ModelConfig config = parse_model_config(tiny.config.dump(), "tiny config.json");
+  const ModelBytes bytes = model_bytes(config, "int4");
+  // Two sockets and two GPUs, 64 GB of memory; GPU 0 too small for the coordinator's weights.
+  const Hardware hw = parse_hardware(R"({"hosts": [{"name": "box", "ram_gb": 64,
+      "sockets": [{"cores": 4, "mem_gbps": 20, "gflops": 100},
+                  {"cores": 4, "mem_gbps": 20, "gflops": 100}],
+      "gpus": [{"name": "small", "vram_gb": 1e-6, "hbm_gbps": 500, "pcie_gbps": 10, "tflops": 10},
+               {"name": "big", "vram_gb": 8, "hbm_gbps": 500, "pcie_gbps": 10, "tflops": 10}],
+      "disk_gbps": 1}]})",
+                                     "box.json");
+  SearchOptions options;
+  options.plan.batches = {1, 8};
+  options.plan.samples = 16;
+  const std::vector<SearchCandidate> found = search_layouts(config, bytes, hw, options);
+  ASSERT_EQ(found.size(), 6u);  // coordinator CPU / GPU 0 x 0, 1, 2 cpu-expert ranks a socket
+  uint64_t coordinator_bytes = bytes.head + bytes.kv_per_token * 1024;
+  for (uint64_t b : bytes.dense_layer) coordinator_bytes += b;
+  for (size_t i = 0; i < found.size(); ++i) {
+    const SearchCandidate& c = found[i];
+    const bool on_gpu = c.layout.ranks[0].gpu == 0;
+    EXPECT_EQ(c.refused.empty(), !on_gpu) << c.summary;
+    if (i + 1 < found.size() && found[i + 1].refused.empty()) {
+      EXPECT_GE(c.plan.batches[0].decode_tok_s, found[i + 1].plan.batches[0].decode_tok_s);
+    }
+    // Every GPU not the coordinator's holds a gpu-expert rank with 90 % of its memory.
+    int gpu_ranks = 0;
+    double ram = 0;
+    for (const RankSpec& r : c.layout.ranks) {
+      if (r.role == Role::kGpuExpert) {
+        ++gpu_ranks;
+        EXPECT_DOUBLE_EQ(r.vram_gb, 0.9 * hw.hosts[0].gpus[size_t(r.gpu)].vram_gb);
+      }
+      if (r.role != Role::kCoordinator) ram += r.ram_gb;
+    }
+    EXPECT_EQ(gpu_ranks, on_gpu ? 1 : 2) << c.summary;
+    const double usable = 64 * 0.9 - (on_gpu ? 0 : double(coordinator_bytes) / 1e9);
+    EXPECT_NEAR(ram, usable, 1e-9) << c.summary;
+  }
+  // The best as a layout file reads back as the same ranks, and plans to the same speed.
+  const SearchCandidate& best = found.front();
+  const std::string text = layout_text(best.layout, "best of the test\nsecond line");
+  EXPECT_EQ(text.rfind("# best of the test\n# second line\n", 0), 0u) << text;
+  const Layout again = parse_layout(text, "best.layout", int(best.layout.ranks.size()));
+  ASSERT_EQ(again.ranks.size(), best.layout.ranks.size());
+  for (size_t r = 0; r < again.ranks.size(); ++r) {
+    EXPECT_EQ(again.ranks[r].role, best.layout.ranks[r].role);
+    EXPECT_EQ(again.ranks[r].gpu, best.layout.ranks[r].gpu);
+    EXPECT_EQ(again.ranks[r].numa, best.layout.ranks[r].numa);
+    EXPECT_NEAR(again.ranks[r].ram_gb, best.layout.ranks[r].ram_gb, 0.05);
+  }
+}
+
 TEST(Plan, AHardwareDescriptionMissingAFieldIsRefusedNamingIt) {
   try {
     parse_hardware(R"({"hosts": [{"name": "a", "sockets": [{"cores": 4, "gflops": 1}],
@@ -278,10 +334,39 @@ TEST(PlanCommand, JsonCarriesDecodeTtftAndTheCriticalPath) {
   EXPECT_GT(held, 0u);
 
   EXPECT_EQ(run_plan({"--model", model, "--hardware", hardware}, &out, &err), 1);
-  EXPECT_THAT(err, HasSubstr("give --np N or --layout FILE"));
+  EXPECT_THAT(err, HasSubstr("give --np N, --layout FILE or --search"));
   std::ofstream(hardware) << "{\"hosts\": []}";
   EXPECT_EQ(run_plan({"--model", model, "--hardware", hardware, "--np", "3"}, &out, &err), 1);
   EXPECT_THAT(err, HasSubstr("\"hosts\" must be a non-empty array"));
+}
+
+TEST(PlanCommand, SearchWritesTheBestLayoutThatPlansTheSame) {
+  test::TempDir dir;
+  const std::string hardware = (dir.path() / "machine.json").string();
+  std::ofstream(hardware) << kMachine;
+  const std::string layout = (dir.path() / "best.layout").string();
+  const std::string model =
+      (std::filesystem::path(COLIBRI_TEST_DATA) / ".." / ".." / "models" / "glm5-tiny-kjv")
+          .string();
+  std::string out, err;
+  ASSERT_EQ(run_plan({"--model", model, "--hardware", hardware, "--search", "--search-out", layout,
+                      "--batches", "1", "--json"},
+                     &out, &err),
+            0)
+      << err;
+  const json found = json::parse(out);
+  ASSERT_EQ(found["candidates"].size(), 2u);  // 1 or 2 cpu-expert ranks on the one socket
+  const double best = found["candidates"][0]["decode_tok_s"]["1"].get<double>();
+  EXPECT_GE(best, found["candidates"][1]["decode_tok_s"]["1"].get<double>());
+  ASSERT_EQ(run_plan({"--model", model, "--hardware", hardware, "--layout", layout, "--batches",
+                      "1", "--json"},
+                     &out, &err),
+            0)
+      << err;
+  EXPECT_NEAR(json::parse(out)["decode_tok_s"]["1"].get<double>(), best, best * 1e-6);
+  EXPECT_EQ(
+      run_plan({"--model", model, "--hardware", hardware, "--search", "--np", "3"}, &out, &err), 1);
+  EXPECT_THAT(err, HasSubstr("--search plans its own layouts"));
 }
 
 int run_calibrate(std::vector<std::string> args, std::string* out, std::string* err) {
