@@ -511,7 +511,7 @@ std::string layout_text(const Layout& layout, const std::string& header) {
   std::istringstream lines(header);
   for (std::string line; std::getline(lines, line);) out += "# " + line + "\n";
   out += "# rank  role         gpu  numa  ram_gb  vram_gb  host\n";
-  const auto field = [](double v) { return v > 0 ? fmt::format("{:.1f}", v) : std::string("-"); };
+  const auto field = [](double v) { return v > 0 ? fmt::format("{:.6g}", v) : std::string("-"); };
   for (const RankSpec& r : layout.ranks)
     out += fmt::format("{:<7} {:<12} {:<4} {:<5} {:<7} {:<8} {}\n", r.rank, role_name(r.role),
                        r.gpu >= 0 ? std::to_string(r.gpu) : "-",
@@ -554,7 +554,8 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
           const int numa =
               host.sockets.size() > 1 ? int(g * host.sockets.size() / host.gpus.size()) : -1;
           const int r = add(Role::kGpuExpert, int(g), numa, host.name);
-          layout.ranks[size_t(r)].vram_gb = options.vram_usable * host.gpus[g].vram_gb;
+          if (options.vram_budgets)
+            layout.ranks[size_t(r)].vram_gb = options.vram_usable * host.gpus[g].vram_gb;
         }
         for (size_t socket = 0; socket < host.sockets.size(); ++socket)
           for (int i = 0; i < per_socket; ++i)
@@ -565,7 +566,7 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
       // weights and KV when they are in RAM), evenly over the host's expert ranks.
       for (size_t h = 0; h < hw.hosts.size(); ++h) {
         const HostSpec& host = hw.hosts[h];
-        if (host.ram_gb <= 0) continue;
+        if (host.ram_gb <= 0 || !options.ram_budgets) continue;
         double usable = host.ram_gb * (1 - options.ram_headroom);
         if (h == 0 && !coordinator_gpu) usable -= double(coordinator_bytes) / kGB;
         const auto here = [&](const RankSpec& r) {
@@ -573,7 +574,9 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
         };
         const auto experts_here = std::count_if(layout.ranks.begin(), layout.ranks.end(), here);
         for (RankSpec& r : layout.ranks)
-          if (here(r)) r.ram_gb = std::max(0.1, usable / double(std::max<long>(1, experts_here)));
+          if (here(r))
+            r.ram_gb = std::max(double(bytes.expert) / kGB,
+                                usable / double(std::max<long>(1, experts_here)));
       }
       int gpu_ranks = 0, cpu_ranks = 0;
       for (const RankSpec& r : layout.ranks) {
@@ -587,8 +590,24 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
         c.refused = fmt::format(
             "the coordinator's dense weights and KV ({:.1f} GB) exceed GPU 0 ({:.0f} GB)",
             double(coordinator_bytes) / kGB, first.gpus[0].vram_gb);
-      const PlacementTable placement = make_placement(config, layout, options.policy, bytes.expert,
-                                                      options.stats, options.replicas);
+      PlacementTable placement = make_placement(config, layout, options.policy, bytes.expert,
+                                                options.stats, options.replicas);
+      // Budgets that hold every expert of their rank are left out: the run keeps them all
+      // resident, and does not ask for more memory than they take.
+      bool all_fit = true;
+      for (const RankSpec& r : layout.ranks) {
+        if (r.role == Role::kCoordinator) continue;
+        uint64_t held = 0;
+        for (int layer = 0; layer < config.num_layers; ++layer)
+          held += placement.experts_of(r.rank, layer).size() * bytes.expert;
+        all_fit = all_fit && r.ram_gb > 0 && double(held) <= (r.ram_gb + r.vram_gb) * kGB;
+      }
+      if (all_fit) {
+        for (RankSpec& r : layout.ranks) r.ram_gb = 0;
+        placement = make_placement(config, layout, options.policy, bytes.expert, options.stats,
+                                   options.replicas);
+        c.summary += ", every expert resident";
+      }
       c.plan = make_plan(config, bytes, layout, placement, hw, options.plan);
       out.push_back(std::move(c));
     }

@@ -150,6 +150,7 @@ struct SearchOptions {
   int replicas = 0;
   double ram_headroom = 0.1;  // of a host's memory left to the OS and the processes
   double vram_usable = 0.9;   // of a GPU's memory for experts (the rest: context, activations)
+  bool ram_budgets = true, vram_budgets = true;  // false: left unset (a run's flags decide)
 };
 
 struct SearchCandidate {

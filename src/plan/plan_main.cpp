@@ -117,6 +117,12 @@ int plan_main(int argc, char** argv) {
       "or a GPU, a gpu-expert per GPU, 0-2 cpu-expert ranks a socket, budgets from the "
       "hosts' memory) and show the best by decode tok/s at the first of --batches");
   app.add_option("--search-out", search_out, "--search: write the best layout to this file");
+  std::vector<std::string> search_budgets = {"ram", "vram"};
+  app.add_option("--search-budgets", search_budgets,
+                 "--search: the budget columns the layouts set (ram, vram; none: neither, so a "
+                 "run's --ram-gb / --vram-gb decide)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ram", "vram", "none"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -172,6 +178,12 @@ int plan_main(int argc, char** argv) {
       search_options.policy = parse_placement_policy(placement_name);
       search_options.stats = routing_stats.empty() ? nullptr : &stats;
       search_options.replicas = replicas;
+      const auto wants = [&](const char* column) {
+        return std::find(search_budgets.begin(), search_budgets.end(), column) !=
+               search_budgets.end();
+      };
+      search_options.ram_budgets = wants("ram");
+      search_options.vram_budgets = wants("vram");
       const std::vector<SearchCandidate> found =
           search_layouts(config, bytes, hardware, search_options);
       if (found.empty() || !found.front().refused.empty())

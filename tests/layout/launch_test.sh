@@ -166,6 +166,39 @@ check "the user's eager limit wins" lacks "btl_vader_eager_limit 65536"
 OMPI_MCA_mpi_yield_when_idle=0 dry 2
 check "the user's yield setting wins" lacks "mpi_yield_when_idle 1"
 
+# ---- --auto-tier: the layout of `colibri-node plan --search` ----------------------------------
+# A stand-in colibri-node: `plan` records its arguments and writes a 3-rank layout to --search-out.
+cat >"$work/plan-node" <<'EOF'
+#!/usr/bin/env bash
+[[ $1 == plan ]] || exit 3
+echo "$*" >"$AUTO_ARGS"
+while (($#)); do
+  [[ $1 == --search-out ]] && out=$2
+  shift
+done
+printf '# colibri-node plan --search: stand-in\n0 coordinator\n1 cpu-expert - - 2.5\n2 cpu-expert - - 2.5\n' >"$out"
+EOF
+chmod +x "$work/plan-node"
+auto() {  # auto ARGS...: --dry-run --auto-tier with the stand-in; sets out, err and args
+  rm -f "$work/auto-args" "$work/auto.layout"
+  out=$(AUTO_ARGS=$work/auto-args COLIBRI_AUTO_LAYOUT=$work/auto.layout COLIBRI_NODE=$work/plan-node \
+    COLIBRI_LOCAL_CORES=2 PATH="$work/bin:$PATH" "$launch" --dry-run --auto-tier "$@" 2>"$work/err")
+  err=$(<"$work/err")
+  args=$(cat "$work/auto-args" 2>/dev/null || true)
+}
+auto -- --model /models/m --ngen 3
+check "--auto-tier: the searched layout, one app context a rank" count_is "--layout $work/auto.layout" 3
+check "--auto-tier: plan --search for the run's model, both budgets" \
+  [ "$args" = "plan --model /models/m --search --search-out $work/auto.layout --search-budgets ram,vram --batches 1" ]
+check "--auto-tier: says what it chose" grep -qF "colibri-launch: --auto-tier: colibri-node plan --search: stand-in; layout $work/auto.layout" <<<"$err"
+auto --hardware /hw.json -- --model=/models/m --ram-gb 4
+check "--auto-tier: an explicit --ram-gb keeps that budget out, --hardware passed on" \
+  [ "$args" = "plan --model /models/m --search --search-out $work/auto.layout --search-budgets vram --batches 1 --hardware /hw.json" ]
+auto --np 3 -- --model /models/m
+check "--auto-tier: an explicit --np wins (no search)" [ -z "$args" ]
+check "--auto-tier: ... and says so" grep -qF "used as given" <<<"$err"
+check "--auto-tier: the plain 3-rank command" has "-np 3 $work/plan-node --model /models/m"
+
 # ---- errors ------------------------------------------------------------------------------------
 fails() {  # fails EXPECTED_MESSAGE ARGS...: exit 2 (die); cores from $fail_cores, else 2
   local expected=$1 rc=0
@@ -181,6 +214,9 @@ fails_in_one_line() {  # fails_in_one_line EXPECTED_MESSAGE ARGS...: fails, with
 check "--np against the layout" fails "--np 5, but layout" --np 5 --layout "$hf/localhost.layout"
 check "a missing layout" fails "layout file 'nope.layout' not found" --layout nope.layout
 check "a missing hostfile" fails "hostfile 'nope' not found" --hostfile nope
+check "--auto-tier without the run's --model" fails "--auto-tier needs the run's --model DIR" \
+  --auto-tier -- --ngen 3
+check "--hardware without --auto-tier" fails "--hardware is for --auto-tier" --hardware /hw.json
 printf '0 coordinator\n1 gpu-expert -\n' >"$work/bad.layout"
 check "a gpu-expert without GPU, with file:line" \
   fails "bad.layout:2: gpu is missing" --layout "$work/bad.layout"

@@ -234,8 +234,23 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
       if (r.role != Role::kCoordinator) ram += r.ram_gb;
     }
     EXPECT_EQ(gpu_ranks, on_gpu ? 1 : 2) << c.summary;
-    const double usable = 64 * 0.9 - (on_gpu ? 0 : double(coordinator_bytes) / 1e9);
-    EXPECT_NEAR(ram, usable, 1e-9) << c.summary;
+    // 64 GB hold every expert of this model: no RAM budget is set.
+    EXPECT_EQ(ram, 0) << c.summary;
+    EXPECT_THAT(c.summary, HasSubstr("every expert resident"));
+  }
+  // A host with room for about half of the experts: budgets split what is left of it evenly.
+  uint64_t all_experts = uint64_t(config.num_moe_layers()) * 16 * bytes.expert;
+  const double ram_gb = (double(coordinator_bytes) + 0.5 * double(all_experts)) / 1e9 / 0.9;
+  const Hardware tight = parse_hardware(
+      fmt::format(R"({{"hosts": [{{"name": "box", "ram_gb": {}, "sockets": [{{"cores": 4,
+          "mem_gbps": 20, "gflops": 100}}], "disk_gbps": 1}}]}})",
+                  ram_gb),
+      "tight.json");
+  for (const SearchCandidate& c : search_layouts(config, bytes, tight, options)) {
+    double ram = 0;
+    for (const RankSpec& r : c.layout.ranks) ram += r.ram_gb;
+    EXPECT_NEAR(ram, 0.5 * double(all_experts) / 1e9, 1e-9) << c.summary;
+    EXPECT_GT(c.plan.ranks[1].disk_bytes, 0u) << c.summary;
   }
   // The best as a layout file reads back as the same ranks, and plans to the same speed.
   const SearchCandidate& best = found.front();
@@ -247,7 +262,8 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
     EXPECT_EQ(again.ranks[r].role, best.layout.ranks[r].role);
     EXPECT_EQ(again.ranks[r].gpu, best.layout.ranks[r].gpu);
     EXPECT_EQ(again.ranks[r].numa, best.layout.ranks[r].numa);
-    EXPECT_NEAR(again.ranks[r].ram_gb, best.layout.ranks[r].ram_gb, 0.05);
+    EXPECT_NEAR(again.ranks[r].ram_gb, best.layout.ranks[r].ram_gb, 1e-5);
+    EXPECT_NEAR(again.ranks[r].vram_gb, best.layout.ranks[r].vram_gb, 1e-5);
   }
 }
 
