@@ -42,6 +42,7 @@
 #include "node/run_summary.h"
 #include "plan/calibrate.h"
 #include "plan/plan_main.h"
+#include "plan/tune.h"
 #include "tokenizer/tokenizer.h"
 #include "transport/liveness.h"
 #include "transport/mpi_check.h"
@@ -226,6 +227,19 @@ void run_score(colibri::Node& node, const colibri::CommandLine& args,
   }
   std::printf("perplexity %.4f over %zu tokens (mean nll %.6f) in %s\n", score.perplexity,
               score.nll.size(), score.mean_nll, args.score_file.c_str());
+  // Timing, as the run line of a generation (`colibri-node tune` reads it).
+  std::vector<double> calls = score.call_seconds;
+  double total = 0;
+  for (double s : calls) total += s;
+  std::sort(calls.begin(), calls.end());
+  const auto at = [&](double q) {
+    return calls[std::min(calls.size() - 1, size_t(q * calls.size()))];
+  };
+  std::fprintf(stderr,
+               "score %zu tok in %zu forward calls, %.3f s (%.2f tok/s) | call p50 %.3f ms p99 "
+               "%.3f ms\n",
+               score.nll.size(), calls.size(), total, double(score.nll.size()) / total,
+               1e3 * at(0.5), 1e3 * at(0.99));
 }
 
 // --output: stdout goes to an unnamed temporary file until the run ends, then its bytes are written
@@ -488,6 +502,9 @@ int main(int argc, char** argv) {
   // calibrate starts MPI itself, only under mpirun -np 2 (the exchange).
   if (argc > 1 && std::string_view(argv[1]) == "calibrate")
     return colibri::calibrate_main(argc - 1, argv + 1);
+  // tune starts its jobs through the launcher.
+  if (argc > 1 && std::string_view(argv[1]) == "tune")
+    return colibri::tune_main(argc - 1, argv + 1);
   // The coordinator's heartbeat to the expert ranks is sent from its own thread.
   // MPI_Init waits for every rank without a deadline of its own: the watchdog gives it one.
   const double init_timeout_s =

@@ -1,6 +1,7 @@
 #include "model/score.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <span>
 
@@ -17,7 +18,10 @@ ScoreResult score_tokens(const ForwardFn& forward, int vocab, const std::vector<
   for (size_t begin = 0; begin + 1 < ids.size(); begin += step) {
     // Row t of this call predicts ids[begin + t + 1]; the last token needs no row.
     const size_t count = std::min(step, ids.size() - 1 - begin);
+    const auto start = std::chrono::steady_clock::now();
     const std::vector<float> logits = forward(all.subspan(begin, count), true);
+    result.call_seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     for (size_t t = 0; t < count; ++t) {
       const float* row = &logits[t * size_t(vocab)];
       const double max = *std::max_element(row, row + vocab);

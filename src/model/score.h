@@ -10,7 +10,8 @@ namespace colibri {
 struct ScoreResult {
   std::vector<double> nll;  // [ids.size() - 1]: -log p(ids[i + 1] | ids[0..i]), natural log
   double mean_nll = 0;
-  double perplexity = 0;  // exp(mean_nll)
+  double perplexity = 0;             // exp(mean_nll)
+  std::vector<double> call_seconds;  // wall time of each forward call, in order
 };
 
 // Scores ids in forward calls of at most `chunk` tokens (0: one call) on a fresh sequence.

@@ -170,6 +170,11 @@ check "the user's yield setting wins" lacks "mpi_yield_when_idle 1"
 # A stand-in colibri-node: `plan` records its arguments and writes a 3-rank layout to --search-out.
 cat >"$work/plan-node" <<'EOF'
 #!/usr/bin/env bash
+if [[ $1 == tune ]]; then  # a tuned profile for every job: bf16 wire and two threads
+  echo "$*" >"$AUTO_ARGS.tune"
+  printf 'arg --wire\narg bf16\nenv OMP_NUM_THREADS=2\n'
+  exit 0
+fi
 [[ $1 == plan ]] || exit 3
 echo "$*" >"$AUTO_ARGS"
 while (($#)); do
@@ -180,7 +185,7 @@ printf '# colibri-node plan --search: stand-in\n0 coordinator\n1 cpu-expert - - 
 EOF
 chmod +x "$work/plan-node"
 auto() {  # auto ARGS...: --dry-run --auto-tier with the stand-in; sets out, err and args
-  rm -f "$work/auto-args" "$work/auto.layout"
+  rm -f "$work/auto-args" "$work/auto-args.tune" "$work/auto.layout"
   out=$(AUTO_ARGS=$work/auto-args COLIBRI_AUTO_LAYOUT=$work/auto.layout COLIBRI_NODE=$work/plan-node \
     COLIBRI_LOCAL_CORES=2 PATH="$work/bin:$PATH" "$launch" --dry-run --auto-tier "$@" 2>"$work/err")
   err=$(<"$work/err")
@@ -197,7 +202,15 @@ check "--auto-tier: an explicit --ram-gb keeps that budget out, --hardware passe
 auto --np 3 -- --model /models/m
 check "--auto-tier: an explicit --np wins (no search)" [ -z "$args" ]
 check "--auto-tier: ... and says so" grep -qF "used as given" <<<"$err"
-check "--auto-tier: the plain 3-rank command" has "-np 3 $work/plan-node --model /models/m"
+check "--auto-tier: the plain 3-rank command, with the tuned wire" \
+  has "-np 3 $work/plan-node --wire bf16 --model /models/m"
+check "--auto-tier: the tuned profile asked for this job" \
+  [ "$(cat "$work/auto-args.tune")" = "tune --apply --model /models/m --np 3" ]
+auto -- --model /models/m --wire f32
+check "--auto-tier: the searched layout's job asks for its profile" \
+  [ "$(cat "$work/auto-args.tune")" = "tune --apply --model /models/m --layout $work/auto.layout" ]
+check "--auto-tier: an explicit --wire wins over the tuned one" lacks "bf16"
+check "--auto-tier: ... and the user's value is kept" has "--model /models/m --wire f32"
 
 # ---- errors ------------------------------------------------------------------------------------
 fails() {  # fails EXPECTED_MESSAGE ARGS...: exit 2 (die); cores from $fail_cores, else 2

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "model_writer.h"
 #include "plan/calibrate.h"
 #include "plan/plan_main.h"
+#include "plan/tune.h"
 
 namespace colibri {
 namespace {
@@ -453,6 +455,136 @@ TEST(CalibrateCommand, WritesNothingButARegularFileAndNeedsMpirunForTheExchange)
   EXPECT_TRUE(std::filesystem::is_character_file("/dev/null"));
   EXPECT_EQ(run_calibrate({"--exchange", "--quick", "--out", "/dev/null"}, &out, &err), 1);
   EXPECT_THAT(err, HasSubstr("mpirun -np 2 colibri-node calibrate --exchange"));
+}
+
+// ---- tune
+// ----------------------------------------------------------------------------------------
+
+// Two knobs of two values; a fake measurement: each setting's tok/s from `rate`, with a fixed
+// wobble of +1, -1 and 0 % in turn from job to job (what a shared machine does), p99 and hit
+// rate as given.
+struct FakeMachine {
+  std::function<double(const TuneSetting&)> rate;
+  std::function<double(const TuneSetting&)> p99 = [](const TuneSetting&) { return 1.0; };
+  std::function<double(const TuneSetting&)> hit = [](const TuneSetting&) { return 1.0; };
+  int jobs = 0;
+  TuneSample operator()(const TuneSetting& s) {
+    const double wobble[] = {1.01, 0.99, 1.0};
+    return {rate(s) * wobble[jobs++ % 3], p99(s), hit(s)};
+  }
+};
+
+std::vector<TuneKnob> two_knobs() {
+  return {{"wire", {{"f32", {}, {}}, {"bf16", {"--wire", "bf16"}, {}}}},
+          {"threads", {{"default", {}, {}}, {"2", {}, {{"OMP_NUM_THREADS", "2"}}}}}};
+}
+
+TEST(Tune, AGainWithinNoiseKeepsTheBaseline) {
+  const std::vector<TuneKnob> knobs = two_knobs();
+  // bf16 is 2 % faster: under the 3 % gate, whatever the wobble.
+  FakeMachine machine{[](const TuneSetting& s) { return s.choice[0] == 1 ? 102.0 : 100.0; }};
+  const TuneResult r = tune(knobs, std::ref(machine), TuneGate{}, [](const std::string&) {});
+  EXPECT_EQ(r.best.choice, (std::vector<int>{0, 0}));
+  ASSERT_EQ(r.trials.size(), 2u);
+  EXPECT_FALSE(r.trials[0].kept);
+  EXPECT_THAT(r.trials[0].why, HasSubstr("under the +3 % gate"));
+  EXPECT_TRUE(r.saved);  // the defaults: nothing to re-run
+  EXPECT_EQ(machine.jobs, 2 * 2 * 3);
+}
+
+TEST(Tune, ARealGainIsKeptReRunAndSaved) {
+  const std::vector<TuneKnob> knobs = two_knobs();
+  FakeMachine machine{[](const TuneSetting& s) {
+    return (s.choice[0] == 1 ? 110.0 : 100.0) * (s.choice[1] == 1 ? 1.2 : 1.0);
+  }};
+  const TuneResult r = tune(knobs, std::ref(machine), TuneGate{}, [](const std::string&) {});
+  EXPECT_EQ(r.best.choice, (std::vector<int>{1, 1}));
+  EXPECT_TRUE(r.saved);
+  EXPECT_EQ(r.best.args(knobs), (std::vector<std::string>{"--wire", "bf16"}));
+  EXPECT_EQ(r.best.env(knobs).at("OMP_NUM_THREADS"), "2");
+  EXPECT_EQ(r.best.describe(knobs), "wire=bf16 threads=2");
+  EXPECT_NEAR(r.final_best_tok_s / r.final_baseline_tok_s, 1.32, 0.03);
+}
+
+TEST(Tune, TheGateRefusesWorseTailsAndHitRatesAndAGainThatDoesNotHold) {
+  const std::vector<TuneKnob> knobs = two_knobs();
+  // bf16: +10 %, but its p99 1.5x; threads=2: +10 %, but 1 point less hit rate.
+  FakeMachine slow_tail{[](const TuneSetting& s) { return s.choice[0] == 1 ? 110.0 : 100.0; },
+                        [](const TuneSetting& s) { return s.choice[0] == 1 ? 1.5 : 1.0; }};
+  TuneResult r = tune(knobs, std::ref(slow_tail), TuneGate{}, [](const std::string&) {});
+  EXPECT_FALSE(r.trials[0].kept);
+  EXPECT_THAT(r.trials[0].why, HasSubstr("p99"));
+  FakeMachine misses{[](const TuneSetting& s) { return s.choice[1] == 1 ? 110.0 : 100.0; },
+                     [](const TuneSetting&) { return 1.0; },
+                     [](const TuneSetting& s) { return s.choice[1] == 1 ? 0.98 : 0.99; }};
+  r = tune(knobs, std::ref(misses), TuneGate{}, [](const std::string&) {});
+  EXPECT_FALSE(r.trials[1].kept);
+  EXPECT_THAT(r.trials[1].why, HasSubstr("hit rate"));
+  EXPECT_EQ(r.best.choice, (std::vector<int>{0, 0}));
+  // bf16 wins its comparison, then loses its gain in the re-run: the defaults stay.
+  int jobs = 0;
+  const TuneMeasure fading = [&](const TuneSetting& s) {
+    const bool rerun = jobs++ >= 2 * 2 * 3;
+    return TuneSample{s.choice[0] == 1 && !rerun ? 110.0 : 100.0, 1.0, 1.0};
+  };
+  r = tune(knobs, fading, TuneGate{}, [](const std::string&) {});
+  EXPECT_TRUE(r.trials[0].kept);
+  EXPECT_FALSE(r.saved);
+  EXPECT_EQ(r.best.choice, (std::vector<int>{0, 0}));
+}
+
+int run_tune(std::vector<std::string> args, std::string* out, std::string* err) {
+  args.insert(args.begin(), "tune");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = tune_main(int(argv.size()), argv.data());
+  *out = ::testing::internal::GetCapturedStdout();
+  *err = ::testing::internal::GetCapturedStderr();
+  return code;
+}
+
+// The command with a stand-in launcher whose jobs print the score line, twice as fast with
+// --wire bf16: the profile is saved and --apply prints it for the same job; a profile whose
+// fingerprint names another binary is not applied, with a line saying so.
+TEST(TuneCommand, SavesTheWinnerAndAppliesItOnlyToItsFingerprint) {
+  test::TempDir dir;
+  const std::filesystem::path launcher = dir.path() / "launch.sh";
+  std::ofstream(launcher) << R"(#!/bin/sh
+rate=100
+for a in "$@"; do [ "$a" = bf16 ] && rate=200; done
+echo "score 9 tok in 9 forward calls, 0.1 s ($rate.00 tok/s) | call p50 1.000 ms p99 2.000 ms" >&2
+)";
+  std::filesystem::permissions(launcher, std::filesystem::perms::owner_all);
+  const std::string text = (dir.path() / "text.txt").string();
+  std::ofstream(text) << "In the beginning";
+  const std::string profile = (dir.path() / "tune.json").string();
+  const std::string model =
+      (std::filesystem::path(COLIBRI_TEST_DATA) / ".." / ".." / "models" / "glm5-tiny-kjv")
+          .string();
+  std::string out, err;
+  ASSERT_EQ(run_tune({"--model", model, "--np", "3", "--text", text, "--knobs", "wire", "--out",
+                      profile, "--launcher", launcher.string(), "--runs", "1"},
+                     &out, &err),
+            0)
+      << err;
+  EXPECT_THAT(out, HasSubstr("wire=bf16: 200.00 against 100.00 tok/s: kept, +100.0 %"));
+  EXPECT_THAT(out, HasSubstr("wire=bf16 saved in " + profile));
+  ASSERT_EQ(run_tune({"--model", model, "--np", "3", "--apply", "--out", profile}, &out, &err), 0);
+  EXPECT_EQ(out, "arg --wire\narg bf16\n");
+  EXPECT_EQ(err, "");
+  // Another rank count is another topology.
+  ASSERT_EQ(run_tune({"--model", model, "--np", "4", "--apply", "--out", profile}, &out, &err), 0);
+  EXPECT_EQ(out, "");
+  EXPECT_THAT(err, HasSubstr("is for another topology; not applied"));
+  // Another binary.
+  json doc = json::parse(std::ifstream(profile));
+  doc["profiles"][0]["fingerprint"]["binary"] = "0000000000000000";
+  std::ofstream(profile) << doc.dump();
+  ASSERT_EQ(run_tune({"--model", model, "--np", "3", "--apply", "--out", profile}, &out, &err), 0);
+  EXPECT_EQ(out, "");
+  EXPECT_THAT(err, HasSubstr("is for another binary; not applied"));
 }
 
 }  // namespace
