@@ -609,6 +609,18 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
         c.summary += ", every expert resident";
       }
       c.plan = make_plan(config, bytes, layout, placement, hw, options.plan);
+      // What stays in RAM must fit each host's memory (less the headroom).
+      for (size_t h = 0; h < hw.hosts.size() && c.refused.empty(); ++h) {
+        const HostSpec& host = hw.hosts[h];
+        if (host.ram_gb <= 0) continue;
+        double resident = h == 0 && !coordinator_gpu ? double(coordinator_bytes) : 0;
+        for (const RankPlan& r : c.plan.ranks)
+          if (!several_hosts || r.host == host.name) resident += double(r.ram_bytes);
+        if (resident > host.ram_gb * (1 - options.ram_headroom) * kGB)
+          c.refused =
+              fmt::format("{:.0f} GB would stay in the RAM of {} ({:.0f} GB less {:.0f} %)",
+                          resident / kGB, host.name, host.ram_gb, 100 * options.ram_headroom);
+      }
       out.push_back(std::move(c));
     }
   }

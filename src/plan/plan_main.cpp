@@ -186,6 +186,8 @@ int plan_main(int argc, char** argv) {
       search_options.vram_budgets = wants("vram");
       const std::vector<SearchCandidate> found =
           search_layouts(config, bytes, hardware, search_options);
+      if (!found.empty() && !found.front().refused.empty())
+        std::fputs(format_search(found).c_str(), stdout);
       if (found.empty() || !found.front().refused.empty())
         fail("plan --search: no layout of {} fits ({})", hardware_file,
              found.empty() ? "no expert rank possible" : found.front().refused);

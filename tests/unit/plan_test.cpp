@@ -254,6 +254,11 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
     EXPECT_NEAR(ram, 0.5 * double(all_experts) / 1e9, 1e-9) << c.summary;
     EXPECT_GT(c.plan.ranks[1].disk_bytes, 0u) << c.summary;
   }
+  // Without RAM budgets every expert would stay in RAM: more than that host has.
+  SearchOptions unbudgeted = options;
+  unbudgeted.ram_budgets = false;
+  for (const SearchCandidate& c : search_layouts(config, bytes, tight, unbudgeted))
+    EXPECT_THAT(c.refused, HasSubstr("would stay in the RAM of box")) << c.summary;
   // The best as a layout file reads back as the same ranks, and plans to the same speed.
   const SearchCandidate& best = found.front();
   const std::string text = layout_text(best.layout, "best of the test\nsecond line");
