@@ -228,11 +228,14 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
   // Expert ranks reading from one socket (or, unbound, from their host's sockets) share it.
   std::map<std::pair<std::string, int>, int> sharing;  // (host, numa or -1) -> expert ranks
   std::map<std::string, int> on_host;                  // host -> expert ranks (its disk)
-  for (const RankSpec& spec : layout.ranks)
+  std::map<std::string, int> all_on_host;              // host -> ranks, the coordinator too
+  for (const RankSpec& spec : layout.ranks) {
+    ++all_on_host[host_of(spec).name];
     if (spec.rank != coordinator) {
       ++sharing[{host_of(spec).name, spec.numa}];
       ++on_host[host_of(spec).name];
     }
+  }
   plan.ranks.resize(size_t(ranks));
   for (const RankSpec& spec : layout.ranks) {
     const HostSpec& host = host_of(spec);
@@ -245,13 +248,17 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
            host.name, host.sockets.size());
     // The expert kernel's rates for this format where the description has them (calibrate),
     // else the socket's read and compute; its fixed costs where measured, else none.
+    // The coordinator computes in the dense weights' format (BF16, or FP8 with FP8 experts).
+    const std::string format =
+        spec.rank == coordinator ? (bytes.format == "fp8" ? "fp8" : "bf16") : bytes.format;
     const auto rate = [&](const std::map<std::string, double>& m, double fallback) {
-      const auto it = m.find(bytes.format);
+      const auto it = m.find(format);
       return it == m.end() ? fallback : it->second;
     };
     double mem = 0, core = 0, gflops = 0, kernel = 0, call_us = 0, linear_us = 0;
-    int cores = 0;
-    for (size_t s = 0; s < host.sockets.size(); ++s)
+    int cores = 0, host_cores = 0;
+    for (size_t s = 0; s < host.sockets.size(); ++s) {
+      host_cores += host.sockets[s].cores;
       if (spec.numa < 0 || int(s) == spec.numa) {
         const SocketSpec& socket = host.sockets[s];
         mem += socket.mem_gbps;
@@ -262,14 +269,19 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
         call_us = std::max(call_us, rate(socket.expert_us, 0));
         linear_us = std::max(linear_us, socket.linear_us);
       }
+    }
+    // More ranks on a host than cores: the launcher runs one OpenMP thread a rank (docs/LAUNCH.md),
+    // so each rank computes and reads as one core. Else an expert rank has its share of its
+    // socket's cores and the coordinator all of them.
+    const bool oversubscribed = all_on_host[host.name] > host_cores;
     const int share = spec.rank == coordinator ? 1 : sharing[{host.name, spec.numa}];
-    const double threads = std::max(1.0, double(cores) / share);
+    const double threads = oversubscribed ? 1.0 : std::max(1.0, double(cores) / share);
     r.ram_gbps = std::min(mem / share, threads * core);
-    r.expert_ram_gbps = std::min(kernel / share, threads * core);
-    r.gflops = gflops / share;
-    // Measured with every core of the socket: a rank with 1/share of them takes share times as
-    // long per call.
-    r.expert_call_s = call_us * 1e-6 * share;
+    r.expert_ram_gbps = std::min(kernel / share, threads * core * kernel / mem);
+    r.gflops = gflops * threads / cores;
+    // The fixed cost of a call was measured with every core of the socket, the experts of a
+    // layer spread over them: with `threads` of them it takes cores / threads times as long.
+    r.expert_call_s = call_us * 1e-6 * cores / threads;
     r.linear_call_s = linear_us * 1e-6;
     r.disk_gbps = host.disk_gbps / std::max(1, on_host[host.name]);
     r.device = spec.numa >= 0 ? fmt::format("socket {}", spec.numa) : "CPU";
