@@ -38,6 +38,7 @@ double number(const json& object, const char* key, const std::string& where, boo
 // Bytes per weight and the scale bytes per output row / per group of one matrix.
 uint64_t matrix_bytes(uint64_t rows, uint64_t cols, const std::string& format) {
   const uint64_t n = rows * cols;
+  if (format == "fp32") return 4 * n;
   if (format == "bf16") return 2 * n;
   if (format == "fp8") return n + 4 * ((rows + 127) / 128) * ((cols + 127) / 128);
   if (format == "int8") return n + 4 * rows;
@@ -157,10 +158,12 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
   return hw;
 }
 
-ModelBytes model_bytes(const ModelConfig& c, const std::string& format) {
+ModelBytes model_bytes(const ModelConfig& c, const std::string& format,
+                       const std::string& dense_format) {
   ModelBytes b;
   b.format = format;
-  const std::string dense = format == "fp8" ? "fp8" : "bf16";
+  const std::string dense = !dense_format.empty() ? dense_format : format == "fp8" ? "fp8" : "bf16";
+  b.dense = dense;
   const uint64_t h = uint64_t(c.hidden_size), mi = uint64_t(c.moe_intermediate_size);
   b.expert = 2 * matrix_bytes(mi, h, format) + matrix_bytes(h, mi, format);
   b.expert_params = 3 * h * mi;
@@ -249,8 +252,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     // The expert kernel's rates for this format where the description has them (calibrate),
     // else the socket's read and compute; its fixed costs where measured, else none.
     // The coordinator computes in the dense weights' format (BF16, or FP8 with FP8 experts).
-    const std::string format =
-        spec.rank == coordinator ? (bytes.format == "fp8" ? "fp8" : "bf16") : bytes.format;
+    const std::string format = spec.rank == coordinator ? bytes.dense : bytes.format;
     const auto rate = [&](const std::map<std::string, double>& m, double fallback) {
       const auto it = m.find(format);
       return it == m.end() ? fallback : it->second;

@@ -78,6 +78,7 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
 // Bytes the step reads, from the model's shapes and the weights' format.
 struct ModelBytes {
   std::string format;   // routed experts: "bf16", "fp8", "int8", "int4"
+  std::string dense;    // the coordinator's dense weights, the same names
   uint64_t expert = 0;  // one routed expert (gate, up, down, with scales)
   uint64_t expert_params = 0;
   std::vector<uint64_t> dense_layer;  // [layers] attention, shared experts, router / dense MLP
@@ -89,8 +90,10 @@ struct ModelBytes {
 };
 
 // `format` as stored: "bf16", "fp8" (block scales), "int8" or "int4" (colibri containers: per-row
-// and per-64 fp32 scales). Dense weights are BF16, or FP8 when the experts are.
-ModelBytes model_bytes(const ModelConfig& config, const std::string& format);
+// and per-64 fp32 scales). Dense weights (attention, dense and shared MLPs; the head stays BF16
+// unless they are FP8) in `dense_format` ("" : BF16, or FP8 when the experts are).
+ModelBytes model_bytes(const ModelConfig& config, const std::string& format,
+                       const std::string& dense_format = "");
 
 struct PlanOptions {
   std::vector<int> batches = {1, 4, 16, 64};

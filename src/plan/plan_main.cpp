@@ -32,22 +32,34 @@ std::string read_text(const std::filesystem::path& path, const char* what) {
   return s.str();
 }
 
-// The routed experts' format as stored in `checkpoint`: a container's int8/int4, BF16 or FP8.
-std::string stored_format(const ModelConfig& config, const Checkpoint& checkpoint) {
+// The format `name` is stored (and kept) in: a container's int8/int4, FP8, BF16 or F32; `fallback`
+// when the checkpoint has no such tensor. `elements` tells int4 from int8.
+std::string stored_format(const Checkpoint& checkpoint, const std::string& name, uint64_t elements,
+                          const std::string& fallback) {
+  const TensorView* w = checkpoint.find(name);
+  if (!w) return fallback;
+  if (w->dtype == Dtype::U8 && checkpoint.find(name + kQuantScaleSuffix))
+    return uint64_t(w->nbytes) * 2 <= elements ? "int4" : "int8";
+  if (w->dtype == Dtype::F8_E4M3) return "fp8";
+  if (w->dtype == Dtype::F32) return "fp32";
+  return "bf16";
+}
+
+// The routed experts' format as stored in `checkpoint`.
+std::string stored_expert_format(const ModelConfig& config, const Checkpoint& checkpoint) {
   int layer = 0;
   while (layer < config.num_layers && !config.layer_is_moe[size_t(layer)]) ++layer;
-  const TensorView* w =
-      checkpoint.find(fmt::format("model.layers.{}.mlp.experts.0.gate_proj.weight", layer));
-  if (!w) return config.fp8_block ? "fp8" : "bf16";
-  if (w->dtype == Dtype::U8 &&
-      checkpoint.find(fmt::format("model.layers.{}.mlp.experts.0.gate_proj.weight{}", layer,
-                                  kQuantScaleSuffix)))
-    return uint64_t(w->nbytes) * 2 <=
-                   uint64_t(config.moe_intermediate_size) * uint64_t(config.hidden_size)
-               ? "int4"
-               : "int8";
-  if (w->dtype == Dtype::F8_E4M3) return "fp8";
-  return "bf16";
+  return stored_format(checkpoint,
+                       fmt::format("model.layers.{}.mlp.experts.0.gate_proj.weight", layer),
+                       uint64_t(config.moe_intermediate_size) * uint64_t(config.hidden_size),
+                       config.fp8_block ? "fp8" : "bf16");
+}
+
+// The coordinator's dense weights as stored (its attention's kv_a projection stands for them).
+std::string stored_dense_format(const ModelConfig& config, const Checkpoint& checkpoint) {
+  return stored_format(
+      checkpoint, "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+      uint64_t(config.kv_lora_rank + config.qk_rope_head_dim) * uint64_t(config.hidden_size), "");
 }
 
 std::string format_search(const std::vector<SearchCandidate>& found) {
@@ -135,8 +147,8 @@ int plan_main(int argc, char** argv) {
         std::filesystem::exists(std::filesystem::path(model) / "model.safetensors.index.json"))
       checkpoint = std::make_unique<Checkpoint>(model, config.fp8_block);
     if (weights.empty())
-      weights =
-          checkpoint ? stored_format(config, *checkpoint) : (config.fp8_block ? "fp8" : "bf16");
+      weights = checkpoint ? stored_expert_format(config, *checkpoint)
+                           : (config.fp8_block ? "fp8" : "bf16");
     if (hardware_file.empty()) {
       hardware_file = default_hardware_path();
       if (!std::filesystem::exists(hardware_file))
@@ -158,7 +170,8 @@ int plan_main(int argc, char** argv) {
     if (prompt_tokens < 1 || context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
     for (int b : batches)
       if (b < 1) fail("--batches: {} rows is not a batch", b);
-    const ModelBytes bytes = model_bytes(config, weights);
+    const ModelBytes bytes =
+        model_bytes(config, weights, checkpoint ? stored_dense_format(config, *checkpoint) : "");
     RoutingStats stats;
     if (!routing_stats.empty()) {
       if (!checkpoint)
