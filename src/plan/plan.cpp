@@ -18,6 +18,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr double kGB = 1e9;
+constexpr double kGiB = 1073741824.0;  // the unit of a layout's budgets, as a run reads them
 
 // Defaults for what a description may leave out, each printed as "default".
 constexpr double kShmUs = 20, kShmGbps = 10, kLinkUs = 60, kLinkGbps = 3;
@@ -317,13 +318,12 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     r.experts = int(owned.size());
     uint64_t vram_left = 0;
     if (spec.gpu >= 0) {
-      const double gb = spec.vram_gb > 0
-                            ? spec.vram_gb
-                            : kVramUsable * host_of(spec).gpus[size_t(spec.gpu)].vram_gb;
-      vram_left = uint64_t(gb * kGB);
+      vram_left = spec.vram_gb > 0
+                      ? uint64_t(spec.vram_gb * kGiB)
+                      : uint64_t(kVramUsable * host_of(spec).gpus[size_t(spec.gpu)].vram_gb * kGB);
     }
     const bool ram_budget = spec.ram_gb > 0;
-    uint64_t ram_left = ram_budget ? uint64_t(spec.ram_gb * kGB) : UINT64_MAX;
+    uint64_t ram_left = ram_budget ? uint64_t(spec.ram_gb * kGiB) : UINT64_MAX;
     for (const auto& [layer, e] : owned) {
       int& t = tier[size_t(spec.rank)][size_t(layer) * size_t(E) + size_t(e)];
       if (vram_left >= bytes.expert) {
@@ -569,7 +569,7 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
               host.sockets.size() > 1 ? int(g * host.sockets.size() / host.gpus.size()) : -1;
           const int r = add(Role::kGpuExpert, int(g), numa, host.name);
           if (options.vram_budgets)
-            layout.ranks[size_t(r)].vram_gb = options.vram_usable * host.gpus[g].vram_gb;
+            layout.ranks[size_t(r)].vram_gb = options.vram_usable * host.gpus[g].vram_gb * kGB / kGiB;
         }
         for (size_t socket = 0; socket < host.sockets.size(); ++socket)
           for (int i = 0; i < per_socket; ++i)
@@ -589,8 +589,9 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
         const auto experts_here = std::count_if(layout.ranks.begin(), layout.ranks.end(), here);
         for (RankSpec& r : layout.ranks)
           if (here(r))
-            r.ram_gb = std::max(double(bytes.expert) / kGB,
-                                usable / double(std::max<long>(1, experts_here)));
+            r.ram_gb = std::max(double(bytes.expert),
+                                usable * kGB / double(std::max<long>(1, experts_here))) /
+                       kGiB;
       }
       int gpu_ranks = 0, cpu_ranks = 0;
       for (const RankSpec& r : layout.ranks) {
@@ -614,7 +615,7 @@ std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const Mod
         uint64_t held = 0;
         for (int layer = 0; layer < config.num_layers; ++layer)
           held += placement.experts_of(r.rank, layer).size() * bytes.expert;
-        all_fit = all_fit && r.ram_gb > 0 && double(held) <= (r.ram_gb + r.vram_gb) * kGB;
+        all_fit = all_fit && r.ram_gb > 0 && double(held) <= (r.ram_gb + r.vram_gb) * kGiB;
       }
       if (all_fit) {
         for (RankSpec& r : layout.ranks) r.ram_gb = 0;

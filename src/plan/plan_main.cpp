@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -119,6 +120,10 @@ int plan_main(int argc, char** argv) {
                  "routed experts' format: bf16, fp8, int8, int4 (default: as stored, else bf16 "
                  "or the config's fp8)");
   app.add_option("--wire", wire, "exchange activations: f32 or bf16");
+  double ram_gb = 0;
+  app.add_option("--ram-gb", ram_gb,
+                 "as a run's --ram-gb: GiB of RAM for the routed experts of every expert rank "
+                 "whose layout row sets no budget");
   app.add_option("--batches", batches, "decode rows per step to predict")->delimiter(',');
   app.add_option("--prompt-tokens", prompt_tokens, "prompt length for the time to first token");
   app.add_option("--context", context, "tokens each decode row attends to");
@@ -168,6 +173,7 @@ int plan_main(int argc, char** argv) {
     if (!search_out.empty()) check_output_path(search_out, "--search-out");
     if (wire != "f32" && wire != "bf16") fail("--wire '{}': expected f32 or bf16", wire);
     if (prompt_tokens < 1 || context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
+    if (ram_gb < 0 || !std::isfinite(ram_gb)) fail("--ram-gb must be a number >= 0");
     for (int b : batches)
       if (b < 1) fail("--batches: {} rows is not a batch", b);
     const ModelBytes bytes =
@@ -235,6 +241,9 @@ int plan_main(int argc, char** argv) {
       const std::vector<int> gpus(static_cast<size_t>(np), int(hardware.hosts.front().gpus.size()));
       layout = default_layout(np, local, gpus, host_index);
     }
+    if (ram_gb > 0)
+      for (RankSpec& r : layout.ranks)
+        if (r.role != Role::kCoordinator && r.ram_gb == 0) r.ram_gb = ram_gb;
     const PlacementTable placement =
         make_placement(config, layout, parse_placement_policy(placement_name), bytes.expert,
                        routing_stats.empty() ? nullptr : &stats, replicas);

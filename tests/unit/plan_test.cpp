@@ -92,7 +92,7 @@ TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
   const ModelConfig config = parse_model_config(tiny.config.dump(), "tiny config.json");
   const ModelBytes bytes = model_bytes(config, "int4");
   // Room for 3 of each rank's 8 experts.
-  const double ram_gb = 3.5 * double(bytes.expert) / 1e9;
+  const double ram_gb = 3.5 * double(bytes.expert) / (1 << 30);  // GiB, as a layout
   const Layout layout = three_ranks(ram_gb);
   const PlacementTable placement =
       make_placement(config, layout, PlacementPolicy::kBalanced, bytes.expert);
@@ -101,7 +101,7 @@ TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
   uint64_t held = 0;
   for (int r = 1; r <= 2; ++r) {
     const RankPlan& rank = plan.ranks[size_t(r)];
-    EXPECT_LE(double(rank.ram_bytes), ram_gb * 1e9) << "rank " << r;
+    EXPECT_LE(double(rank.ram_bytes), ram_gb * (1 << 30)) << "rank " << r;
     EXPECT_EQ(rank.ram_bytes, 3 * bytes.expert) << "rank " << r;
     EXPECT_EQ(rank.vram_bytes, 0u);
     held += rank.ram_bytes + rank.disk_bytes;
@@ -124,7 +124,7 @@ TEST(Plan, RamBudgetsAreKeptAndTheRestGoesToDisk) {
                                        parse_hardware(kMachine, "machine.json"), PlanOptions{});
   uint64_t copies = 0;
   for (int r = 1; r <= 2; ++r) {
-    EXPECT_LE(double(with_replicas.ranks[size_t(r)].ram_bytes), ram_gb * 1e9) << "rank " << r;
+    EXPECT_LE(double(with_replicas.ranks[size_t(r)].ram_bytes), ram_gb * (1 << 30)) << "rank " << r;
     copies += with_replicas.ranks[size_t(r)].ram_bytes + with_replicas.ranks[size_t(r)].disk_bytes;
   }
   EXPECT_EQ(copies,
@@ -231,7 +231,7 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
     for (const RankSpec& r : c.layout.ranks) {
       if (r.role == Role::kGpuExpert) {
         ++gpu_ranks;
-        EXPECT_DOUBLE_EQ(r.vram_gb, 0.9 * hw.hosts[0].gpus[size_t(r.gpu)].vram_gb);
+        EXPECT_DOUBLE_EQ(r.vram_gb, 0.9 * hw.hosts[0].gpus[size_t(r.gpu)].vram_gb * 1e9 / (1 << 30));
       }
       if (r.role != Role::kCoordinator) ram += r.ram_gb;
     }
@@ -251,7 +251,7 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
   for (const SearchCandidate& c : search_layouts(config, bytes, tight, options)) {
     double ram = 0;
     for (const RankSpec& r : c.layout.ranks) ram += r.ram_gb;
-    EXPECT_NEAR(ram, 0.5 * double(all_experts) / 1e9, 1e-9) << c.summary;
+    EXPECT_NEAR(ram, 0.5 * double(all_experts) / (1 << 30), 1e-9) << c.summary;
     EXPECT_GT(c.plan.ranks[1].disk_bytes, 0u) << c.summary;
   }
   // Without RAM budgets every expert would stay in RAM: more than that host has.
