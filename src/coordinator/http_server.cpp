@@ -194,23 +194,33 @@ class Api {
     s.stop_strings = r.stop;
     s.logprobs = r.logprobs;
 
-    switch (scheduler_.submit(job)) {
-      case SubmitResult::kAccepted:
-        break;
-      case SubmitResult::kQueueFull:
+    // n choices: n sequences of the same prompt, seeds seed, seed + 1, ... (the prompt's KV
+    // blocks shared through the prefix cache). If one is refused, those submitted are cancelled.
+    std::vector<std::shared_ptr<ServeJob>> jobs = {job};
+    for (int i = 1; i < r.n; ++i) {
+      auto copy = std::make_shared<ServeJob>();
+      copy->request = s;
+      copy->request.sampling.seed = s.sampling.seed + uint64_t(i);
+      jobs.push_back(copy);
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const SubmitResult submitted = scheduler_.submit(jobs[i]);
+      if (submitted == SubmitResult::kAccepted) continue;
+      for (size_t j = 0; j < i; ++j) jobs[j]->channel.cancel();
+      if (submitted == SubmitResult::kQueueFull) {
         res.set_header("Retry-After", "1");
         throw ApiError(429, "the request queue is full; retry later", {}, "rate_limit_exceeded",
                        "rate_limit_error");
-      case SubmitResult::kDraining:
-        res.set_header("Retry-After", "5");
-        throw ApiError(503, "the server is shutting down", {}, "unavailable", "unavailable_error");
+      }
+      res.set_header("Retry-After", "5");
+      throw ApiError(503, "the server is shutting down", {}, "unavailable", "unavailable_error");
     }
     ResponseIdentity who{fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", ++ids_),
                          int64_t(std::time(nullptr)), options_.model_name, chat};
     if (r.stream) {
-      stream(res, job, who, r);
+      stream(res, jobs, who, r);
     } else {
-      whole(res, job, who, r);
+      whole(res, jobs, who, r);
     }
   }
 
@@ -219,73 +229,89 @@ class Api {
            (ids_.load() * 0x9E3779B97F4A7C15ull);
   }
 
-  void whole(httplib::Response& res, const std::shared_ptr<ServeJob>& job,
+  void whole(httplib::Response& res, const std::vector<std::shared_ptr<ServeJob>>& jobs,
              const ResponseIdentity& who, const CompletionRequest& r) {
-    std::string text;
-    std::vector<int> tokens;
-    std::vector<TokenLogprob> logprobs;
-    std::string reasoning;
+    std::vector<Choice> choices(jobs.size());
+    std::vector<std::vector<TokenLogprob>> logprobs(jobs.size());
+    const auto cancel_all = [&] {
+      for (const auto& job : jobs) job->channel.cancel();
+    };
     std::vector<ServeEvent> events;
     auto looked = Clock::now();
-    for (;;) {
-      events.clear();
-      job->channel.wait(events, std::chrono::milliseconds(100));
-      // A client that left cancels its request (the answer has nowhere to go); its socket is
-      // looked at every 100 ms.
-      if (Clock::now() - looked >= std::chrono::milliseconds(100)) {
-        looked = Clock::now();
-        if (ConnectionServer::client_gone()) {
-          job->channel.cancel();
-          res.status = kClientClosedRequest;
-          return;
+    size_t finished = 0;
+    std::vector<bool> done(jobs.size(), false);
+    while (finished < jobs.size()) {
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        if (done[i]) continue;
+        events.clear();
+        jobs[i]->channel.wait(events, std::chrono::milliseconds(100 / jobs.size() + 1));
+        // A client that left cancels its request (the answer has nowhere to go); its socket is
+        // looked at every 100 ms.
+        if (Clock::now() - looked >= std::chrono::milliseconds(100)) {
+          looked = Clock::now();
+          if (ConnectionServer::client_gone()) {
+            cancel_all();
+            res.status = kClientClosedRequest;
+            return;
+          }
         }
-      }
-      for (const ServeEvent& e : events) {
-        if (e.kind == ServeEvent::Kind::kDelta) {
-          text += e.text;
-          tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
-          logprobs.insert(logprobs.end(), e.logprobs.begin(), e.logprobs.end());
-          reasoning += e.reasoning;
-        } else if (e.kind == ServeEvent::Kind::kError) {
-          throw ApiError(e.status, e.text, {}, "unavailable", "unavailable_error");
-        } else {
-          const nlohmann::json lp = r.logprobs >= 0 ? logprobs_json(who.chat, logprobs, tokenizer_)
-                                                    : nlohmann::json(nullptr);
-          const bool split = who.chat && job->request.think_close >= 0;
-          res.set_content(
-              completion_body(who, text, tokens, e, r.return_token_ids, lp,
-                              split ? std::optional<std::string>(reasoning) : std::nullopt),
-              "application/json");
-          return;
+        Choice& c = choices[i];
+        for (const ServeEvent& e : events) {
+          if (e.kind == ServeEvent::Kind::kDelta) {
+            c.text += e.text;
+            c.tokens.insert(c.tokens.end(), e.tokens.begin(), e.tokens.end());
+            logprobs[i].insert(logprobs[i].end(), e.logprobs.begin(), e.logprobs.end());
+            c.reasoning = c.reasoning.value_or("") + e.reasoning;
+          } else if (e.kind == ServeEvent::Kind::kError) {
+            cancel_all();
+            throw ApiError(e.status, e.text, {}, "unavailable", "unavailable_error");
+          } else {
+            c.finish = e;
+            if (r.logprobs >= 0) c.logprobs = logprobs_json(who.chat, logprobs[i], tokenizer_);
+            // The thinking block apart only for a chat whose reply is split.
+            if (!(who.chat && jobs[i]->request.think_close >= 0))
+              c.reasoning.reset();
+            else if (!c.reasoning)
+              c.reasoning = "";
+            done[i] = true;
+            ++finished;
+            break;
+          }
         }
       }
     }
+    res.set_content(completion_body(who, choices, r.return_token_ids), "application/json");
   }
 
   struct StreamState {
-    std::shared_ptr<ServeJob> job;
+    std::vector<std::shared_ptr<ServeJob>> jobs;  // one a choice
     ResponseIdentity who;
     bool include_usage = false, return_token_ids = false, logprobs = false;
     const Tokenizer* tokenizer = nullptr;
-    size_t text_offset = 0;  // bytes of text streamed so far (completions' text_offset)
+    std::vector<size_t> text_offset;  // bytes of text streamed so far a choice (text_offset)
+    std::vector<bool> finished;
+    size_t finishes = 0;
+    int completion_tokens = 0;
     bool started = false, ended = false;
     Clock::time_point last_write = Clock::now();
     std::vector<ServeEvent> events;
   };
 
-  void stream(httplib::Response& res, const std::shared_ptr<ServeJob>& job,
+  void stream(httplib::Response& res, const std::vector<std::shared_ptr<ServeJob>>& jobs,
               const ResponseIdentity& who, const CompletionRequest& r) {
     auto state = std::make_shared<StreamState>();
-    state->job = job;
+    state->jobs = jobs;
     state->who = who;
     state->include_usage = r.include_usage;
     state->return_token_ids = r.return_token_ids;
     state->logprobs = r.logprobs >= 0;
     state->tokenizer = &tokenizer_;
+    state->text_offset.assign(jobs.size(), 0);
+    state->finished.assign(jobs.size(), false);
     res.set_header("Cache-Control", "no-cache");
     // cpp-httplib 0.11.4 calls the provider in a loop until sink.done() or false: every call
-    // blocks on the channel (bounded), and a client gone (write fails, or the socket is no
-    // longer writable) returns false, which cancels the request.
+    // blocks on the channels (bounded), and a client gone (write fails, or the socket is no
+    // longer writable) returns false, which cancels the request's sequences.
     res.set_chunked_content_provider(
         "text/event-stream",
         [state](size_t, httplib::DataSink& sink) {
@@ -296,32 +322,46 @@ class Api {
           std::string out;
           if (!state->started) {
             state->started = true;
-            if (state->who.chat) out += sse_role_chunk(state->who);
+            if (state->who.chat)
+              for (size_t i = 0; i < state->jobs.size(); ++i)
+                out += sse_role_chunk(state->who, int(i));
           }
-          state->events.clear();
-          state->job->channel.wait(state->events, std::chrono::milliseconds(out.empty() ? 250 : 0));
-          for (const ServeEvent& e : state->events) {
-            if (e.kind == ServeEvent::Kind::kDelta) {
-              if (!e.text.empty() || !e.reasoning.empty() || state->return_token_ids ||
-                  state->logprobs) {
-                const nlohmann::json lp = state->logprobs
-                                              ? logprobs_json(state->who.chat, e.logprobs,
-                                                              *state->tokenizer, state->text_offset)
-                                              : nlohmann::json(nullptr);
-                out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids, lp,
-                                       e.reasoning);
-              }
-              state->text_offset += e.text.size();
-            } else {
-              if (e.kind == ServeEvent::Kind::kError) {
+          const auto wait =
+              std::chrono::milliseconds(out.empty() ? 250 / int(state->jobs.size()) + 1 : 0);
+          for (size_t i = 0; i < state->jobs.size() && !state->ended; ++i) {
+            if (state->finished[i]) continue;
+            state->events.clear();
+            state->jobs[i]->channel.wait(state->events, wait);
+            for (const ServeEvent& e : state->events) {
+              if (e.kind == ServeEvent::Kind::kDelta) {
+                if (!e.text.empty() || !e.reasoning.empty() || state->return_token_ids ||
+                    state->logprobs) {
+                  const nlohmann::json lp =
+                      state->logprobs ? logprobs_json(state->who.chat, e.logprobs,
+                                                      *state->tokenizer, state->text_offset[i])
+                                      : nlohmann::json(nullptr);
+                  out += sse_delta_chunk(state->who, e.text, e.tokens, state->return_token_ids, lp,
+                                         e.reasoning, int(i));
+                }
+                state->text_offset[i] += e.text.size();
+              } else if (e.kind == ServeEvent::Kind::kError) {
                 out += sse_error(e.text, e.status);
+                out += kSseDone;
+                state->ended = true;
+                for (const auto& job : state->jobs) job->channel.cancel();
+                break;
               } else {
-                out += sse_finish_chunk(state->who, e.finish);
-                if (state->include_usage) out += sse_usage_chunk(state->who, e);
+                out += sse_finish_chunk(state->who, e.finish, int(i));
+                state->finished[i] = true;
+                state->completion_tokens += e.completion_tokens;
+                if (++state->finishes == state->jobs.size()) {
+                  if (state->include_usage)
+                    out += sse_usage_chunk(state->who, e, state->completion_tokens);
+                  out += kSseDone;
+                  state->ended = true;
+                }
+                break;
               }
-              out += kSseDone;
-              state->ended = true;
-              break;
             }
           }
           const auto now = Clock::now();
@@ -336,7 +376,8 @@ class Api {
           return true;
         },
         [state](bool) {
-          if (!state->ended) state->job->channel.cancel();
+          if (!state->ended)
+            for (const auto& job : state->jobs) job->channel.cancel();
         });
   }
 

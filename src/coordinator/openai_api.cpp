@@ -304,9 +304,11 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
   }
   if (const json* v = field("n")) {
     if (!v->is_number_integer()) wrong_type("n", "an integer", *v);
-    if (v->get<int64_t>() != 1 || (v->is_number_unsigned() && v->get<uint64_t>() != 1))
-      throw ApiError(400, "'n' must be 1: one choice per request is supported", "n",
-                     "not_supported");
+    const bool in_range = v->is_number_unsigned()
+                              ? v->get<uint64_t>() >= 1 && v->get<uint64_t>() <= kMaxChoices
+                              : v->get<int64_t>() >= 1 && v->get<int64_t>() <= kMaxChoices;
+    if (!in_range) throw ApiError(400, fmt::format("'n' must be 1 to {}", kMaxChoices), "n");
+    r.n = v->get<int>();
   }
   parse_sampling(j, r, vocab);
   refuse_unsupported(j, chat);
@@ -417,30 +419,36 @@ json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs, const T
           {"text_offset", offsets}};
 }
 
-std::string completion_body(const ResponseIdentity& who, const std::string& text,
-                            const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids, const json& logprobs,
-                            const std::optional<std::string>& reasoning) {
+std::string completion_body(const ResponseIdentity& who, const std::vector<Choice>& choices,
+                            bool return_token_ids) {
   json j = envelope(who, false);
-  json choice = {
-      {"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish_reason_name(finish.finish)}};
-  if (who.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    if (reasoning)
-      choice["message"]["reasoning_content"] =
-          reasoning->empty() ? json(nullptr) : json(*reasoning);
-  } else {
-    choice["text"] = text;
+  j["choices"] = json::array();
+  int completion_tokens = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    const Choice& c = choices[i];
+    json choice = {{"index", i},
+                   {"logprobs", c.logprobs},
+                   {"finish_reason", finish_reason_name(c.finish.finish)}};
+    if (who.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (c.reasoning)
+        choice["message"]["reasoning_content"] =
+            c.reasoning->empty() ? json(nullptr) : json(*c.reasoning);
+    } else {
+      choice["text"] = c.text;
+    }
+    if (return_token_ids) choice["token_ids"] = c.tokens;
+    j["choices"].push_back(choice);
+    completion_tokens += c.finish.completion_tokens;
   }
-  if (return_token_ids) choice["token_ids"] = tokens;
-  j["choices"] = json::array({choice});
-  j["usage"] = usage_json(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens);
+  const ServeEvent& first = choices.front().finish;
+  j["usage"] = usage_json(first.prompt_tokens, completion_tokens, first.cached_tokens);
   return dump_json(j);
 }
 
-std::string sse_role_chunk(const ResponseIdentity& who) {
+std::string sse_role_chunk(const ResponseIdentity& who, int index) {
   json j = envelope(who, true);
-  j["choices"] = json::array({{{"index", 0},
+  j["choices"] = json::array({{{"index", index},
                                {"delta", {{"role", "assistant"}, {"content", ""}}},
                                {"logprobs", nullptr},
                                {"finish_reason", nullptr}}});
@@ -450,9 +458,9 @@ std::string sse_role_chunk(const ResponseIdentity& who) {
 
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, bool return_token_ids,
-                            const json& logprobs, const std::string& reasoning) {
+                            const json& logprobs, const std::string& reasoning, int index) {
   json j = envelope(who, true);
-  json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
+  json choice = {{"index", index}, {"logprobs", logprobs}, {"finish_reason", nullptr}};
   if (who.chat && !reasoning.empty() && text.empty())
     choice["delta"] = {{"reasoning_content", reasoning}};
   else if (who.chat && !reasoning.empty())
@@ -467,10 +475,10 @@ std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text
   return sse(j);
 }
 
-std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason) {
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index) {
   json j = envelope(who, true);
   json choice = {
-      {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+      {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
   if (who.chat)
     choice["delta"] = json::object();
   else
@@ -480,10 +488,11 @@ std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason) {
   return sse(j);
 }
 
-std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish) {
+std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish,
+                            int completion_tokens) {
   json j = envelope(who, true);
   j["choices"] = json::array();
-  j["usage"] = usage_json(finish.prompt_tokens, finish.completion_tokens, finish.cached_tokens);
+  j["usage"] = usage_json(finish.prompt_tokens, completion_tokens, finish.cached_tokens);
   return sse(j);
 }
 

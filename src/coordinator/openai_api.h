@@ -52,6 +52,7 @@ struct CompletionRequest {
   // Log-probabilities of the sampled tokens, each with this many most likely alternatives;
   // -1: none (chat: logprobs + top_logprobs; completions: logprobs N).
   int logprobs = -1;
+  int n = 1;  // choices, each its own sequence (seeds seed, seed + 1, ...)
   bool stream = false;
   bool include_usage = false;     // stream_options.include_usage
   bool ignore_eos = false;        // extension (vLLM): keep going after end-of-sequence ids
@@ -63,9 +64,12 @@ struct CompletionRequest {
 
 // Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
 // ids (of a prompt given as ids, logit_bias, stop_token_ids). A field that would change the
-// response and is not supported (tools, response_format other than text, n > 1, echo, ...) is
-// refused, never ignored.
+// response and is not supported (tools, response_format other than text, echo, ...) is refused,
+// never ignored.
 CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab);
+
+// Most choices (n) one request may ask for.
+inline constexpr int kMaxChoices = 16;
 
 // {"error": {...}} of an ApiError.
 std::string error_body(const ApiError& error);
@@ -86,22 +90,33 @@ nlohmann::json usage_json(int prompt_tokens, int completion_tokens, int cached_t
 nlohmann::json logprobs_json(bool chat, const std::vector<TokenLogprob>& logprobs,
                              const Tokenizer& tokenizer, size_t text_offset = 0);
 
-// A whole (non-streamed) response; `logprobs` null when not asked for; `reasoning` (the thinking
-// block, as message.reasoning_content) only for a chat whose reply is split.
-std::string completion_body(const ResponseIdentity& who, const std::string& text,
-                            const std::vector<int>& tokens, const ServeEvent& finish,
-                            bool return_token_ids, const nlohmann::json& logprobs = nullptr,
-                            const std::optional<std::string>& reasoning = std::nullopt);
+// One choice of a whole (non-streamed) response; `logprobs` null when not asked for; `reasoning`
+// (the thinking block, as message.reasoning_content) only for a chat whose reply is split.
+struct Choice {
+  std::string text;
+  std::vector<int> tokens;
+  ServeEvent finish;
+  nlohmann::json logprobs = nullptr;
+  std::optional<std::string> reasoning;
+};
+
+// A whole response: choices with index 0, 1, ... in order; usage the prompt once and every
+// choice's completion tokens.
+std::string completion_body(const ResponseIdentity& who, const std::vector<Choice>& choices,
+                            bool return_token_ids);
 
 // One server-sent event "data: {...}\n\n": the first chunk of a chat stream (role), a text
 // delta, the finish chunk, the usage chunk (choices: []), an error.
-std::string sse_role_chunk(const ResponseIdentity& who);
+// `index`: the choice the chunk is of.
+std::string sse_role_chunk(const ResponseIdentity& who, int index = 0);
 std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text,
                             const std::vector<int>& tokens, bool return_token_ids,
                             const nlohmann::json& logprobs = nullptr,
-                            const std::string& reasoning = {});
-std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason);
-std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish);
+                            const std::string& reasoning = {}, int index = 0);
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index = 0);
+// Usage of the whole response: the prompt once, the completion tokens of every choice.
+std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish,
+                            int completion_tokens);
 std::string sse_error(const std::string& message, int status);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
 

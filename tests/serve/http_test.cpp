@@ -456,6 +456,63 @@ TEST(Serve, StopStringsMaxTokensAndSeeds) {
   EXPECT_EQ(a.tokens.size(), 24u);
 }
 
+// n choices: choice i is what a request of its own with seed + i gets, whole and streamed (each
+// chunk names its choice), with the prompt counted once and every choice's tokens in the usage.
+TEST(Serve, NChoicesAreTheSeedsOfTheirOwnRequests) {
+  ServerProcess server(1, {});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  for (const bool chat : {false, true}) {
+    json request = chat ? json{{"messages", {{{"role", "user"}, {"content", "Who made light?"}}}},
+                               {"max_tokens", 12}}
+                        : completion("And God said,", 12);
+    request["temperature"] = 1.0;
+    request["seed"] = 40;
+    request["return_token_ids"] = true;
+    const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+    std::vector<std::vector<int>> alone;
+    for (int i = 0; i < 3; ++i) {
+      json one = request;
+      one["seed"] = 40 + i;
+      alone.push_back(post(port, path, one.dump()).tokens);
+    }
+    EXPECT_NE(alone[0], alone[1]);
+    request["n"] = 3;
+    const Reply whole = post(port, path, request.dump());
+    ASSERT_EQ(whole.status, 200) << whole.raw;
+    ASSERT_EQ(whole.body["choices"].size(), 3u) << whole.raw;
+    int completion_tokens = 0;
+    for (int i = 0; i < 3; ++i) {
+      const json& c = whole.body["choices"][size_t(i)];
+      EXPECT_EQ(c["index"], i);
+      EXPECT_EQ(c["token_ids"].get<std::vector<int>>(), alone[size_t(i)]) << "choice " << i;
+      EXPECT_EQ(c["finish_reason"], "length");
+      completion_tokens += int(c["token_ids"].size());
+    }
+    EXPECT_EQ(whole.body["usage"]["completion_tokens"], completion_tokens);
+    EXPECT_EQ(whole.body["usage"]["prompt_tokens"],
+              post(port, path, request.dump()).body["usage"]["prompt_tokens"]);
+    request["stream_options"] = {{"include_usage", true}};
+    const Reply streamed = post_stream(port, path, request);
+    ASSERT_TRUE(streamed.done) << streamed.raw;
+    std::vector<std::vector<int>> tokens(3);
+    std::vector<int> finishes(3, 0);
+    for (const json& chunk : streamed.chunks)
+      for (const json& c : chunk["choices"]) {
+        const int i = c["index"];
+        ASSERT_TRUE(i >= 0 && i < 3) << chunk.dump();
+        if (c.contains("token_ids"))
+          for (int t : c["token_ids"]) tokens[size_t(i)].push_back(t);
+        if (!c["finish_reason"].is_null()) ++finishes[size_t(i)];
+      }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(tokens[size_t(i)], alone[size_t(i)]) << "streamed choice " << i;
+      EXPECT_EQ(finishes[size_t(i)], 1) << "streamed choice " << i;
+    }
+    EXPECT_EQ(streamed.usage["completion_tokens"], completion_tokens);
+  }
+}
+
 // Log-probabilities are the model's: the log-softmax of the command line's --logits-out rows, the
 // sampled token and the most likely alternatives, whole and streamed, in both formats.
 TEST(Serve, LogprobsAreTheLogSoftmaxOfTheCommandLinesLogits) {
@@ -620,8 +677,7 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
            {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
            {"tool_choice", "required"},
-           {"response_format", {{"type", "json_schema"}}},
-           {"n", 2}}) {
+           {"response_format", {{"type", "json_schema"}}}}) {
     json refused = informational;
     refused[field] = value;
     const Reply r = post(port, "/v1/chat/completions", refused.dump());
@@ -804,7 +860,8 @@ std::vector<std::pair<std::string, std::string>> hostile_requests() {
       {{"messages", user}, {"stream", 1}},
       {{"messages", user}, {"stream_options", 1}},
       {{"messages", user}, {"stream_options", {{"include_usage", "yes"}}}},
-      {{"messages", user}, {"n", 2}},
+      {{"messages", user}, {"n", 0}},
+      {{"messages", user}, {"n", 17}},
       {{"messages", user}, {"n", "1"}},
       {{"messages", user}, {"logprobs", "yes"}},
       {{"messages", user}, {"top_logprobs", 3}},  // without logprobs
