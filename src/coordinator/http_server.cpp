@@ -194,8 +194,8 @@ class Api {
     s.stop_strings = r.stop;
     s.logprobs = r.logprobs;
 
-    // n choices: n sequences of the same prompt, seeds seed, seed + 1, ... (the prompt's KV
-    // blocks shared through the prefix cache). If one is refused, those submitted are cancelled.
+    // n choices: n sequences of the same prompt, seeds seed, seed + 1, ..., decoded in the same
+    // batch. If one is refused, those submitted are cancelled.
     std::vector<std::shared_ptr<ServeJob>> jobs = {job};
     for (int i = 1; i < r.n; ++i) {
       auto copy = std::make_shared<ServeJob>();
