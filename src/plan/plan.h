@@ -167,8 +167,9 @@ struct SearchCandidate {
 // host or on its GPU 0; a gpu-expert rank on every other GPU of every host; 0, 1 or 2 cpu-expert
 // ranks bound to each socket of every host; RAM budgets splitting each host's ram_gb (less the
 // headroom, and the coordinator's dense weights and KV on its host) evenly over its expert ranks,
-// VRAM budgets vram_usable of each GPU (a layout's budgets are GiB; a description's sizes GB). Sorted best first by decode tok/s at the first batch;
-// candidates that do not fit (the coordinator's weights and KV over its GPU) last, with the reason.
+// VRAM budgets vram_usable of each GPU (a layout's budgets are GiB; a description's sizes GB).
+// Sorted best first by decode tok/s at the first batch; candidates that do not fit (the
+// coordinator's weights and KV over its GPU) last, with the reason.
 std::vector<SearchCandidate> search_layouts(const ModelConfig& config, const ModelBytes& bytes,
                                             const Hardware& hardware, const SearchOptions& options);
 
