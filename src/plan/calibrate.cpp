@@ -29,14 +29,6 @@ namespace {
 using json = nlohmann::ordered_json;
 using namespace calibration;  // NOLINT(google-build-using-namespace): the measurements
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
-      return line.substr(line.find_first_not_of(" \t", line.find(':') + 1));
-  return "unknown";
-}
-
 int numa_nodes() {
   int nodes = 0;
   std::error_code ec;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
 
@@ -58,6 +59,14 @@ double seconds_per_call(const Sizes& sizes, Op&& op) {
 }
 
 }  // namespace
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
+      return line.substr(line.find_first_not_of(" \t", line.find(':') + 1));
+  return "unknown";
+}
 
 // ---- read bandwidth ----------------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ inline constexpr int kHotExperts = 16;  // small experts that stay in cache
 inline constexpr int64_t kHotHidden = 256, kHotInter = 64;
 inline constexpr int kComputeRows = 64;
 
+// "model name" of the first CPU in /proc/cpuinfo ("unknown" where there is none).
+std::string cpu_model();
+
 struct Sizes {
   int64_t read_mib = 512;               // read-bandwidth buffer; the cold expert set is twice it
   int64_t hidden = 6144, inter = 2048;  // cold experts: GLM-5's shape

@@ -24,6 +24,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "node/handshake.h"
+#include "plan/measure.h"
 
 namespace colibri {
 
@@ -186,14 +187,6 @@ std::string file_hash(const fs::path& path) {
   return fmt::format("{:016x}", h);
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos)
-      return line.substr(line.find_first_not_of(" \t", line.find(':') + 1));
-  return "unknown";
-}
-
 // What a tuned profile holds for: the binary, the model, the job's ranks and hosts, the devices.
 json fingerprint(const std::string& model, int np, const std::string& layout,
                  const std::string& hostfile) {
@@ -205,7 +198,7 @@ json fingerprint(const std::string& model, int np, const std::string& layout,
           {"topology",
            layout.empty() ? fmt::format("np {}", np) : fmt::format("layout {}", file_hash(layout))},
           {"hosts", hostfile.empty() ? "this host" : "hostfile " + file_hash(hostfile)},
-          {"devices", fmt::format("{} x{} CUDA_VISIBLE_DEVICES={}", cpu_model(),
+          {"devices", fmt::format("{} x{} CUDA_VISIBLE_DEVICES={}", calibration::cpu_model(),
                                   std::thread::hardware_concurrency(), visible ? visible : "")}};
 }
 

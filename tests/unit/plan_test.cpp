@@ -231,7 +231,8 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
     for (const RankSpec& r : c.layout.ranks) {
       if (r.role == Role::kGpuExpert) {
         ++gpu_ranks;
-        EXPECT_DOUBLE_EQ(r.vram_gb, 0.9 * hw.hosts[0].gpus[size_t(r.gpu)].vram_gb * 1e9 / (1 << 30));
+        EXPECT_DOUBLE_EQ(r.vram_gb,
+                         0.9 * hw.hosts[0].gpus[size_t(r.gpu)].vram_gb * 1e9 / (1 << 30));
       }
       if (r.role != Role::kCoordinator) ram += r.ram_gb;
     }
@@ -319,16 +320,22 @@ TEST(Plan, ConstantsSayWhereTheyCameFrom) {
 
 // The subcommand as a script uses it: --np on the embedded model, JSON with the keys scripts rely
 // on; a missing layout choice and a bad hardware file are one error line and exit 1.
-int run_plan(std::vector<std::string> args, std::string* out, std::string* err) {
-  args.insert(args.begin(), "plan");
+// A subcommand's main on `args` (its name first, as main() passes it), with its stdout and stderr.
+int run_main(int (*main_fn)(int, char**), const char* name, std::vector<std::string> args,
+             std::string* out, std::string* err) {
+  args.insert(args.begin(), name);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   ::testing::internal::CaptureStdout();
   ::testing::internal::CaptureStderr();
-  const int code = plan_main(int(argv.size()), argv.data());
+  const int code = main_fn(int(argv.size()), argv.data());
   *out = ::testing::internal::GetCapturedStdout();
   *err = ::testing::internal::GetCapturedStderr();
   return code;
+}
+
+int run_plan(std::vector<std::string> args, std::string* out, std::string* err) {
+  return run_main(plan_main, "plan", std::move(args), out, err);
 }
 
 TEST(PlanCommand, JsonCarriesDecodeTtftAndTheCriticalPath) {
@@ -393,15 +400,7 @@ TEST(PlanCommand, SearchWritesTheBestLayoutThatPlansTheSame) {
 }
 
 int run_calibrate(std::vector<std::string> args, std::string* out, std::string* err) {
-  args.insert(args.begin(), "calibrate");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = calibrate_main(int(argv.size()), argv.data());
-  *out = ::testing::internal::GetCapturedStdout();
-  *err = ::testing::internal::GetCapturedStderr();
-  return code;
+  return run_main(calibrate_main, "calibrate", std::move(args), out, err);
 }
 
 // calibrate --quick writes a description with its fingerprint and raw numbers at the default
@@ -539,15 +538,7 @@ TEST(Tune, TheGateRefusesWorseTailsAndHitRatesAndAGainThatDoesNotHold) {
 }
 
 int run_tune(std::vector<std::string> args, std::string* out, std::string* err) {
-  args.insert(args.begin(), "tune");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  const int code = tune_main(int(argv.size()), argv.data());
-  *out = ::testing::internal::GetCapturedStdout();
-  *err = ::testing::internal::GetCapturedStderr();
-  return code;
+  return run_main(tune_main, "tune", std::move(args), out, err);
 }
 
 // The command with a stand-in launcher whose jobs print the score line, twice as fast with
