@@ -115,6 +115,14 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
         "{:8.1f} GFLOP/s ({} rows)\n",
         format, r.call_us, r.gbps, r.gflops, kComputeRows);
   }
+  json linear_rates = json::object(), linear_per_socket = json::object();
+  for (const char* format : {"bf16", "int8", "int4"}) {
+    const double g = linear_gbps(format, sizes);
+    linear_rates[format] = round3(g);
+    linear_per_socket[format] = round3(g / nodes);
+    fmt::print("  coordinator matrix product {:<4}: {:7.2f} GB/s streamed (1 row, {}x{})\n", format,
+               g, sizes.hidden, sizes.hidden);
+  }
   const double linear_us = linear_call_us(sizes);
   fmt::print("  BF16 matrix product, 1 row, {}x{} in cache: {:.2f} us a call\n", kHotHidden,
              kHotHidden, linear_us);
@@ -130,6 +138,7 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
       {"read_gbps", read},
       {"experts", experts},
       {"linear_us", round3(linear_us)},
+      {"linear_gbps", linear_rates},
       {"disk",
        {{"gbps", round3(disk.gbps)},
         {"mib", sizes.disk_mib},
@@ -152,6 +161,7 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
                                {"core_gbps", round3(one_read)},
                                {"gflops", round3(best_gflops / nodes)},
                                {"linear_us", round3(linear_us)},
+                               {"linear_gbps", linear_per_socket},
                                {"expert_us", call_us},
                                {"expert_gbps", expert_gbps},
                                {"expert_gflops", expert_gflops}});
@@ -159,6 +169,7 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
               {"notes",
                {"Measured by `colibri-node calibrate` with every thread of one process; with "
                 "several NUMA nodes each socket is given an equal share of the totals.",
+                "linear_gbps: the coordinator's matrix products at one row, streamed; "
                 "expert_us: one routed expert at one row, small and in cache; expert_gbps: large "
                 "experts streamed from memory at one row, net of expert_us; expert_gflops and "
                 "gflops: 64 rows."}},

@@ -178,6 +178,29 @@ double linear_call_us(const Sizes& sizes) {
   return seconds_per_call(sizes, [&] { linear(w, x.data(), 1, y.data()); }) * 1e6;
 }
 
+double linear_gbps(const std::string& format, const Sizes& sizes) {
+  std::vector<Matrix> set;
+  uint64_t bytes = 0;
+  do {
+    Matrix m;
+    if (format == "bf16") {
+      m = random_bf16(sizes.hidden, sizes.hidden, set.size());
+    } else {
+      m.rows = m.cols = sizes.hidden;
+      m.quant = random_quant(format, sizes.hidden, sizes.hidden, set.size());
+    }
+    bytes = m.bytes();
+    set.push_back(std::move(m));
+  } while (set.size() < 4 || uint64_t(set.size()) * bytes < uint64_t(2 * sizes.read_mib) << 20);
+  std::vector<float> x(size_t(sizes.hidden), 0.01f), y(x.size());
+  size_t next = 0;
+  const double s = seconds_per_call(sizes, [&] {
+    linear(set[next], x.data(), 1, y.data());
+    next = (next + 1) % set.size();
+  });
+  return double(bytes) / s / 1e9;
+}
+
 // ---- disk --------------------------------------------------------------------------------------
 
 // Writes `mib` MiB to a new file in `dir`, then reads it back past the page cache: O_DIRECT, or,

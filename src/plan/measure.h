@@ -45,6 +45,10 @@ ExpertRates measure_experts(const std::string& format, const Sizes& sizes);
 // One BF16 matrix product of kHotHidden x kHotHidden at one row, in cache: us a call.
 double linear_call_us(const Sizes& sizes);
 
+// GB/s of the coordinator's matrix products at one row on `format` ("bf16", "int8", "int4")
+// weights of hidden x hidden, a set of them twice read_mib streamed from memory in turn.
+double linear_gbps(const std::string& format, const Sizes& sizes);
+
 struct DiskRate {
   double gbps = 0;
   std::string method;

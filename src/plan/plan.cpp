@@ -112,6 +112,7 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
           constant(fmt::format("{} {} {}", name, what, format), out[format], unit, source);
         }
       };
+      per_format("linear_gbps", sock.linear_gbps, "matrix product read", "GB/s", true);
       per_format("expert_us", sock.expert_us, "expert call", "us", false);
       per_format("expert_gbps", sock.expert_gbps, "expert kernel read", "GB/s", true);
       per_format("expert_gflops", sock.expert_gflops, "expert kernel compute", "GFLOP/s", true);
@@ -257,7 +258,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
       const auto it = m.find(format);
       return it == m.end() ? fallback : it->second;
     };
-    double mem = 0, core = 0, gflops = 0, kernel = 0, call_us = 0, linear_us = 0;
+    double mem = 0, core = 0, gflops = 0, kernel = 0, call_us = 0, linear_us = 0, dense = 0;
     int cores = 0, host_cores = 0;
     for (size_t s = 0; s < host.sockets.size(); ++s) {
       host_cores += host.sockets[s].cores;
@@ -266,6 +267,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
         mem += socket.mem_gbps;
         gflops += rate(socket.expert_gflops, socket.gflops);
         kernel += rate(socket.expert_gbps, socket.mem_gbps);
+        dense += rate(socket.linear_gbps, socket.mem_gbps);
         cores += socket.cores;
         core = socket.core_gbps;
         call_us = std::max(call_us, rate(socket.expert_us, 0));
@@ -280,6 +282,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     const double threads = oversubscribed ? 1.0 : std::max(1.0, double(cores) / share);
     r.ram_gbps = std::min(mem / share, threads * core);
     r.expert_ram_gbps = std::min(kernel / share, threads * core * kernel / mem);
+    r.dense_gbps = std::min(dense / share, threads * core * dense / mem);
     r.gflops = gflops * threads / cores;
     // The fixed cost of a call was measured with every core of the socket, the experts of a
     // layer spread over them: with `threads` of them it takes cores / threads times as long.
@@ -344,6 +347,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
   coord.dense_bytes += bytes.head;
   coord.kv_bytes = bytes.kv_per_token * uint64_t(options.context_tokens);
   const double coord_gbps = coord.vram_gbps > 0 ? coord.vram_gbps : coord.ram_gbps;
+  const double dense_gbps = coord.vram_gbps > 0 ? coord.vram_gbps : coord.dense_gbps;
   const double coord_gflops = coord.gflops;
 
   // ---- one step of `rows` rows: the coordinator's part plus the slowest owner's ----
@@ -356,7 +360,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     for (int layer = 0; layer < config.num_layers; ++layer) {
       const double params = double(bytes.dense_layer_params[size_t(layer)]);
       const double dense_s = bytes.dense_layer_calls[size_t(layer)] * coord.linear_call_s +
-                             std::max(double(bytes.dense_layer[size_t(layer)]) / (coord_gbps * kGB),
+                             std::max(double(bytes.dense_layer[size_t(layer)]) / (dense_gbps * kGB),
                                       2 * params * rows / (coord_gflops * 1e9));
       const double kv_s =
           double(bytes.kv_per_token) / config.num_layers * context * rows / (coord_gbps * kGB);
@@ -431,7 +435,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
       out.experts_s += layer_s / samples;
     }
     out.coordinator_s += coord.linear_call_s +
-                         std::max(double(bytes.head) / (coord_gbps * kGB),
+                         std::max(double(bytes.head) / (dense_gbps * kGB),
                                   2.0 * double(bytes.head_params) * rows / (coord_gflops * 1e9));
     out.step_s = out.coordinator_s + out.experts_s;
     out.decode_tok_s = rows / out.step_s;

@@ -41,6 +41,8 @@ struct SocketSpec {
   // of one expert call at one row (us), the rate the kernel streams experts from memory (GB/s,
   // instead of mem_gbps) and its compute rate at many rows (GFLOP/s, instead of gflops).
   std::map<std::string, double> expert_us, expert_gbps, expert_gflops;
+  // Per format: the rate the coordinator's matrix products stream their weights at one row.
+  std::map<std::string, double> linear_gbps;
 };
 
 struct GpuSpec {
@@ -64,7 +66,8 @@ struct Hardware {
 };
 
 // A hardware description (JSON): {"hosts": [{"name", "sockets": [{"cores", "mem_gbps",
-// "core_gbps", "gflops", "linear_us", "expert_us": {format: us}, "expert_gbps": {..},
+// "core_gbps", "gflops", "linear_us", "linear_gbps": {format: GB/s}, "expert_us": {format: us},
+// "expert_gbps": {..},
 // "expert_gflops": {..}}], "gpus": [{"name", "vram_gb", "hbm_gbps", "pcie_gbps", "tflops"}],
 // "disk_gbps", "ram_gb"}], "links": {"shm_us", "shm_gbps", "link_us", "link_gbps"}}. Missing link
 // fields take the defaults (named as such), missing per-call costs are 0 and per-format rates fall
@@ -115,6 +118,7 @@ struct RankPlan {
   double expert_ram_gbps = 0;  // the expert kernel's rate from RAM (ram_gbps where not measured)
   double expert_call_s = 0;    // fixed cost of one expert call
   double linear_call_s = 0;    // fixed cost of one matrix product (the coordinator)
+  double dense_gbps = 0;       // the coordinator's dense weights read by its matrix products
   double slowest_share = 0;    // of the MoE layers at batch 1, how often it was the slowest owner
   std::string
       slowest_by;  // what it spent most time on then: "vram", "ram", "disk", "compute", "link"

@@ -167,6 +167,17 @@ TEST(Plan, PerCallCostsAddToTheHandComputation) {
               config.num_moe_layers() * (double(bytes.expert) / 2e9 - double(bytes.expert) / 5e9),
               1e-12);
   EXPECT_DOUBLE_EQ(slower.batches[0].coordinator_s, base.batches[0].coordinator_s);
+  // A measured matrix-product rate replaces it for the coordinator's dense weights (not its KV).
+  const char* dense_rate = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
+      "core_gbps": 10, "gflops": 1e9, "linear_gbps": {"bf16": 5}}], "disk_gbps": 1}],
+      "links": {"shm_us": 10, "shm_gbps": 1}})";
+  const Plan dense =
+      make_plan(config, bytes, layout, placement, parse_hardware(dense_rate, "m.json"), options);
+  double dense_bytes = double(bytes.head);
+  for (uint64_t b : bytes.dense_layer) dense_bytes += double(b);
+  EXPECT_NEAR(dense.batches[0].coordinator_s - base.batches[0].coordinator_s,
+              dense_bytes / 5e9 - dense_bytes / 10e9, 1e-12);
+  EXPECT_DOUBLE_EQ(dense.batches[0].experts_s, base.batches[0].experts_s);
 }
 
 TEST(Plan, ACalibrationNamesItselfAndAnotherVersionIsRefused) {
