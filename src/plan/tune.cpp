@@ -144,7 +144,7 @@ TuneResult tune(const std::vector<TuneKnob>& knobs, const TuneMeasure& measure,
   return result;
 }
 
-std::vector<TuneKnob> default_tune_knobs(int cores_per_rank) {
+std::vector<TuneKnob> default_tune_knobs(int cores_per_rank, bool heat_placement) {
   std::vector<TuneKnob> knobs = {
       {"wire", {{"f32", {}, {}}, {"bf16", {"--wire", "bf16"}, {}}}},
       {"shared-memory", {{"on", {}, {}}, {"off", {"--shared-memory", "off"}, {}}}},
@@ -159,6 +159,10 @@ std::vector<TuneKnob> default_tune_knobs(int cores_per_rank) {
   for (int t = 1; t <= cores_per_rank; t *= 2)
     threads.values.push_back({std::to_string(t), {}, {{"OMP_NUM_THREADS", std::to_string(t)}}});
   if (threads.values.size() > 1) knobs.push_back(threads);
+  if (heat_placement)
+    knobs.push_back(
+        {"replicas",
+         {{"0", {}, {}}, {"2", {"--replicas", "2"}, {}}, {"8", {"--replicas", "8"}, {}}}});
   return knobs;
 }
 
@@ -382,8 +386,12 @@ int tune_main(int argc, char** argv) {
     spec.extra = extra;
     spec.timeout_s = timeout_s;
     const int ranks = np > 0 ? np : 2;
+    bool heat = false;  // the jobs run --placement heat: replicas are a knob too
+    for (size_t i = 0; i < extra.size(); ++i)
+      heat = heat || extra[i] == "--placement=heat" ||
+             (extra[i] == "--placement" && i + 1 < extra.size() && extra[i + 1] == "heat");
     std::vector<TuneKnob> knobs =
-        default_tune_knobs(std::max(1, int(std::thread::hardware_concurrency()) / ranks));
+        default_tune_knobs(std::max(1, int(std::thread::hardware_concurrency()) / ranks), heat);
     if (!only.empty()) {
       std::vector<TuneKnob> chosen;
       std::stringstream names(only);

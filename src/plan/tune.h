@@ -75,8 +75,9 @@ using TuneMeasure = std::function<TuneSample(const TuneSetting& setting)>;
 TuneResult tune(const std::vector<TuneKnob>& knobs, const TuneMeasure& measure,
                 const TuneGate& gate, const std::function<void(const std::string&)>& log);
 
-// The knobs `tune` sweeps by default on this machine (threads up to `cores` per rank).
-std::vector<TuneKnob> default_tune_knobs(int cores_per_rank);
+// The knobs `tune` sweeps by default on this machine (threads up to `cores_per_rank`); with
+// `heat_placement` (the jobs run --placement heat) also the replica count.
+std::vector<TuneKnob> default_tune_knobs(int cores_per_rank, bool heat_placement = false);
 
 // Where tune keeps its profiles: $XDG_CONFIG_HOME/colibri-node/tune.json (else ~/.config/...).
 std::string default_tune_path();

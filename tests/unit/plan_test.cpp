@@ -548,6 +548,19 @@ TEST(Tune, TheGateRefusesWorseTailsAndHitRatesAndAGainThatDoesNotHold) {
   EXPECT_EQ(r.best.choice, (std::vector<int>{0, 0}));
 }
 
+TEST(Tune, TheDefaultKnobsAreExecutionKnobsOnly) {
+  std::vector<std::string> names;
+  for (const TuneKnob& k : default_tune_knobs(4, true)) {
+    names.push_back(k.name);
+    EXPECT_TRUE(k.values.front().args.empty() && k.values.front().env.empty()) << k.name;
+  }
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"wire", "shared-memory", "activations", "split-linears",
+                                      "prefetch-ahead", "threads", "replicas"}));
+  EXPECT_EQ(default_tune_knobs(4).back().values.size(), 4u);  // threads default, 1, 2, 4
+  EXPECT_EQ(default_tune_knobs(1).back().name, "threads");
+}
+
 int run_tune(std::vector<std::string> args, std::string* out, std::string* err) {
   return run_main(tune_main, "tune", std::move(args), out, err);
 }
