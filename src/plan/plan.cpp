@@ -469,14 +469,14 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
 }
 
 std::string format_plan(const Plan& plan) {
-  std::string out =
-      fmt::format("{:>4}  {:<11} {:<14} {:<18} {:>7} {:>9} {:>9} {:>9} {:>8}  {}\n", "rank", "role",
-                  "host", "device", "experts", "VRAM GB", "RAM GB", "disk GB", "slowest", "by");
+  std::string out = fmt::format(
+      "{:>4}  {:<11} {:<14} {:<18} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8}  {}\n", "rank", "role",
+      "host", "device", "threads", "experts", "VRAM GB", "RAM GB", "disk GB", "slowest", "by");
   for (const RankPlan& r : plan.ranks)
-    out +=
-        fmt::format("{:>4}  {:<11} {:<14} {:<18} {:>7} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.0f}%  {}\n",
-                    r.rank, role_name(r.role), r.host, r.device, r.experts, r.vram_bytes / kGB,
-                    r.ram_bytes / kGB, r.disk_bytes / kGB, 100 * r.slowest_share, r.slowest_by);
+    out += fmt::format(
+        "{:>4}  {:<11} {:<14} {:<18} {:>7.3g} {:>7} {:>9.3f} {:>9.3f} {:>9.3f} {:>7.0f}%  {}\n",
+        r.rank, role_name(r.role), r.host, r.device, r.threads, r.experts, r.vram_bytes / kGB,
+        r.ram_bytes / kGB, r.disk_bytes / kGB, 100 * r.slowest_share, r.slowest_by);
   for (const RankPlan& r : plan.ranks)
     if (r.dense_bytes > 0)
       out += fmt::format("coordinator rank {}: dense weights {:.3f} GB, KV {:.3f} GB\n", r.rank,
@@ -513,6 +513,7 @@ std::string plan_json(const Plan& plan) {
                             {"ram_bytes", r.ram_bytes},
                             {"disk_bytes", r.disk_bytes},
                             {"dense_bytes", r.dense_bytes},
+                            {"threads", r.threads},
                             {"kv_bytes", r.kv_bytes}});
   for (const RankPlan& r : plan.ranks)
     doc["critical_path"].push_back(

@@ -119,6 +119,7 @@ struct RankPlan {
   double expert_call_s = 0;    // fixed cost of one expert call
   double linear_call_s = 0;    // fixed cost of one matrix product (the coordinator)
   double dense_gbps = 0;       // the coordinator's dense weights read by its matrix products
+  double threads = 1;          // its compute threads: one a rank when its host is oversubscribed
   double slowest_share = 0;    // of the MoE layers at batch 1, how often it was the slowest owner
   std::string
       slowest_by;  // what it spent most time on then: "vram", "ram", "disk", "compute", "link"
