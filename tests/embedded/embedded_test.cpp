@@ -1,5 +1,6 @@
 // The embedded model (models/glm5-tiny-kjv) against transformers: reference-forward logits on
 // held-out windows, teacher-forced perplexity of a held-out text, and the chat template's ids.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -121,7 +122,8 @@ TEST(EmbeddedParity, HeldOutPerplexityMatchesTransformers) {
       score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids,
                    256);  // default --max-rows
   ASSERT_EQ(score.nll.size(), ids.size() - 1);
-  const double want = golden.at("perplexity").get<double>();
+  // transformers with colibri-node's rule for tied index scores (the lower position first).
+  const double want = golden.at("lowest_position_ties").at("perplexity").get<double>();
   const double relative = std::abs(score.perplexity - want) / want;
   EXPECT_LE(relative, kMaxPerplexityRelError)
       << "perplexity " << score.perplexity << " vs transformers " << want;
@@ -147,6 +149,32 @@ TEST(EmbeddedChat, TemplateIdsMatchTransformers) {
     const std::vector<int> ids = tokenizer.encode(text);
     EXPECT_EQ(ids, conversation.at("ids").get<std::vector<int>>()) << name;
   }
+}
+
+// ---- the model is worth reading (its training: tools/train_tiny_glm5.py) ----------------------
+
+// Teacher-forced on the held-out text the retrained model (long rows in its last 30 %) predicts
+// twice as well as the one before it (82.5): 40.8 in all, 30.6 over the first 256 positions.
+// The goal is 30 over all of it; this bound keeps what was reached.
+TEST(EmbeddedQuality, HeldOutPerplexityIsUnder45) {
+  const Tokenizer tokenizer = Tokenizer::load(kModelDir / "tokenizer.json");
+  const std::vector<int> ids = tokenizer.encode(read_text(kDataDir / "heldout.txt"), false);
+  ReferenceModel reference(model().config, model().weights);
+  KvCache cache(model().config);
+  const ScoreResult score =
+      score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids, 256);
+  EXPECT_LE(score.perplexity, 45.0);
+}
+
+// The checkpoint carries one multi-token-prediction layer (num_nextn_predict_layers 1, its
+// tensors as layer num_hidden_layers in DeepSeek-V3's names); it loads and is left out of the
+// forward.
+TEST(EmbeddedQuality, TheMtpLayerIsStoredAndLeftOut) {
+  EXPECT_EQ(model().config.num_nextn_predict_layers, 1);
+  EXPECT_NE(model().checkpoint->find(
+                fmt::format("model.layers.{}.eh_proj.weight", model().config.num_layers)),
+            nullptr);
+  EXPECT_EQ(int(model().weights.layers.size()), model().config.num_layers);
 }
 
 }  // namespace
