@@ -95,8 +95,8 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
     }
   }
 
-  json experts = json::object(), call_us = json::object(), expert_gbps = json::object(),
-       expert_gflops = json::object();
+  json experts = json::object(), call_us = json::object(), call_us_one = json::object(),
+       expert_gbps = json::object(), expert_gflops = json::object();
   double best_gflops = 0;
   for (const char* format : {"bf16", "int8", "int4"}) {
     const ExpertRates r = measure_experts(format, sizes);
@@ -107,6 +107,7 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
         {"cold_expert_bytes", r.cold_bytes}, {"cold_experts", r.cold_experts},
         {"experts_per_call", kTopK},         {"compute_rows", kComputeRows}};
     call_us[format] = round3(r.call_us);
+    call_us_one[format] = round3(r.call_us_one_thread);
     expert_gbps[format] = round3(r.gbps / nodes);
     expert_gflops[format] = round3(r.gflops / nodes);
     best_gflops = std::max(best_gflops, r.gflops);
@@ -124,8 +125,10 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
                g, sizes.hidden, sizes.hidden);
   }
   const double linear_us = linear_call_us(sizes);
-  fmt::print("  BF16 matrix product, 1 row, {}x{} in cache: {:.2f} us a call\n", kHotHidden,
-             kHotHidden, linear_us);
+  const double linear_us_one = linear_call_us(sizes, 1);
+  fmt::print(
+      "  BF16 matrix product, 1 row, {}x{} in cache: {:.2f} us a call ({:.2f} on one thread)\n",
+      kHotHidden, kHotHidden, linear_us, linear_us_one);
   const DiskRate disk = measure_disk(scratch, sizes);
   fmt::print("  disk read ({} MiB in {}, {}): {:.2f} GB/s\n", sizes.disk_mib, scratch.string(),
              disk.method, disk.gbps);
@@ -138,6 +141,7 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
       {"read_gbps", read},
       {"experts", experts},
       {"linear_us", round3(linear_us)},
+      {"linear_us_one_thread", round3(linear_us_one)},
       {"linear_gbps", linear_rates},
       {"disk",
        {{"gbps", round3(disk.gbps)},
@@ -163,6 +167,8 @@ json run_calibration(const Sizes& sizes, bool quick, const std::filesystem::path
                                {"linear_us", round3(linear_us)},
                                {"linear_gbps", linear_per_socket},
                                {"expert_us", call_us},
+                               {"expert_us_one_thread", call_us_one},
+                               {"linear_us_one_thread", round3(linear_us_one)},
                                {"expert_gbps", expert_gbps},
                                {"expert_gflops", expert_gflops}});
   json doc = {{"calibration", calibration},

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <mpi.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -153,6 +154,10 @@ ExpertRates measure_experts(const std::string& format, const Sizes& sizes) {
     for (int e = 0; e < kHotExperts; ++e)
       hot.push_back(random_expert(format, kHotHidden, kHotInter, uint64_t(e) * 3));
     rates.call_us = expert_layer_seconds(hot, kHotHidden, 1, sizes) / kTopK * 1e6;
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    rates.call_us_one_thread = expert_layer_seconds(hot, kHotHidden, 1, sizes) / kTopK * 1e6;
+    omp_set_num_threads(threads);
   }
   const MlpWeights one = random_expert(format, sizes.hidden, sizes.inter, 1);
   rates.cold_bytes = one.bytes();
@@ -172,10 +177,14 @@ ExpertRates measure_experts(const std::string& format, const Sizes& sizes) {
   return rates;
 }
 
-double linear_call_us(const Sizes& sizes) {
+double linear_call_us(const Sizes& sizes, int threads) {
   const Matrix w = random_bf16(kHotHidden, kHotHidden, 7);
   std::vector<float> x(size_t(kHotHidden), 0.01f), y(x.size());
-  return seconds_per_call(sizes, [&] { linear(w, x.data(), 1, y.data()); }) * 1e6;
+  const int all = omp_get_max_threads();
+  if (threads > 0) omp_set_num_threads(threads);
+  const double us = seconds_per_call(sizes, [&] { linear(w, x.data(), 1, y.data()); }) * 1e6;
+  omp_set_num_threads(all);
+  return us;
 }
 
 double linear_gbps(const std::string& format, const Sizes& sizes) {

@@ -30,10 +30,11 @@ struct Sizes {
 double read_gbps(const std::vector<uint8_t>& buffer, int threads, const Sizes& sizes);
 
 struct ExpertRates {
-  double call_us = 0;       // one expert at one row, small and in cache
-  double gbps = 0;          // streaming large experts at one row, net of call_us
-  double gflops = 0;        // 64 rows
-  uint64_t cold_bytes = 0;  // one large expert
+  double call_us = 0;             // one expert at one row, small and in cache
+  double call_us_one_thread = 0;  // the same on one OpenMP thread
+  double gbps = 0;                // streaming large experts at one row, net of call_us
+  double gflops = 0;              // 64 rows
+  uint64_t cold_bytes = 0;        // one large expert
   int cold_experts = 0;
 };
 
@@ -42,8 +43,9 @@ struct ExpertRates {
 // one row, and kComputeRows rows.
 ExpertRates measure_experts(const std::string& format, const Sizes& sizes);
 
-// One BF16 matrix product of kHotHidden x kHotHidden at one row, in cache: us a call.
-double linear_call_us(const Sizes& sizes);
+// One BF16 matrix product of kHotHidden x kHotHidden at one row, in cache: us a call, on
+// `threads` OpenMP threads (0: all).
+double linear_call_us(const Sizes& sizes, int threads = 0);
 
 // GB/s of the coordinator's matrix products at one row on `format` ("bf16", "int8", "int4")
 // weights of hidden x hidden, a set of them twice read_mib streamed from memory in turn.

@@ -90,6 +90,7 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
       sock.core_gbps = number(socket, "core_gbps", at, false, sock.mem_gbps);
       sock.gflops = number(socket, "gflops", at, true);
       sock.linear_us = number(socket, "linear_us", at, false);
+      sock.linear_us_one_thread = number(socket, "linear_us_one_thread", at, false, -1);
       if (sock.cores < 1 || sock.mem_gbps <= 0 || sock.gflops <= 0)
         fail("{}: cores, mem_gbps and gflops must be positive", at);
       const std::string name = fmt::format("{} socket {}", spec.name, s);
@@ -114,6 +115,11 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
       };
       per_format("linear_gbps", sock.linear_gbps, "matrix product read", "GB/s", true);
       per_format("expert_us", sock.expert_us, "expert call", "us", false);
+      per_format("expert_us_one_thread", sock.expert_us_one_thread, "expert call on one thread",
+                 "us", false);
+      if (sock.linear_us_one_thread >= 0)
+        constant(name + " matrix product call on one thread", sock.linear_us_one_thread, "us",
+                 source);
       per_format("expert_gbps", sock.expert_gbps, "expert kernel read", "GB/s", true);
       per_format("expert_gflops", sock.expert_gflops, "expert kernel compute", "GFLOP/s", true);
       spec.sockets.push_back(sock);
@@ -259,6 +265,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
       return it == m.end() ? fallback : it->second;
     };
     double mem = 0, core = 0, gflops = 0, kernel = 0, call_us = 0, linear_us = 0, dense = 0;
+    double call_us_one = -1, linear_us_one = -1;  // on one thread, where measured
     int cores = 0, host_cores = 0;
     for (size_t s = 0; s < host.sockets.size(); ++s) {
       host_cores += host.sockets[s].cores;
@@ -272,6 +279,8 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
         core = socket.core_gbps;
         call_us = std::max(call_us, rate(socket.expert_us, 0));
         linear_us = std::max(linear_us, socket.linear_us);
+        linear_us_one = std::max(linear_us_one, socket.linear_us_one_thread);
+        call_us_one = std::max(call_us_one, rate(socket.expert_us_one_thread, -1));
       }
     }
     // More ranks on a host than cores: the launcher runs one OpenMP thread a rank (docs/LAUNCH.md),
@@ -286,8 +295,11 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     r.gflops = gflops * threads / cores;
     // The fixed cost of a call was measured with every core of the socket, the experts of a
     // layer spread over them: with `threads` of them it takes cores / threads times as long.
-    r.expert_call_s = call_us * 1e-6 * cores / threads;
-    r.linear_call_s = linear_us * 1e-6;
+    // On one thread, the one-thread figures where calibrate measured them (a tiny call on one
+    // thread pays no fork and join).
+    r.expert_call_s =
+        (threads == 1 && call_us_one >= 0 ? call_us_one : call_us * cores / threads) * 1e-6;
+    r.linear_call_s = (threads == 1 && linear_us_one >= 0 ? linear_us_one : linear_us) * 1e-6;
     r.disk_gbps = host.disk_gbps / std::max(1, on_host[host.name]);
     r.device = spec.numa >= 0 ? fmt::format("socket {}", spec.numa) : "CPU";
     if (spec.gpu >= 0) {

@@ -37,10 +37,12 @@ struct SocketSpec {
   double core_gbps = 0;  // read bandwidth one core reaches
   double gflops = 0;     // quantized matrix products at many rows, all cores
   double linear_us = 0;  // fixed cost of one of the coordinator's matrix products (0: none)
+  double linear_us_one_thread = -1;  // the same on one thread (-1: not measured)
   // Per routed-expert format ("bf16", "int8", "int4"), where measured (calibrate): the fixed cost
   // of one expert call at one row (us), the rate the kernel streams experts from memory (GB/s,
   // instead of mem_gbps) and its compute rate at many rows (GFLOP/s, instead of gflops).
   std::map<std::string, double> expert_us, expert_gbps, expert_gflops;
+  std::map<std::string, double> expert_us_one_thread;  // expert_us on one thread, where measured
   // Per format: the rate the coordinator's matrix products stream their weights at one row.
   std::map<std::string, double> linear_gbps;
 };

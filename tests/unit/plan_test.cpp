@@ -157,6 +157,16 @@ TEST(Plan, PerCallCostsAddToTheHandComputation) {
     EXPECT_NEAR(plan.batches[b].experts_s - base.batches[b].experts_s,
                 config.num_moe_layers() * 200e-6, 1e-12);
   }
+  // Three ranks on two cores run one thread each: the one-thread figures where measured.
+  const char* one_thread = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
+      "core_gbps": 10, "gflops": 1e9, "linear_us": 4, "linear_us_one_thread": 1,
+      "expert_us": {"bf16": 100}, "expert_us_one_thread": {"bf16": 30}}], "disk_gbps": 1}],
+      "links": {"shm_us": 10, "shm_gbps": 1}})";
+  const Plan single =
+      make_plan(config, bytes, layout, placement, parse_hardware(one_thread, "m.json"), options);
+  EXPECT_NEAR(single.batches[0].experts_s - base.batches[0].experts_s,
+              config.num_moe_layers() * 30e-6, 1e-12);
+  EXPECT_NEAR(single.batches[0].coordinator_s - base.batches[0].coordinator_s, calls * 1e-6, 1e-12);
   // A measured kernel rate replaces the socket's read for the experts only.
   const char* kernel_rate = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
       "core_gbps": 10, "gflops": 1e9, "expert_gbps": {"bf16": 4}}], "disk_gbps": 1}],
