@@ -346,8 +346,10 @@ ExchangeFit measure_exchange(int hidden, const Sizes& sizes) {
     sxy += fit.bytes[i] * fit.median_us[i];
   }
   const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);  // us per byte
-  fit.us = std::max(0.0, (sy - slope * sx) / n);
   fit.gbps = slope > 0 ? 1.0 / (slope * 1e3) : 0;
+  // The fixed cost: the one-row time less its bytes at the fitted rate (the least-squares
+  // intercept is swamped by the large exchanges' spread).
+  fit.us = std::max(0.0, fit.median_us[0] - fit.bytes[0] * std::max(0.0, slope));
   return fit;
 }
 

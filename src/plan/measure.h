@@ -63,7 +63,8 @@ DiskRate measure_disk(const std::filesystem::path& dir, const Sizes& sizes);
 struct ExchangeFit {
   std::vector<int> rows;
   std::vector<double> bytes, median_us;
-  double us = 0, gbps = 0;  // t = us + bytes / gbps (least squares); gbps 0: no positive slope
+  double us = 0, gbps = 0;  // t = us + bytes / gbps: gbps the least-squares slope (0: none
+                            // positive), us the one-row time less its bytes at that rate
   bool cross_host = false;
 };
 
