@@ -289,6 +289,7 @@ Plan make_plan(const ModelConfig& config, const ModelBytes& bytes, const Layout&
     const bool oversubscribed = all_on_host[host.name] > host_cores;
     const int share = spec.rank == coordinator ? 1 : sharing[{host.name, spec.numa}];
     const double threads = oversubscribed ? 1.0 : std::max(1.0, double(cores) / share);
+    r.threads = threads;
     r.ram_gbps = std::min(mem / share, threads * core);
     r.expert_ram_gbps = std::min(kernel / share, threads * core * kernel / mem);
     r.dense_gbps = std::min(dense / share, threads * core * dense / mem);

@@ -166,6 +166,7 @@ TEST(Plan, PerCallCostsAddToTheHandComputation) {
       make_plan(config, bytes, layout, placement, parse_hardware(one_thread, "m.json"), options);
   EXPECT_NEAR(single.batches[0].experts_s - base.batches[0].experts_s,
               config.num_moe_layers() * 30e-6, 1e-12);
+  for (const RankPlan& r : single.ranks) EXPECT_EQ(r.threads, 1.0) << "rank " << r.rank;
   EXPECT_NEAR(single.batches[0].coordinator_s - base.batches[0].coordinator_s, calls * 1e-6, 1e-12);
   // A measured kernel rate replaces the socket's read for the experts only.
   const char* kernel_rate = R"({"hosts": [{"name": "box", "sockets": [{"cores": 2, "mem_gbps": 10,
@@ -258,6 +259,8 @@ TEST(PlanSearch, CandidatesAreRankedBudgetsSplitTheHostAndTheBestRoundTrips) {
       if (r.role != Role::kCoordinator) ram += r.ram_gb;
     }
     EXPECT_EQ(gpu_ranks, on_gpu ? 1 : 2) << c.summary;
+    // At most 6 ranks on 8 cores: the coordinator computes with all of them.
+    EXPECT_EQ(c.plan.ranks[0].threads, 8.0) << c.summary;
     // 64 GB hold every expert of this model: no RAM budget is set.
     EXPECT_EQ(ram, 0) << c.summary;
     EXPECT_THAT(c.summary, HasSubstr("every expert resident"));
