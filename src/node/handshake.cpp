@@ -19,17 +19,17 @@
 #include "transport/protocol.h"
 
 namespace colibri {
-namespace {
-
-constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 
 uint64_t fnv1a(uint64_t hash, std::string_view bytes) {
   for (char c : bytes) hash = (hash ^ uint8_t(c)) * 1099511628211ull;
   return hash;
 }
 
+namespace {
+
 uint64_t fnv1a(uint64_t hash, const std::vector<std::byte>& bytes) {
-  return fnv1a(hash, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  return colibri::fnv1a(
+      hash, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 // Hashes `bytes` bytes of `file` starting `offset` bytes after `first`'s data.

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/buffer.h"
@@ -139,6 +140,10 @@ struct HandshakeInput {
   TransportKind transport = TransportKind::kAuto;  // rank 0's; --transport is compared too
   Deadline deadline;
 };
+
+// FNV-1a (64-bit) of `bytes`, continuing from `hash` (kFnvOffset to start).
+inline constexpr uint64_t kFnvOffset = 14695981039346656037ull;
+uint64_t fnv1a(uint64_t hash, std::string_view bytes);
 
 // FNV-1a of config.json and the tensor index (names, dtypes, shapes).
 uint64_t model_hash(const std::filesystem::path& model_dir, const Checkpoint& checkpoint);

@@ -36,11 +36,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Median over `reps` repetitions of the seconds per call of `op`, each repetition as many calls
 // as fill `rep_s` (at least one), after one untimed call.
 template <typename Op>
@@ -60,6 +55,11 @@ double seconds_per_call(const Sizes& sizes, Op&& op) {
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");

@@ -15,6 +15,9 @@ inline constexpr int kHotExperts = 16;  // small experts that stay in cache
 inline constexpr int64_t kHotHidden = 256, kHotInter = 64;
 inline constexpr int kComputeRows = 64;
 
+// The upper median of `v` (0 when empty).
+double median(std::vector<double> v);
+
 // "model name" of the first CPU in /proc/cpuinfo ("unknown" where there is none).
 std::string cpu_model();
 

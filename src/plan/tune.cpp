@@ -58,11 +58,6 @@ std::string TuneSetting::describe(const std::vector<TuneKnob>& knobs) const {
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 struct Medians {
   double tok_s = 0, p99_ms = 0, hit = 0;
 };
@@ -74,7 +69,7 @@ Medians medians(const std::vector<TuneSample>& samples) {
     p99.push_back(s.p99_ms);
     hit.push_back(s.hit_rate);
   }
-  return {median(tok), median(p99), median(hit)};
+  return {calibration::median(tok), calibration::median(p99), calibration::median(hit)};
 }
 
 // `runs` jobs of each setting in alternation (a, b, a, b, ...): both see the same drift.
@@ -179,14 +174,11 @@ namespace {
 std::string file_hash(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return "";
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = kFnvOffset;
   std::vector<char> block(1 << 20);
   while (in) {
     in.read(block.data(), std::streamsize(block.size()));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h ^= uint8_t(block[size_t(i)]);
-      h *= 1099511628211ull;
-    }
+    h = fnv1a(h, std::string_view(block.data(), size_t(in.gcount())));
   }
   return fmt::format("{:016x}", h);
 }
