@@ -34,8 +34,8 @@
 #include "model/config.h"
 #include "moe/placement.h"
 #include "transport/deadline.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
-#include "transport/mpi_transport.h"
 
 namespace colibri {
 namespace {
@@ -181,7 +181,8 @@ int run(const BenchOptions& options) {
   for (const std::string& host : me.hosts)
     transport_options.host_of.push_back(
         int(std::find(me.hosts.begin(), me.hosts.end(), host) - me.hosts.begin()));
-  MpiTransport transport(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
+  MpiExchange transport =
+      make_mpi_exchange(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do: see set_poll_spin_us
   CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
   set_poll_spin_us(host_poll_spin_us(local, 1));
@@ -196,9 +197,9 @@ int run(const BenchOptions& options) {
     std::vector<float> storage(size_t(max_rows) * options.hidden + 16);
     float* partial =
         storage.data() + (16 - reinterpret_cast<uintptr_t>(storage.data()) % 64 / 4) % 16;
-    while (transport.receive(request)) {  // partial = the rows, no compute
+    while (transport.channel->receive(request)) {  // partial = the rows, no compute
       to_f32(request.rows, partial);
-      transport.reply(host_f32(partial, request.rows.count));
+      transport.channel->reply(host_f32(partial, request.rows.count));
     }
     return 0;
   }
@@ -241,8 +242,8 @@ int run(const BenchOptions& options) {
     DispatchPlan plan;
     const auto step = [&](int i) {
       plan.build(placement, kLayer, routings[size_t(i) % routings.size()], n);
-      transport.dispatch(plan, host_f32(x.data(), x.size()));
-      transport.combine(host_f32(out.data(), out.size()));
+      transport.dispatcher->dispatch(plan, host_f32(x.data(), x.size()));
+      transport.dispatcher->combine(host_f32(out.data(), out.size()));
     };
     for (int i = 0; i < options.warmup; ++i) step(i);
 
@@ -284,7 +285,7 @@ int run(const BenchOptions& options) {
     }
     results.push_back({n, summarize(samples), bytes, cross_host, floors(size_t(bytes))});
   }
-  transport.shutdown();
+  transport.dispatcher->shutdown();
 
   int hosts = 0;
   for (size_t r = 0; r < me.hosts.size(); ++r)

@@ -27,7 +27,7 @@ class KeySlots {
 // The absorbed MLA attention of some heads over the compressed cache: each head's query moved
 // into latent space by its rows of W_UK, attended over the cached latent and rope keys, its value
 // moved out by its rows of W_UV. CpuAttention runs it for its heads, and a rank attending for
-// others (transport/split_linear.h) for theirs. Scratch grows to the largest call.
+// others (tensor_parallel/split_linear.h) for theirs. Scratch grows to the largest call.
 class MlaHeads {
  public:
   struct Call {

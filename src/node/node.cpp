@@ -207,13 +207,13 @@ ExchangeContext Node::exchange_context(const StartupPlan& plan) {
   exchange.profiler = profiler_.get();
   exchange.options.rank_timeout_s = options_.rank_timeout_s;
   exchange.options.setup_timeout_s = options_.startup_timeout_s;
-  exchange.options.shared_memory = options_.shared_memory;
-  exchange.options.heartbeat_s = plan.heartbeat_s;
+  exchange.mpi.shared_memory = options_.shared_memory;
+  exchange.mpi.heartbeat_s = plan.heartbeat_s;
   exchange.options.wire_type = wire_type_;
-  exchange.options.host_combine = options_.host_combine;
+  exchange.mpi.host_combine = options_.host_combine;
   for (const std::string& name : plan.hosts) {  // the host index of each rank
     const auto first = std::find(plan.hosts.begin(), plan.hosts.end(), name);
-    exchange.options.host_of.push_back(int(first - plan.hosts.begin()));
+    exchange.mpi.host_of.push_back(int(first - plan.hosts.begin()));
   }
   exchange.options.corrupt_reply_at_layer = options_.fault.corrupt_reply_at_layer;
   exchange.nccl_ranks = plan.nccl_ranks;

@@ -27,7 +27,7 @@
 #include "rank/vram_tier.h"
 #include "transport/exchange.h"
 #include "transport/liveness.h"
-#include "transport/split_linear.h"
+#include "tensor_parallel/split_linear.h"
 #include "transport/transport.h"
 #include "transport/transport_choice.h"
 
@@ -62,7 +62,7 @@ struct NodeOptions {
   // coordinator's layout row).
   bool coordinator_gpu = false;
   // --split-linears: the coordinator's attention projections, dense MLPs and lm_head split by
-  // output rows across it and the cpu-expert ranks (transport/split_linear.h).
+  // output rows across it and the cpu-expert ranks (tensor_parallel/split_linear.h).
   bool split_linears = false;
   // --routing-stats: "" (none), "auto" (routing_stats_path) or a file. The coordinator reads it at
   // start-up (for --placement heat) and merges this run's routes into it at shutdown.

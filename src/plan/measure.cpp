@@ -24,8 +24,8 @@
 #include "moe/experts.h"
 #include "moe/placement.h"
 #include "transport/deadline.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
-#include "transport/mpi_transport.h"
 
 namespace colibri::calibration {
 namespace {
@@ -301,9 +301,9 @@ ExchangeFit measure_exchange(int hidden, const Sizes& sizes) {
   options.rank_timeout_s = 60;
   options.setup_timeout_s = 60;
   options.host_of = {0, fit.cross_host ? 1 : 0};
-  MpiTransport transport(MPI_COMM_WORLD, placement,
-                         ExchangeShape{fit.rows.back(), hidden, kTopK, kTopK}, 0, profiler,
-                         options);
+  MpiExchange transport =
+      make_mpi_exchange(MPI_COMM_WORLD, placement,
+                        ExchangeShape{fit.rows.back(), hidden, kTopK, kTopK}, 0, profiler, options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do
   CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
   set_poll_spin_us(host_poll_spin_us(local, 1));
@@ -311,9 +311,9 @@ ExchangeFit measure_exchange(int hidden, const Sizes& sizes) {
   if (rank == 1) {
     ExpertRequest request;
     std::vector<float> partial(size_t(fit.rows.back()) * size_t(hidden));
-    while (transport.receive(request)) {
+    while (transport.channel->receive(request)) {
       to_f32(request.rows, partial.data());
-      transport.reply(host_f32(partial.data(), request.rows.count));
+      transport.channel->reply(host_f32(partial.data(), request.rows.count));
     }
     return fit;
   }
@@ -329,13 +329,13 @@ ExchangeFit measure_exchange(int hidden, const Sizes& sizes) {
     DispatchPlan plan;
     plan.build(placement, 0, routing, n);
     const double s = seconds_per_call(sizes, [&] {
-      transport.dispatch(plan, host_f32(x.data(), x.size()));
-      transport.combine(host_f32(out.data(), out.size()));
+      transport.dispatcher->dispatch(plan, host_f32(x.data(), x.size()));
+      transport.dispatcher->combine(host_f32(out.data(), out.size()));
     });
     fit.median_us.push_back(s * 1e6);
     fit.bytes.push_back(2.0 * double(n) * hidden * sizeof(float));
   }
-  transport.shutdown();
+  transport.dispatcher->shutdown();
   // Least squares of median_us on bytes.
   const double n = double(fit.rows.size());
   double sx = 0, sy = 0, sxx = 0, sxy = 0;

@@ -11,7 +11,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "rank/expert_store.h"
-#include "transport/transport.h"
+#include "moe/dispatch_plan.h"
 
 namespace colibri {
 

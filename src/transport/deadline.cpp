@@ -238,4 +238,34 @@ std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
   return answer;
 }
 
+void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                 double limit_s, const char* what, const std::string& where, const char* flag) {
+  WaitClock clock;
+  Backoff backoff;
+  for (;;) {
+    bool all_done = true;
+    for (MPI_Request* request : requests) {
+      if (*request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      CHECK_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+      if (!done) all_done = false;
+    }
+    if (all_done) return;
+    if (clock.elapsed() > limit_s)
+      for (size_t i = 0; i < requests.size(); ++i)
+        if (*requests[i] != MPI_REQUEST_NULL)
+          abort_job(fmt::format("{} is silent: no {} within {:.1f} s{} ({})",
+                                rank_identity().name_of(peer_ranks[i]), what, limit_s, where,
+                                flag));
+    backoff.pause();
+  }
+}
+
+void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
+                   double limit_s, const char* what) {
+  std::vector<MPI_Request*> pointers;
+  for (MPI_Request& request : requests) pointers.push_back(&request);
+  wait_within(pointers, peer_ranks, limit_s, what, "", "--startup-timeout");
+}
+
 }  // namespace colibri

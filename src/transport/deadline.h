@@ -85,6 +85,15 @@ inline bool reports_first(int rank, int awaited) {
   return rank == (awaited == 0 ? 1 : 0);
 }
 
+// Polls the requests until all are complete; past limit_s names the peer of the first one that
+// is not (peer_ranks[i] is request i's): "<peer> is silent: no <what> within <limit_s> s<where>
+// (<flag>)", and ends the job.
+void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
+                 double limit_s, const char* what, const std::string& where, const char* flag);
+// The same at start-up over an array of requests ("", --startup-timeout).
+void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
+                   double limit_s, const char* what);
+
 // Every rank's bytes, on `root` ([size], empty elsewhere). The root waits at most
 // deadline.seconds for the others, then names the ranks that did not arrive and aborts the job;
 // the other ranks wait (as long) for their bytes to be taken.

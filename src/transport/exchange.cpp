@@ -11,9 +11,14 @@
 namespace colibri {
 namespace {
 
-std::unique_ptr<MpiTransport> make_mpi(const ExchangeContext& c) {
-  return std::make_unique<MpiTransport>(c.comm, *c.placement, c.shape, c.coordinator, *c.profiler,
-                                        c.options);
+std::unique_ptr<MpiDispatcher> make_mpi_dispatcher(const ExchangeContext& c) {
+  return std::make_unique<MpiDispatcher>(c.comm, c.shape, c.coordinator, *c.profiler,
+                                         MpiTransportOptions(c.options, c.mpi));
+}
+
+std::unique_ptr<MpiChannel> make_mpi_channel(const ExchangeContext& c) {
+  return std::make_unique<MpiChannel>(c.comm, *c.placement, c.shape, c.coordinator, *c.profiler,
+                                      MpiTransportOptions(c.options, c.mpi));
 }
 
 #ifdef COLIBRI_HAVE_NCCL
@@ -28,9 +33,8 @@ std::unique_ptr<NcclTransport> make_nccl(const ExchangeContext& c) {
   MPI_Comm_rank(c.comm, &rank);
   if (!in(c.nccl_ranks, rank)) return nullptr;
   NcclTransportOptions options;
-  options.rank_timeout_s = c.options.rank_timeout_s;
-  options.startup_timeout_s = c.startup.seconds;
-  options.wire_type = c.options.wire_type;
+  static_cast<ExchangeOptions&>(options) = c.options;
+  options.setup_timeout_s = c.startup.seconds;
   options.device = c.device;
   return std::make_unique<NcclTransport>(c.nccl_ranks, id, *c.placement, c.shape, c.coordinator,
                                          *c.profiler, options);
@@ -67,7 +71,7 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
     std::vector<int> expert_ranks;
     for (int r = 0; r < size; ++r)
       if (r != context.coordinator) expert_ranks.push_back(r);
-    return compose(make_mpi(context), expert_ranks);
+    return compose(make_mpi_dispatcher(context), expert_ranks);
   }
 #ifdef COLIBRI_HAVE_NCCL
   std::unique_ptr<NcclTransport> nccl = make_nccl(context);
@@ -79,9 +83,9 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
   }
   if (cpu_ranks.empty()) return compose(std::move(nccl), gpu_ranks);
   ExchangeContext mpi = context;
-  mpi.options.expert_ranks = cpu_ranks;
+  mpi.mpi.expert_ranks = cpu_ranks;
   parts.push_back({std::move(nccl), gpu_ranks});
-  parts.push_back({make_mpi(mpi), cpu_ranks});
+  parts.push_back({make_mpi_dispatcher(mpi), cpu_ranks});
   return std::make_unique<CompositeDispatcher>(std::move(parts), context.shape.hidden);
 #else
   fail("the NCCL transport was chosen, but this build has no NCCL");
@@ -89,7 +93,7 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
 }
 
 std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& context) {
-  if (context.nccl_ranks.empty()) return make_mpi(context);
+  if (context.nccl_ranks.empty()) return make_mpi_channel(context);
 #ifdef COLIBRI_HAVE_NCCL
   std::unique_ptr<NcclTransport> nccl = make_nccl(context);
   if (nccl) return nccl;
@@ -97,12 +101,26 @@ std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& contex
   MPI_Comm_size(context.comm, &size);
   ExchangeContext mpi = context;
   for (int r = 0; r < size; ++r)
-    if (r != context.coordinator && !in(context.nccl_ranks, r))
-      mpi.options.expert_ranks.push_back(r);
-  return make_mpi(mpi);
+    if (r != context.coordinator && !in(context.nccl_ranks, r)) mpi.mpi.expert_ranks.push_back(r);
+  return make_mpi_channel(mpi);
 #else
   fail("the NCCL transport was chosen, but this build has no NCCL");
 #endif
+}
+
+MpiExchange make_mpi_exchange(MPI_Comm comm, const PlacementTable& placement,
+                              const ExchangeShape& shape, int coordinator, Profiler& profiler,
+                              const MpiTransportOptions& options) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MpiExchange exchange;
+  if (rank == coordinator)
+    exchange.dispatcher =
+        std::make_unique<MpiDispatcher>(comm, shape, coordinator, profiler, options);
+  else
+    exchange.channel =
+        std::make_unique<MpiChannel>(comm, placement, shape, coordinator, profiler, options);
+  return exchange;
 }
 
 }  // namespace colibri

@@ -12,7 +12,9 @@
 #include "common/profile.h"
 #include "moe/placement.h"
 #include "transport/deadline.h"
-#include "transport/mpi_transport.h"
+#include "transport/mpi_channel.h"
+#include "transport/mpi_dispatcher.h"
+#include "transport/mpi_options.h"
 #include "transport/transport.h"
 
 namespace colibri {
@@ -23,7 +25,8 @@ struct ExchangeContext {
   ExchangeShape shape;
   int coordinator = 0;
   Profiler* profiler = nullptr;
-  MpiTransportOptions options;
+  ExchangeOptions options;  // every transport's
+  MpiSettings mpi;          // the MPI transport's own
   // NCCL between these world ranks (the coordinator and the gpu-expert ranks, ascending); empty:
   // MPI only. Every rank of comm takes part in making the communicator's id.
   std::vector<int> nccl_ranks;
@@ -42,5 +45,16 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ExchangeContext& context,
                                             std::unique_ptr<PartialDispatcher> local = nullptr);
 // An expert rank's channel from the coordinator.
 std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& context);
+
+// The MPI exchange of one rank of comm alone (benchmarks, tests): the coordinator's dispatcher,
+// or the channel of an expert rank the options serve. Collective: the coordinator and every
+// served rank make theirs.
+struct MpiExchange {
+  std::unique_ptr<MpiDispatcher> dispatcher;  // on the coordinator
+  std::unique_ptr<MpiChannel> channel;        // on a served expert rank
+};
+MpiExchange make_mpi_exchange(MPI_Comm comm, const PlacementTable& placement,
+                              const ExchangeShape& shape, int coordinator, Profiler& profiler,
+                              const MpiTransportOptions& options);
 
 }  // namespace colibri

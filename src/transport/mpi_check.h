@@ -45,3 +45,19 @@ void check_mpi(int code, const char* call, const char* file, int line);
 }  // namespace colibri
 
 #define CHECK_MPI(call) ::colibri::check_mpi((call), #call, __FILE__, __LINE__)
+
+namespace colibri {
+
+// This rank's number in `comm`, and the ranks in it.
+inline int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+inline int comm_size(MPI_Comm comm) {
+  int size = 0;
+  CHECK_MPI(MPI_Comm_size(comm, &size));
+  return size;
+}
+
+}  // namespace colibri

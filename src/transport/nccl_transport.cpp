@@ -77,6 +77,13 @@ NcclTransport::NcclTransport(const std::vector<int>& nccl_ranks, const std::stri
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   CHECK_CUDA(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
 
+  join_communicator(nccl_ranks, unique_id);
+  allocate_buffers(nccl_ranks);
+}
+
+void NcclTransport::join_communicator(const std::vector<int>& nccl_ranks,
+                                      const std::string& unique_id) {
+  const auto me = std::find(nccl_ranks.begin(), nccl_ranks.end(), rank_);
   ncclUniqueId id;
   std::memcpy(&id, unique_id.data(), sizeof(id));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -100,17 +107,19 @@ NcclTransport::NcclTransport(const std::vector<int>& nccl_ranks, const std::stri
       comm_ = nullptr;
       fail("{}", why);
     }
-    if (clock.elapsed() > options_.startup_timeout_s) {
+    if (clock.elapsed() > options_.setup_timeout_s) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
       fail(
           "NCCL communicator of {} not complete within {:.1f} s: a peer did not join "
           "(--startup-timeout)",
-          names(nccl_ranks), options_.startup_timeout_s);
+          names(nccl_ranks), options_.setup_timeout_s);
     }
     backoff.pause();
   }
+}
 
+void NcclTransport::allocate_buffers(const std::vector<int>& nccl_ranks) {
   if (rank_ == coordinator_) {
     int size = 0;
     for (int r : nccl_ranks) size = std::max(size, r + 1);
@@ -207,28 +216,7 @@ void NcclTransport::wait_event(cudaEvent_t event, const char* what, double limit
   }
 }
 
-void NcclTransport::dispatch(const DispatchPlan& plan, ConstView x) {
-  auto scope = profiler_.scope(Phase::kDispatch, plan.layer);
-  const int n = plan.n_rows, hidden = shape_.hidden;
-  if (x.type != ElemType::kF32) fail("the NCCL transport takes fp32 rows");
-  if (n > shape_.max_rows)
-    fail("{} rows exceed the exchange buffers sized for {} rows", n, shape_.max_rows);
-  if (x.count < size_t(n) * hidden) fail("dispatch: {} values for {} rows", x.count, n);
-  layer_ = plan.layer;
-  n_rows_ = n;
-  const size_t row_bytes = size_t(hidden) * elem_bytes_;
-  const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
-  // Device rows on an fp32 wire are gathered on the device; other device rows come to the host
-  // once (a staging copy) to be converted there.
-  const bool gather_on_device = x.device == Device::kCuda && options_.wire_type == ElemType::kF32;
-  const auto* rows_host = static_cast<const float*>(x.data);
-  if (x.device == Device::kCuda && !gather_on_device) {
-    CHECK_CUDA(cudaMemcpyAsync(x_staging_, x.data, size_t(n) * hidden * sizeof(float),
-                               cudaMemcpyDeviceToHost, stream_));
-    CHECK_CUDA(cudaStreamSynchronize(stream_));
-    rows_host = x_staging_;
-  }
-
+void NcclTransport::choose_peers(const DispatchPlan& plan) {
   for (Peer& peer : peers_) peer.share = nullptr;
   for (const OwnerShare& share : plan.owners) {
     const int index =
@@ -241,59 +229,65 @@ void NcclTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     peers_[size_t(index)].share = &share;
   }
   active_.clear();
-  RankReport& counters = profiler_.counters();
-  size_t reply_offset = 0;
-  for (size_t index = 0; index < peers_.size(); ++index) {
-    Peer& peer = peers_[index];
-    if (!peer.share) continue;
-    const OwnerShare& share = *peer.share;
-    const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
-    if (n_pairs > max_pairs) fail("{} routed pairs exceed the exchange buffers", n_pairs);
-    active_.push_back(&peer);
-    std::byte* host = payload_host_ + index * max_payload_bytes_;
-    std::byte* dev = payload_dev_ + index * max_payload_bytes_;
-    std::byte* pairs = host + n_rows * row_bytes;
-    for (uint32_t i = 0; i < n_pairs; ++i) {
-      const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
-      std::memcpy(pairs + size_t(i) * sizeof(wire::Pair), &pair, sizeof(wire::Pair));
-    }
-    const size_t pairs_bytes = size_t(n_pairs) * sizeof(wire::Pair);
-    if (gather_on_device) {
-      const auto* x_dev = static_cast<const float*>(x.data);
-      for (uint32_t r = 0; r < n_rows; ++r)
-        CHECK_CUDA(cudaMemcpyAsync(dev + r * row_bytes, x_dev + size_t(share.rows[r]) * hidden,
-                                   row_bytes, cudaMemcpyDeviceToDevice, stream_));
-      CHECK_CUDA(cudaMemcpyAsync(dev + n_rows * row_bytes, pairs, pairs_bytes,
-                                 cudaMemcpyHostToDevice, stream_));
-    } else {
-      for (uint32_t r = 0; r < n_rows; ++r)
-        from_f32(rows_host + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
-                 host + r * row_bytes);
-      CHECK_CUDA(cudaMemcpyAsync(dev, host, n_rows * row_bytes + pairs_bytes,
-                                 cudaMemcpyHostToDevice, stream_));
-    }
-    const wire::Header header =
-        wire::nccl_count_header(wire::Opcode::kNcclRequest, ++peer.sequence, plan.layer, n_rows,
-                                n_pairs, hidden, elem_bytes_, pairs);
-    std::memcpy(headers_host_ + index * kHeaderBytes, &header, kHeaderBytes);
-    peer.reply_offset = reply_offset;
-    reply_offset += size_t(n_rows) * row_bytes;
-    const size_t sent = kHeaderBytes + n_rows * row_bytes + pairs_bytes;
-    counters.rows += n_rows;
-    counters.experts += n_pairs;
-    counters.bytes_out += sent;
-    counters.bytes_to_rank[peer.rank] += sent;
+  for (Peer& peer : peers_)
+    if (peer.share) active_.push_back(&peer);
+}
+
+void NcclTransport::write_request(Peer& peer, ConstView x, const float* rows_host,
+                                  bool gather_on_device, size_t& reply_offset) {
+  const size_t index = size_t(&peer - peers_.data());
+  const int hidden = shape_.hidden;
+  const size_t row_bytes = size_t(hidden) * elem_bytes_;
+  const OwnerShare& share = *peer.share;
+  const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
+  if (n_pairs > size_t(shape_.max_rows) * size_t(shape_.top_k))
+    fail("{} routed pairs exceed the exchange buffers", n_pairs);
+  std::byte* host = payload_host_ + index * max_payload_bytes_;
+  std::byte* dev = payload_dev_ + index * max_payload_bytes_;
+  std::byte* pairs = host + n_rows * row_bytes;
+  for (uint32_t i = 0; i < n_pairs; ++i) {
+    const wire::Pair pair{share.pairs[i].row, share.pairs[i].expert, share.pairs[i].weight};
+    std::memcpy(pairs + size_t(i) * sizeof(wire::Pair), &pair, sizeof(wire::Pair));
   }
-  if (active_.empty()) return;
-  send_headers(active_);
+  const size_t pairs_bytes = size_t(n_pairs) * sizeof(wire::Pair);
+  if (gather_on_device) {
+    const auto* x_dev = static_cast<const float*>(x.data);
+    for (uint32_t r = 0; r < n_rows; ++r)
+      CHECK_CUDA(cudaMemcpyAsync(dev + r * row_bytes, x_dev + size_t(share.rows[r]) * hidden,
+                                 row_bytes, cudaMemcpyDeviceToDevice, stream_));
+    CHECK_CUDA(cudaMemcpyAsync(dev + n_rows * row_bytes, pairs, pairs_bytes, cudaMemcpyHostToDevice,
+                               stream_));
+  } else {
+    for (uint32_t r = 0; r < n_rows; ++r)
+      from_f32(rows_host + size_t(share.rows[r]) * hidden, size_t(hidden), options_.wire_type,
+               host + r * row_bytes);
+    CHECK_CUDA(cudaMemcpyAsync(dev, host, n_rows * row_bytes + pairs_bytes, cudaMemcpyHostToDevice,
+                               stream_));
+  }
+  const wire::Header header =
+      wire::nccl_count_header(wire::Opcode::kNcclRequest, ++peer.sequence, layer_, n_rows, n_pairs,
+                              hidden, elem_bytes_, pairs);
+  std::memcpy(headers_host_ + index * kHeaderBytes, &header, kHeaderBytes);
+  peer.reply_offset = reply_offset;
+  reply_offset += size_t(n_rows) * row_bytes;
+  const size_t sent = kHeaderBytes + n_rows * row_bytes + pairs_bytes;
+  RankReport& counters = profiler_.counters();
+  counters.rows += n_rows;
+  counters.experts += n_pairs;
+  counters.bytes_out += sent;
+  counters.bytes_to_rank[peer.rank] += sent;
+}
+
+void NcclTransport::send_payloads() {
   std::vector<int> blame;
   for (const Peer* peer : active_) blame.push_back(peer->rank);
+  const size_t row_bytes = size_t(shape_.hidden) * elem_bytes_;
   CHECK_NCCL(ncclGroupStart());
   for (const Peer* peer : active_) {
     const size_t index = size_t(peer - peers_.data());
-    const size_t bytes =
-        wire::nccl_request_payload_bytes(uint32_t(peer->share->rows.size()),
-                                         uint32_t(peer->share->pairs.size()), hidden, elem_bytes_);
+    const size_t bytes = wire::nccl_request_payload_bytes(uint32_t(peer->share->rows.size()),
+                                                          uint32_t(peer->share->pairs.size()),
+                                                          shape_.hidden, elem_bytes_);
     CHECK_NCCL(ncclSend(payload_dev_ + index * max_payload_bytes_, bytes, ncclUint8,
                         peer->nccl_rank, comm_, stream_));
   }
@@ -310,6 +304,33 @@ void NcclTransport::dispatch(const DispatchPlan& plan, ConstView x) {
     settle("reply receive", options_.rank_timeout_s, {peer->rank});
     CHECK_CUDA(cudaEventRecord(reply_events_[index], stream_));
   }
+}
+
+void NcclTransport::dispatch(const DispatchPlan& plan, ConstView x) {
+  auto scope = profiler_.scope(Phase::kDispatch, plan.layer);
+  const int n = plan.n_rows, hidden = shape_.hidden;
+  if (x.type != ElemType::kF32) fail("the NCCL transport takes fp32 rows");
+  if (n > shape_.max_rows)
+    fail("{} rows exceed the exchange buffers sized for {} rows", n, shape_.max_rows);
+  if (x.count < size_t(n) * hidden) fail("dispatch: {} values for {} rows", x.count, n);
+  layer_ = plan.layer;
+  n_rows_ = n;
+  // Device rows on an fp32 wire are gathered on the device; other device rows come to the host
+  // once (a staging copy) to be converted there.
+  const bool gather_on_device = x.device == Device::kCuda && options_.wire_type == ElemType::kF32;
+  const auto* rows_host = static_cast<const float*>(x.data);
+  if (x.device == Device::kCuda && !gather_on_device) {
+    CHECK_CUDA(cudaMemcpyAsync(x_staging_, x.data, size_t(n) * hidden * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream_));
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    rows_host = x_staging_;
+  }
+  choose_peers(plan);
+  size_t reply_offset = 0;
+  for (Peer* peer : active_) write_request(*peer, x, rows_host, gather_on_device, reply_offset);
+  if (active_.empty()) return;
+  send_headers(active_);
+  send_payloads();
   dispatched_us_ = profiler_.now_us();
 }
 

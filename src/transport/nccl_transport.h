@@ -37,10 +37,8 @@
 
 namespace colibri {
 
-struct NcclTransportOptions {
-  double rank_timeout_s = 300;     // longest wait for a peer within an exchange
-  double startup_timeout_s = 300;  // longest wait for the communicator to be complete
-  ElemType wire_type = ElemType::kF32;
+// setup_timeout_s: the longest wait for the communicator to be complete.
+struct NcclTransportOptions : ExchangeOptions {
   int device = 0;  // this rank's CUDA device
 };
 
@@ -52,7 +50,7 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
  public:
   // Collective over `nccl_ranks` (world ranks, ascending, the coordinator among them): joins the
   // communicator made from `unique_id`. An Error when it is not complete within
-  // options.startup_timeout_s or NCCL fails.
+  // options.setup_timeout_s or NCCL fails.
   NcclTransport(const std::vector<int>& nccl_ranks, const std::string& unique_id,
                 const PlacementTable& placement, const ExchangeShape& shape, int coordinator,
                 Profiler& profiler, const NcclTransportOptions& options);
@@ -93,6 +91,16 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
   void wait_event(cudaEvent_t event, const char* what, double limit_s, int blame);
   [[noreturn]] void fail_exchange(const std::string& what);
   void send_headers(const std::vector<Peer*>& to);
+  // Construction: joins the communicator (within setup_timeout_s); the pinned and device buffers.
+  void join_communicator(const std::vector<int>& nccl_ranks, const std::string& unique_id);
+  void allocate_buffers(const std::vector<int>& nccl_ranks);
+  // Dispatch: the peers with work; a peer's rows, pairs and count header written (its reply's
+  // place in the reply buffers after `reply_offset`, which it advances); the payloads sent and
+  // the replies' receives posted.
+  void choose_peers(const DispatchPlan& plan);
+  void write_request(Peer& peer, ConstView x, const float* rows_host, bool gather_on_device,
+                     size_t& reply_offset);
+  void send_payloads();
 
   const PlacementTable& placement_;
   ExchangeShape shape_;

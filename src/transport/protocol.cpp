@@ -193,6 +193,16 @@ uint32_t checksum(const std::byte* data, size_t bytes) {
   return detail::checksum_with(widest().sum, data, bytes);
 }
 
+void write_summed(const float* src, size_t values, ElemType wire_type, std::byte* dst,
+                  Checksum& sum) {
+  if (wire_type == ElemType::kF32) {
+    sum.add_copy(dst, reinterpret_cast<const std::byte*>(src), values * sizeof(float));
+    return;
+  }
+  from_f32(src, values, wire_type, dst);
+  sum.add(dst, values * elem_bytes(wire_type));
+}
+
 uint32_t checksum_portable(const std::byte* data, size_t bytes) {
   return detail::checksum_with(detail::sum_blocks_scalar, data, bytes);
 }
@@ -213,12 +223,45 @@ uint32_t shared_checksum(const std::byte* rows, size_t row_bytes, const std::byt
   return shared_checksum(checksum(rows, row_bytes), checksum(payload, payload_bytes));
 }
 
-std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
-                          Header& h, const std::byte* shared_rows) {
+namespace {
+
+// Copies the header out of a message of `bytes` and checks its magic and version.
+std::string read_header(const std::byte* message, size_t bytes, Header& h) {
   if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
   std::memcpy(&h, message, sizeof(Header));
   if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
-  if (h.version != kProtocolVersion) return fmt::format("protocol version {}", h.version);
+  if (h.version != kProtocolVersion)
+    return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
+  return {};
+}
+
+// A request's layer, rows and pairs within what the receiving rank agreed to.
+std::string check_counts(const Header& h, const RequestCheck& check) {
+  if (h.layer < 0 || h.layer >= check.num_layers)
+    return fmt::format("layer {} out of range", h.layer);
+  if (h.n_rows > uint32_t(check.max_rows))
+    return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
+  if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
+    return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
+  return {};
+}
+
+// An answer's opcode, sequence and layer (a reply's or a host partial's).
+std::string check_answer(const Header& h, Opcode opcode, const char* what,
+                         uint32_t expected_sequence, int layer) {
+  if (h.opcode != uint16_t(opcode))
+    return fmt::format("opcode {} where {} was expected", h.opcode, what);
+  if (h.sequence != expected_sequence || h.layer != layer)
+    return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
+                       expected_sequence, layer);
+  return {};
+}
+
+}  // namespace
+
+std::string check_request(const std::byte* message, size_t bytes, const RequestCheck& check,
+                          Header& h, const std::byte* shared_rows) {
+  if (std::string problem = read_header(message, bytes, h); !problem.empty()) return problem;
   if (h.sequence != check.expected_sequence)
     return fmt::format("sequence {} (expected {})", h.sequence, check.expected_sequence);
   if (h.opcode == uint16_t(Opcode::kShutdown)) {
@@ -253,12 +296,7 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
   if (h.opcode != uint16_t(Opcode::kExpertRequest) && !shared)
     return fmt::format("unknown opcode {}", h.opcode);
   if (shared && shared_rows == nullptr) return "rows in a shared segment this rank does not have";
-  if (h.layer < 0 || h.layer >= check.num_layers)
-    return fmt::format("layer {} out of range", h.layer);
-  if (h.n_rows > uint32_t(check.max_rows))
-    return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
-  if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
-    return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
+  if (std::string problem = check_counts(h, check); !problem.empty()) return problem;
   const size_t row_bytes = size_t(h.n_rows) * size_t(check.hidden) * check.elem_bytes;
   const size_t expected =
       shared ? shared_request_payload_bytes(h.n_rows, h.n_pairs)
@@ -276,20 +314,14 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
 
 std::string check_reply_header(const std::byte* message, size_t bytes, const ReplyCheck& check,
                                bool shared, Header& h) {
-  if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
-  std::memcpy(&h, message, sizeof(Header));
+  if (std::string problem = read_header(message, bytes, h); !problem.empty()) return problem;
   const size_t row_bytes = reply_payload_bytes(check.n_rows, check.hidden, check.elem_bytes);
   const size_t expected = shared ? 0 : row_bytes;
-  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
-  if (h.version != kProtocolVersion)
-    return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
-  const Opcode opcode = shared ? Opcode::kSharedReply : Opcode::kExpertReply;
-  if (h.opcode != uint16_t(opcode))
-    return fmt::format("opcode {} where {} was expected", h.opcode,
-                       shared ? "a shared-segment reply" : "a reply");
-  if (h.sequence != check.expected_sequence || h.layer != check.layer)
-    return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
-                       check.expected_sequence, check.layer);
+  if (std::string problem = check_answer(h, shared ? Opcode::kSharedReply : Opcode::kExpertReply,
+                                         shared ? "a shared-segment reply" : "a reply",
+                                         check.expected_sequence, check.layer);
+      !problem.empty())
+    return problem;
   if (h.n_rows != check.n_rows || h.payload_bytes != expected || bytes != sizeof(Header) + expected)
     return fmt::format("{} rows in {} bytes (expected {} rows in {})", h.n_rows, bytes,
                        check.n_rows, sizeof(Header) + expected);
@@ -310,16 +342,11 @@ std::string check_reply(const std::byte* message, size_t bytes, const ReplyCheck
 
 std::string check_host_partial(const std::byte* message, size_t bytes,
                                const HostPartialCheck& check, Header& h) {
-  if (bytes < sizeof(Header)) return fmt::format("{} bytes, shorter than a header", bytes);
-  std::memcpy(&h, message, sizeof(Header));
-  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
-  if (h.version != kProtocolVersion)
-    return fmt::format("protocol version {} (expected {})", h.version, kProtocolVersion);
-  if (h.opcode != uint16_t(Opcode::kHostPartial))
-    return fmt::format("opcode {} where a host partial was expected", h.opcode);
-  if (h.sequence != check.expected_sequence || h.layer != check.layer)
-    return fmt::format("sequence {} layer {} (expected {} and {})", h.sequence, h.layer,
-                       check.expected_sequence, check.layer);
+  if (std::string problem = read_header(message, bytes, h); !problem.empty()) return problem;
+  if (std::string problem = check_answer(h, Opcode::kHostPartial, "a host partial",
+                                         check.expected_sequence, check.layer);
+      !problem.empty())
+    return problem;
   if (h.n_rows > uint32_t(check.max_rows) || h.n_pairs != 0)
     return fmt::format("{} rows (at most {}), {} pairs", h.n_rows, check.max_rows, h.n_pairs);
   const size_t expected = host_partial_payload_bytes(h.n_rows, check.hidden, check.elem_bytes);
@@ -334,23 +361,15 @@ std::string check_host_partial(const std::byte* message, size_t bytes,
 Header nccl_count_header(Opcode opcode, uint32_t sequence, int layer, uint32_t n_rows,
                          uint32_t n_pairs, int hidden, size_t elem_bytes, const std::byte* pairs) {
   const size_t pairs_bytes = size_t(n_pairs) * sizeof(Pair);
-  return {kMagic,
-          kProtocolVersion,
-          uint16_t(opcode),
-          sequence,
-          layer,
-          n_rows,
-          n_pairs,
-          uint32_t(nccl_request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes)),
-          checksum(pairs, pairs ? pairs_bytes : 0)};
+  return make_header(opcode, sequence, layer, n_rows, n_pairs,
+                     uint32_t(nccl_request_payload_bytes(n_rows, n_pairs, hidden, elem_bytes)),
+                     checksum(pairs, pairs ? pairs_bytes : 0));
 }
 
 std::string check_nccl_count_header(const std::byte* message, size_t bytes,
                                     const RequestCheck& check, Header& h) {
   if (bytes != sizeof(Header)) return fmt::format("{} bytes, not a count header", bytes);
-  std::memcpy(&h, message, sizeof(Header));
-  if (h.magic != kMagic) return fmt::format("bad magic {:#x}", h.magic);
-  if (h.version != kProtocolVersion) return fmt::format("protocol version {}", h.version);
+  if (std::string problem = read_header(message, bytes, h); !problem.empty()) return problem;
   if (h.sequence != check.expected_sequence)
     return fmt::format("sequence {} (expected {})", h.sequence, check.expected_sequence);
   if (h.opcode == uint16_t(Opcode::kShutdown)) {
@@ -359,12 +378,7 @@ std::string check_nccl_count_header(const std::byte* message, size_t bytes,
   }
   if (h.opcode != uint16_t(Opcode::kNcclRequest))
     return fmt::format("opcode {} where a count header was expected", h.opcode);
-  if (h.layer < 0 || h.layer >= check.num_layers)
-    return fmt::format("layer {} out of range", h.layer);
-  if (h.n_rows > uint32_t(check.max_rows))
-    return fmt::format("{} rows (at most {})", h.n_rows, check.max_rows);
-  if (h.n_pairs < h.n_rows || uint64_t(h.n_pairs) > uint64_t(h.n_rows) * uint32_t(check.top_k))
-    return fmt::format("{} pairs for {} rows", h.n_pairs, h.n_rows);
+  if (std::string problem = check_counts(h, check); !problem.empty()) return problem;
   const size_t expected =
       nccl_request_payload_bytes(h.n_rows, h.n_pairs, check.hidden, check.elem_bytes);
   if (h.payload_bytes != expected)

@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "common/buffer.h"
 #include "transport/checksum.h"
 
 namespace colibri::wire {
@@ -62,7 +63,7 @@ constexpr int kTagHostPartial = 105;    // host-mate -> host leader partials (--
 constexpr int kTagHostName = 106;       // each rank's host, before the first start-up step
 constexpr int kTagSharedSegment = 107;  // an expert rank's segment (SharedSegmentOffer), and the
                                         // coordinator's answer (one byte: 1 = mapped)
-constexpr int kTagLinearRequest = 108;  // split linears (transport/split_linear.h)
+constexpr int kTagLinearRequest = 108;  // split linears (tensor_parallel/split_linear.h)
 constexpr int kTagLinearReply = 109;
 
 struct Header {
@@ -77,6 +78,13 @@ struct Header {
   uint32_t checksum;       // of the payload
 };
 static_assert(sizeof(Header) == 32, "the header is part of the protocol");
+
+// A header of this protocol's magic and version.
+constexpr Header make_header(Opcode opcode, uint32_t sequence, int32_t layer, uint32_t n_rows,
+                             uint32_t n_pairs, uint32_t payload_bytes, uint32_t checksum) {
+  return {kMagic, kProtocolVersion, uint16_t(opcode), sequence, layer,
+          n_rows, n_pairs,          payload_bytes,    checksum};
+}
 
 // (row, expert, weight) of one routed pair; `row` indexes the rows of this message.
 struct Pair {
@@ -124,6 +132,11 @@ class Checksum {
   size_t pending_bytes_ = 0;
   uint64_t bytes_ = 0;
 };
+
+// Writes `values` floats at src to dst in the wire type and adds the bytes written to `sum`: an
+// fp32 wire copies and sums in one pass (Checksum::add_copy), without reading dst back.
+void write_summed(const float* src, size_t values, ElemType wire_type, std::byte* dst,
+                  Checksum& sum);
 
 // The Checksum of `bytes` at `data`.
 uint32_t checksum(const std::byte* data, size_t bytes);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "moe/dispatch_plan.h"
 #include "moe/placement.h"
 #include "moe/placement_change.h"
 #include "moe/router.h"
@@ -21,11 +22,16 @@
 
 namespace colibri {
 
-struct ExchangeShape {
-  int max_rows = 0;  // rows per forward call (prompt chunk): the exchange buffers' size
-  int hidden = 0;
-  int top_k = 0;
-  int num_experts = 0;
+// What every transport is told, whatever carries the rows.
+struct ExchangeOptions {
+  double rank_timeout_s = 300;   // longest wait for a peer within an exchange (and, on an expert
+                                 // rank with heartbeats, for the next request or heartbeat, plus
+                                 // kAbortTeardownSeconds)
+  double setup_timeout_s = 300;  // longest wait for a peer at construction: the ranks arrive as
+                                 // their weights load (--startup-timeout)
+  ElemType wire_type = ElemType::kF32;  // rows and partials on the wire
+  // Test hook: this rank flips one payload byte of its reply at this layer (-1: never).
+  int corrupt_reply_at_layer = -1;
 };
 
 // What expert rank `rank` checks its next request against: the sequence number it expects, the
@@ -46,43 +52,6 @@ inline wire::RequestCheck expert_request_check(const PlacementTable& placement,
   };
   return check;
 }
-
-// One owner's share of a layer: the rows routed to it (each once) and its (row, expert, weight)
-// pairs, `row` indexing `rows`.
-struct OwnerShare {
-  int rank = 0;
-  std::vector<int> rows;          // coordinator row indices, ascending
-  std::vector<RoutedPair> pairs;  // in routing order
-};
-
-struct DispatchPlan {
-  int layer = -1;
-  int n_rows = 0;
-  std::vector<OwnerShare> owners;  // ascending rank, only owners with work
-
-  // The count phase: which rows and pairs go to which owner. Reuses its vectors across calls.
-  void build(const PlacementTable& placement, int layer, const Routing& routing, int n);
-  uint64_t pairs() const;
-
- private:
-  std::vector<int> share_of_;  // rank -> index in owners during build
-  uint64_t builds_ = 0;        // plans built: the turn among an expert's replicas
-};
-
-// The experts of a layer an owner will likely be asked for (--prefetch-ahead): a hint that
-// starts their reads early and never changes a result.
-struct OwnerHint {
-  int rank = 0;
-  std::vector<int> experts;  // ascending, held by `rank`
-};
-
-// What an expert owner receives for one layer.
-struct ExpertRequest {
-  int layer = 0;
-  int n_rows = 0;
-  ConstView rows;                     // [n_rows, hidden] in the wire element type
-  std::span<const RoutedPair> pairs;  // `row` indexes rows
-};
 
 // Coordinator side.
 class Dispatcher {

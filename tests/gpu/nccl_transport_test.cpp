@@ -14,8 +14,9 @@
 #include <cstring>
 #include <thread>
 
+#include "../mpi/fake_expert.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
-#include "transport/mpi_transport.h"
 #include "transport/nccl_transport.h"
 
 namespace colibri {
@@ -37,16 +38,6 @@ int fewest_gpus() {
   int fewest = 0;
   MPI_Allreduce(&count, &fewest, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   return fewest;
-}
-
-void set_identity(int rank, int size) {
-  char host[256] = "?";
-  gethostname(host, sizeof(host) - 1);
-  RankIdentity& me = rank_identity();
-  me.rank = rank;
-  me.size = size;
-  me.host = host;
-  me.hosts.assign(size_t(size), host);  // one host in these tests
 }
 
 // Expert e of every layer on rank 1 + e % (size - 1); 4 experts per expert rank.
@@ -90,23 +81,9 @@ float contribution(float x, const RoutedPair& p, int rank) {
 
 // The expert rank's loop: answers every request until shutdown; `silent` never replies.
 void serve(ExpertChannel& channel, int rank, bool silent) {
-  ExpertRequest request;
-  std::vector<float> rows_f32, partial;
-  while (channel.receive(request)) {
-    const size_t values = size_t(request.n_rows) * kHidden;
-    rows_f32.resize(values);
-    to_f32(request.rows, rows_f32.data());
-    partial.assign(values, 0.0f);
-    for (const RoutedPair& p : request.pairs)
-      for (int j = 0; j < kHidden; ++j)
-        partial[size_t(p.row) * kHidden + j] +=
-            contribution(rows_f32[size_t(p.row) * kHidden + j], p, rank);
-    if (silent) {
-      std::this_thread::sleep_for(std::chrono::seconds(600));
-      return;
-    }
-    channel.reply(host_f32(partial.data(), values));
-  }
+  test::serve_requests(
+      channel, kHidden, [rank](float x, const RoutedPair& p) { return contribution(x, p, rank); },
+      silent);
 }
 
 // The exact sum of every owner's partial.
@@ -132,7 +109,7 @@ class NcclTransportTest : public ::testing::TestWithParam<ElemType> {
     if (size_ < 2 || gpus < size_)
       GTEST_SKIP() << "needs " << std::max(size_, 2) << " GPUs, found " << gpus
                    << " (one GPU per rank, at least 2 ranks)";
-    set_identity(rank_, size_);
+    test::set_one_host_identity(MPI_COMM_WORLD);
   }
   int rank_ = 0, size_ = 1;
 };
@@ -150,7 +127,7 @@ TEST_P(NcclTransportTest, CombineOfDispatchIsExactAndEqualsMpi) {
   const Deadline deadline{60, "--startup-timeout", "test (NCCL id)"};
   NcclTransportOptions options;
   options.rank_timeout_s = silent >= 0 ? 3 : 60;
-  options.startup_timeout_s = 60;
+  options.setup_timeout_s = 60;
   options.wire_type = wire;
   options.device = rank_;
   NcclTransport nccl(all, nccl_unique_id(MPI_COMM_WORLD, 0, deadline), table, shape, 0, profiler,
@@ -158,11 +135,11 @@ TEST_P(NcclTransportTest, CombineOfDispatchIsExactAndEqualsMpi) {
   MpiTransportOptions mpi_options;
   mpi_options.rank_timeout_s = 60;
   mpi_options.wire_type = wire;
-  MpiTransport mpi(MPI_COMM_WORLD, table, shape, 0, profiler, mpi_options);
+  MpiExchange mpi = make_mpi_exchange(MPI_COMM_WORLD, table, shape, 0, profiler, mpi_options);
 
   if (rank_ != 0) {
     serve(nccl, rank_, rank_ == silent);
-    serve(mpi, rank_, false);
+    serve(*mpi.channel, rank_, false);
     return;
   }
   float *x_dev = nullptr, *out_dev = nullptr;
@@ -179,8 +156,8 @@ TEST_P(NcclTransportTest, CombineOfDispatchIsExactAndEqualsMpi) {
       ASSERT_TRUE(nonzero);
       const size_t values = want.size();
       std::vector<float> by_mpi(values), by_nccl(values), by_nccl_device(values);
-      mpi.dispatch(plan, host_f32(x.data(), values));
-      mpi.combine(host_f32(by_mpi.data(), values));
+      mpi.dispatcher->dispatch(plan, host_f32(x.data(), values));
+      mpi.dispatcher->combine(host_f32(by_mpi.data(), values));
       nccl.dispatch(plan, host_f32(x.data(), values));
       nccl.combine(host_f32(by_nccl.data(), values));
       // x and out in device memory.
@@ -200,7 +177,7 @@ TEST_P(NcclTransportTest, CombineOfDispatchIsExactAndEqualsMpi) {
   cudaFree(x_dev);
   cudaFree(out_dev);
   nccl.shutdown();
-  mpi.shutdown();
+  mpi.dispatcher->shutdown();
 }
 
 INSTANTIATE_TEST_SUITE_P(Wire, NcclTransportTest,

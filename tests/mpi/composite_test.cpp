@@ -4,16 +4,16 @@
 // communicator; an expert rank serves its two channels from two threads.
 #include <gtest/gtest.h>
 #include <mpi.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
 
+#include "fake_expert.h"
 #include "transport/composite_dispatcher.h"
+#include "transport/exchange.h"
 #include "transport/mpi_check.h"
-#include "transport/mpi_transport.h"
 
 namespace colibri {
 namespace {
@@ -26,19 +26,8 @@ float contribution(float x, const RoutedPair& p, int rank) {
 }
 
 void serve(ExpertChannel& channel, int rank) {
-  ExpertRequest request;
-  std::vector<float> rows, partial;
-  while (channel.receive(request)) {
-    const size_t values = size_t(request.n_rows) * kHidden;
-    rows.resize(values);
-    to_f32(request.rows, rows.data());
-    partial.assign(values, 0.0f);
-    for (const RoutedPair& p : request.pairs)
-      for (int j = 0; j < kHidden; ++j)
-        partial[size_t(p.row) * kHidden + j] +=
-            contribution(rows[size_t(p.row) * kHidden + j], p, rank);
-    channel.reply(host_f32(partial.data(), values));
-  }
+  test::serve_requests(channel, kHidden,
+                       [rank](float x, const RoutedPair& p) { return contribution(x, p, rank); });
 }
 
 class CompositeOverMpi : public ::testing::TestWithParam<ElemType> {};
@@ -48,13 +37,7 @@ TEST_P(CompositeOverMpi, EqualsOneMpiTransportBitForBit) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 3) GTEST_SKIP() << "needs 3 ranks (two parts), has " << size;
-  char host[256] = "?";
-  gethostname(host, sizeof(host) - 1);
-  RankIdentity& me = rank_identity();
-  me.rank = rank;
-  me.size = size;
-  me.host = host;
-  me.hosts.assign(size_t(size), host);
+  test::set_one_host_identity(MPI_COMM_WORLD);
 
   PlacementTable table;
   table.num_layers = kLayers;
@@ -67,27 +50,27 @@ TEST_P(CompositeOverMpi, EqualsOneMpiTransportBitForBit) {
   // One communicator per transport: every rank, the odd part, the even part.
   MPI_Comm comms[3];
   for (MPI_Comm& c : comms) MPI_Comm_dup(MPI_COMM_WORLD, &c);
-  Profiler profiler(rank, host, rank == 0 ? "coordinator" : "cpu-expert", kLayers, false);
+  Profiler profiler(rank, rank_identity().host, rank == 0 ? "coordinator" : "cpu-expert", kLayers,
+                    false);
   MpiTransportOptions options;
   options.rank_timeout_s = 60;
   options.wire_type = GetParam();
   {
-    MpiTransport all(comms[0], table, shape, 0, profiler, options);
+    MpiExchange all = make_mpi_exchange(comms[0], table, shape, 0, profiler, options);
     if (rank != 0) {
       MpiTransportOptions mine = options;
       mine.expert_ranks = rank % 2 ? odd : even;
-      MpiTransport part(comms[rank % 2 ? 1 : 2], table, shape, 0, profiler, mine);
+      MpiChannel part(comms[rank % 2 ? 1 : 2], table, shape, 0, profiler, mine);
       std::thread second([&] { serve(part, rank); });
-      serve(all, rank);
+      serve(*all.channel, rank);
       second.join();
     } else {
       std::vector<CompositeDispatcher::Part> parts;
       for (int p = 0; p < 2; ++p) {
         MpiTransportOptions mine = options;
         mine.expert_ranks = p == 0 ? odd : even;
-        parts.push_back(
-            {std::make_unique<MpiTransport>(comms[1 + p], table, shape, 0, profiler, mine),
-             mine.expert_ranks});
+        parts.push_back({std::make_unique<MpiDispatcher>(comms[1 + p], shape, 0, profiler, mine),
+                         mine.expert_ranks});
       }
       CompositeDispatcher composite(std::move(parts), kHidden);
       DispatchPlan plan;
@@ -107,8 +90,8 @@ TEST_P(CompositeOverMpi, EqualsOneMpiTransportBitForBit) {
           }
           plan.build(table, layer, routing, n);
           std::vector<float> want(x.size()), got(x.size(), std::nanf(""));
-          all.dispatch(plan, host_f32(x.data(), x.size()));
-          all.combine(host_f32(want.data(), want.size()));
+          all.dispatcher->dispatch(plan, host_f32(x.data(), x.size()));
+          all.dispatcher->combine(host_f32(want.data(), want.size()));
           composite.dispatch(plan, host_f32(x.data(), x.size()));
           composite.combine(host_f32(got.data(), got.size()));
           bool nonzero = false;
@@ -117,7 +100,7 @@ TEST_P(CompositeOverMpi, EqualsOneMpiTransportBitForBit) {
           EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
               << "layer " << layer << ", " << n << " rows";
         }
-      all.shutdown();
+      all.dispatcher->shutdown();
       composite.shutdown();
     }
   }

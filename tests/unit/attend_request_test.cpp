@@ -1,4 +1,4 @@
-// The payload of an attention request (transport/attend_request.h): a well-formed one is read in
+// The payload of an attention request (tensor_parallel/attend_request.h): a well-formed one is read in
 // place and its rows' key slots come from their KV tables; each field out of range, and a payload
 // too short or too long, is refused with what is wrong, before anything is read past it.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "transport/attend_request.h"
+#include "tensor_parallel/attend_request.h"
 
 namespace colibri {
 namespace {

@@ -25,7 +25,7 @@
 #include "common/profile.h"
 #include "coordinator/cpu_attention.h"
 #include "model/weights.h"
-#include "transport/attend_request.h"
+#include "tensor_parallel/attend_request.h"
 #include "transport/protocol.h"
 
 namespace colibri {

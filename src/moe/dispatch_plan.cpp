@@ -1,7 +1,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "transport/transport.h"
+#include "moe/dispatch_plan.h"
 
 namespace colibri {
 

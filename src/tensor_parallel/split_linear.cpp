@@ -1,4 +1,4 @@
-#include "transport/split_linear.h"
+#include "tensor_parallel/split_linear.h"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 #include <string>
 
 #include "common/error.h"
-#include "transport/attend_request.h"
+#include "tensor_parallel/attend_request.h"
+#include "transport/deadline.h"
 #include "transport/mpi_check.h"
-#include "transport/mpi_transport.h"
 
 namespace colibri {
 

@@ -1,4 +1,4 @@
-#include "transport/attend_request.h"
+#include "tensor_parallel/attend_request.h"
 
 #include <fmt/format.h>
 
