@@ -66,6 +66,14 @@ Routing CpuCompute::route(int l) {
   return route_tokens(config_, weights_.layers[size_t(l)], normed_.data(), batch_->size());
 }
 
+ConstView CpuCompute::normed(Device) {
+  return host_f32(normed_.data(), size_t(batch_->size()) * config_.hidden_size);
+}
+
+View CpuCompute::routed(Device) {
+  return host_f32(delta_.data(), size_t(batch_->size()) * config_.hidden_size);
+}
+
 void CpuCompute::shared_expert(int l) {
   const LayerWeights& layer = weights_.layers[size_t(l)];
   if (!layer.shared_experts.empty())

@@ -2,8 +2,9 @@
 // Engine keeps the control flow (batch checks, KV bookkeeping, the layer loop, routing plan,
 // dispatch and combine); a CoordinatorCompute holds the residual stream and runs the dense math
 // on the CPU (CpuCompute, the oracle) or on a CUDA device (cuda_compute.h). The residual stream
-// h [n, hidden] lives where the compute runs; the routed experts see host views of the normed
-// rows and write their combined partial into a host buffer.
+// h [n, hidden] lives where the compute runs; the routed experts see views of the normed rows and
+// write their combined partial into a view, in device memory when the compute and the dispatcher
+// both take it (no host round trip), else on the host.
 #pragma once
 
 #include <functional>
@@ -11,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/profile.h"
 #include "coordinator/attention_backend.h"
 #include "coordinator/batch.h"
@@ -32,12 +34,15 @@ class CoordinatorCompute {
   virtual void attention(int layer) = 0;
   // The routing of the normed rows of a MoE layer, on the host.
   virtual Routing route(int layer) = 0;
-  // Host copy of normed [n, hidden] for the routed experts' dispatch (valid until the next layer).
-  virtual const float* normed_host() = 0;
+  // The normed rows [n, hidden] (fp32) for the routed experts' dispatch, valid until the next
+  // layer: in the compute's device memory when `where` is Device::kCuda and the compute runs
+  // there, else a host copy. The view says which it is.
+  virtual ConstView normed(Device where) = 0;
   // Starts the shared expert on normed (MoE layers with one); it may run while experts work.
   virtual void shared_expert(int layer) = 0;
-  // Host buffer [n, hidden] the routed experts' combine writes into.
-  virtual float* routed_host() = 0;
+  // The buffer [n, hidden] (fp32) the routed experts' combine writes into, on the device or the
+  // host as `where` asks and the compute allows; add_moe reads it from there.
+  virtual View routed(Device where) = 0;
   // MoE layer end: h += routed partial (+ shared expert).
   virtual void add_moe(int layer) = 0;
   // Dense layer: h += mlp(normed).
@@ -61,9 +66,9 @@ class CpuCompute final : public CoordinatorCompute {
   void begin(const Batch& batch) override;
   void attention(int layer) override;
   Routing route(int layer) override;
-  const float* normed_host() override { return normed_.data(); }
+  ConstView normed(Device where) override;
   void shared_expert(int layer) override;
-  float* routed_host() override { return delta_.data(); }
+  View routed(Device where) override;
   void add_moe(int layer) override;
   void dense_mlp(int layer) override;
   std::vector<float> logits(const Batch& batch) override;

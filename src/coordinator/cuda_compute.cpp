@@ -459,12 +459,24 @@ Routing CudaCompute::route(int l) {
   return routing;
 }
 
-const float* CudaCompute::normed_host() {
+ConstView CudaCompute::normed(Device where) {
   const size_t values = size_t(batch_->size()) * config_.hidden_size;
+  if (where == Device::kCuda) {
+    // The dispatcher reads them on its own stream: they must be written by then.
+    CHECK_CUDA(cudaStreamSynchronize(stream_));
+    return {impl_->normed, ElemType::kF32, Device::kCuda, values};
+  }
   CHECK_CUDA(cudaMemcpyAsync(normed_host_, impl_->normed, values * sizeof(float),
                              cudaMemcpyDeviceToHost, stream_));
   CHECK_CUDA(cudaStreamSynchronize(stream_));
-  return normed_host_;
+  return host_f32(normed_host_, values);
+}
+
+View CudaCompute::routed(Device where) {
+  const size_t values = size_t(batch_->size()) * config_.hidden_size;
+  routed_on_device_ = where == Device::kCuda;
+  if (routed_on_device_) return {impl_->delta, ElemType::kF32, Device::kCuda, values};
+  return host_f32(routed_host_, values);
 }
 
 void CudaCompute::shared_expert(int l) {
@@ -477,8 +489,9 @@ void CudaCompute::add_moe(int l) {
   Impl& d = *impl_;
   const DeviceLayer& w = d.layers[size_t(l)];
   const int64_t values = int64_t(batch_->size()) * config_.hidden_size;
-  CHECK_CUDA(cudaMemcpyAsync(d.delta, routed_host_, size_t(values) * sizeof(float),
-                             cudaMemcpyHostToDevice, stream_));
+  if (!routed_on_device_)  // else the combine wrote d.delta, and finished before it returned
+    CHECK_CUDA(cudaMemcpyAsync(d.delta, routed_host_, size_t(values) * sizeof(float),
+                               cudaMemcpyHostToDevice, stream_));
   if (w.shared.empty())
     cuda::add(d.h, d.delta, values, stream_);
   else

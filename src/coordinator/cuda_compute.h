@@ -37,9 +37,9 @@ class CudaCompute final : public CoordinatorCompute {
   void begin(const Batch& batch) override;
   void attention(int layer) override;
   Routing route(int layer) override;
-  const float* normed_host() override;
+  ConstView normed(Device where) override;
   void shared_expert(int layer) override;
-  float* routed_host() override { return routed_host_; }
+  View routed(Device where) override;
   void add_moe(int layer) override;
   void dense_mlp(int layer) override;
   std::vector<float> logits(const Batch& batch) override;
@@ -59,8 +59,9 @@ class CudaCompute final : public CoordinatorCompute {
   std::unique_ptr<Impl> impl_;
   const Batch* batch_ = nullptr;
   BlockTable table_;
-  float* normed_host_ = nullptr;  // pinned [max_rows, hidden]
-  float* routed_host_ = nullptr;  // pinned [max_rows, hidden]
+  float* normed_host_ = nullptr;   // pinned [max_rows, hidden]
+  float* routed_host_ = nullptr;   // pinned [max_rows, hidden]
+  bool routed_on_device_ = false;  // this layer's combine writes the device's delta
 };
 
 }  // namespace colibri

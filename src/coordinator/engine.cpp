@@ -58,7 +58,8 @@ void Engine::predict_next(int layer, int n, bool hint) {
   const int next = next_moe_[size_t(layer)];
   predicted_layer_ = next;
   if (next < 0) return;
-  predicted_ = route_tokens(config_, weights_.layers[size_t(next)], compute_->normed_host(), n);
+  predicted_ = route_tokens(config_, weights_.layers[size_t(next)],
+                            static_cast<const float*>(compute_->normed(Device::kHost).data), n);
   // The distinct predicted experts, each hinted to every rank that holds it.
   std::fill(seen_.begin(), seen_.end(), 0);
   for (size_t i = 0; i < size_t(n) * size_t(predicted_.top_k); ++i)
@@ -144,7 +145,7 @@ void Engine::check_logits(const Batch& batch, std::span<const float> logits) con
 std::vector<float> Engine::forward(const Batch& batch) {
   check(batch);
   const int n = batch.size();
-  const size_t values = size_t(n) * config_.hidden_size;
+  const Device rows_on = dispatcher_.takes_device_rows() ? Device::kCuda : Device::kHost;
   compute_->begin(batch);
   routes_.add_tokens(n);
   ++steps_;
@@ -174,13 +175,14 @@ std::vector<float> Engine::forward(const Batch& batch) {
           predict_next(l, n, options_.prefetch_ahead);
         }
       }
-      // Host views: the NCCL transport will take the device's rows (Device::kCuda) instead.
-      dispatcher_.dispatch(plan_, host_f32(compute_->normed_host(), values));
+      // Device views where the compute and the dispatcher both take them (a GPU coordinator's
+      // rows to gpu-expert ranks over NCCL), host views otherwise.
+      dispatcher_.dispatch(plan_, compute_->normed(rows_on));
       if (!layer.shared_experts.empty()) {
         OptionalScope scope(profiler_, Phase::kSharedExpert, l);
         compute_->shared_expert(l);
       }
-      dispatcher_.combine(host_f32(compute_->routed_host(), values));
+      dispatcher_.combine(compute_->routed(rows_on));
       compute_->add_moe(l);
     } else {
       OptionalScope scope(profiler_, Phase::kDenseMlp, l);

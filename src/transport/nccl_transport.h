@@ -62,6 +62,7 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
   void dispatch(const DispatchPlan& plan, ConstView x) override;
   // out: fp32, host or device (summed on the host, then uploaded).
   void combine(View out) override;
+  bool takes_device_rows() const override { return true; }
   void shutdown() override;
   void wait_partials() override;
   std::span<const int> partial_ranks() const override { return replied_; }

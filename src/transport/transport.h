@@ -65,6 +65,9 @@ class Dispatcher {
   virtual void combine(View out) = 0;
   // Tells every owner to stop.
   virtual void shutdown() = 0;
+  // Whether dispatch takes rows, and combine writes partials, in CUDA device memory (else both
+  // are fp32 host memory).
+  virtual bool takes_device_rows() const { return false; }
   // Per world rank, how often its partial arrived last in a layer; empty when not tracked.
   virtual std::vector<uint64_t> slowest_counts() const { return {}; }
   // Between steps: sends every expert rank a change of placement (prepare or commit), in order
