@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <optional>
 #include <string_view>
 
 #include "common/error.h"
 #include "common/finite.h"
-#include "cpu/linear.h"
 #include "cpu/quant.h"
 
 namespace colibri {
@@ -19,57 +20,6 @@ std::string layer_prefix(int layer) {
 }
 std::string expert_prefix(int layer, int expert) {
   return fmt::format("model.layers.{}.mlp.experts.{}.", layer, expert);
-}
-
-namespace {
-
-// y[n, held rows] from the rows held here.
-void linear_held(const Matrix& w, const float* x, int64_t n, float* y) {
-  const int64_t rows = w.held_rows();
-  if (w.quantized()) {
-    kernels::quant_linear(w.quant.view(), x, n, y);
-  } else if (w.stored_bf16()) {
-    kernels::linear_bf16(x, n, w.bf16.data(), rows, w.cols, y);
-  } else if (w.stored_fp8()) {
-    kernels::linear_fp8(
-        x, n,
-        {w.fp8.bits.data(), w.fp8.scales.data(), rows, w.cols, w.fp8.block_rows, w.fp8.block_cols},
-        y);
-  } else {
-    kernels::linear_f32(x, n, w.data.data(), rows, w.cols, y);
-  }
-}
-
-template <class V>
-V copy_range(const V& v, int64_t begin, int64_t end) {
-  return V(v.begin() + begin, v.begin() + end);
-}
-
-}  // namespace
-
-void linear(const Matrix& w, const float* x, int64_t n, float* y) {
-  if (n == 0) return;  // e.g. the lm_head of a prefill chunk that ends no prompt
-  if (!w.remote) {
-    linear_held(w, x, n, y);
-    return;
-  }
-  w.remote->start(x, n);
-  float* local = w.remote->local_buffer(n);
-  linear_held(w, x, n, local);
-  w.remote->finish(local, n, y);
-}
-
-int64_t row_slice_step(const Matrix& m) {
-  return m.stored_fp8() ? m.fp8.block_rows : kernels::kTileRows;
-}
-
-std::vector<int64_t> split_bounds(const Matrix& m, int parts) {
-  const int64_t step = row_slice_step(m);
-  const int64_t steps = (m.rows + step - 1) / step;
-  if (parts < 1 || steps < parts) return {};
-  std::vector<int64_t> bounds;
-  for (int p = 0; p <= parts; ++p) bounds.push_back(std::min(m.rows, steps * p / parts * step));
-  return bounds;
 }
 
 std::vector<int> split_head_bounds(const ModelConfig& config, const Matrix& kv_b, int parts) {
@@ -86,113 +36,6 @@ std::vector<int> split_head_bounds(const ModelConfig& config, const Matrix& kv_b
   }
   return bounds;
 }
-
-namespace {
-
-// Rows [r0, r1) of a container matrix: a range of its bytes and scales in the rows layout, and in
-// the tiles layout when r0 and r1 are whole tiles.
-QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
-  QuantMatrix s = q;
-  s.rows = r1 - r0;
-  const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
-  s.data = copy_range(q.data, r0 * row_bytes, r1 * row_bytes);
-  s.scales = copy_range(q.scales, kernels::scale_count(q.format, r0, q.cols, q.group_size),
-                        kernels::scale_count(q.format, r1, q.cols, q.group_size));
-  return s;
-}
-
-}  // namespace
-
-Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
-  const int64_t step = row_slice_step(m);
-  if (m.remote || r0 < 0 || r1 <= r0 || r1 > m.rows || r0 % step != 0 ||
-      (r1 % step != 0 && r1 != m.rows))
-    fail("rows {}..{} of a [{}, {}] matrix are not a slice of whole {}-row steps", r0, r1, m.rows,
-         m.cols, step);
-  Matrix s;
-  s.rows = r1 - r0;
-  s.cols = m.cols;
-  if (m.quantized()) {
-    s.quant = quant_rows(m.quant, r0, r1);
-  } else if (m.stored_bf16()) {
-    s.bf16 = copy_range(m.bf16, r0 * m.cols, r1 * m.cols);
-  } else if (m.stored_fp8()) {
-    s.fp8.block_rows = m.fp8.block_rows;
-    s.fp8.block_cols = m.fp8.block_cols;
-    s.fp8.bits = copy_range(m.fp8.bits, r0 * m.cols, r1 * m.cols);
-    const int64_t scale_cols = (m.cols + m.fp8.block_cols - 1) / m.fp8.block_cols;
-    const int64_t b0 = r0 / m.fp8.block_rows, b1 = (r1 + m.fp8.block_rows - 1) / m.fp8.block_rows;
-    s.fp8.scales = copy_range(m.fp8.scales, b0 * scale_cols, b1 * scale_cols);
-  } else {
-    s.data = copy_range(m.data, r0 * m.cols, r1 * m.cols);
-  }
-  return s;
-}
-
-namespace {
-
-// Columns [c0, c1) of a container matrix in its stored row layout: c0 starts a group (and a byte).
-QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
-  const bool grouped = q.format == kernels::QuantFormat::kInt4Grouped;
-  if ((grouped && c0 % q.group_size != 0) || c0 % 2 != 0)
-    fail("columns {}..{} of a [{}, {}] matrix do not start a group of {}", c0, c1, q.rows, q.cols,
-         q.group_size);
-  QuantMatrix s = q;
-  s.cols = c1 - c0;
-  const int64_t from = kernels::row_bytes(q.format, q.cols),
-                to = kernels::row_bytes(q.format, s.cols);
-  const int64_t b0 = q.format == kernels::QuantFormat::kInt8Row ? c0 : c0 / 2;
-  s.data.resize(size_t(q.rows * to));
-  for (int64_t r = 0; r < q.rows; ++r)
-    std::copy_n(q.data.begin() + r * from + b0, to, s.data.begin() + r * to);
-  if (grouped) {
-    const int64_t groups = (q.cols + q.group_size - 1) / q.group_size;
-    const int64_t g0 = c0 / q.group_size, g1 = (c1 + q.group_size - 1) / q.group_size;
-    s.scales.resize(size_t(q.rows * (g1 - g0)));
-    for (int64_t r = 0; r < q.rows; ++r)
-      std::copy_n(q.scales.begin() + r * groups + g0, g1 - g0, s.scales.begin() + r * (g1 - g0));
-  }
-  return s;
-}
-
-// Columns [c0, c1) of m (held whole, rows layout for a container weight).
-Matrix matrix_cols(const Matrix& m, int64_t c0, int64_t c1) {
-  Matrix s;
-  s.rows = m.rows;
-  s.cols = c1 - c0;
-  const auto cols_of = [&](const auto& v, auto& out) {
-    out.resize(size_t(m.rows * s.cols));
-    for (int64_t r = 0; r < m.rows; ++r)
-      std::copy_n(v.begin() + r * m.cols + c0, s.cols, out.begin() + r * s.cols);
-  };
-  if (m.quantized()) {
-    QuantMatrix rows = m.quant;
-    set_layout(rows, kernels::QuantLayout::kRows);
-    s.quant = quant_cols(rows, c0, c1);
-    if (m.quant.layout != kernels::QuantLayout::kRows) use_cpu_layout(s.quant);
-  } else if (m.stored_bf16()) {
-    cols_of(m.bf16, s.bf16);
-  } else if (m.stored_fp8()) {
-    if (c0 % m.fp8.block_cols != 0)
-      fail("columns {}..{} of a [{}, {}] FP8 matrix do not start a block of {}", c0, c1, m.rows,
-           m.cols, m.fp8.block_cols);
-    s.fp8.block_rows = m.fp8.block_rows;
-    s.fp8.block_cols = m.fp8.block_cols;
-    cols_of(m.fp8.bits, s.fp8.bits);
-    const int64_t blocks = (m.cols + m.fp8.block_cols - 1) / m.fp8.block_cols;
-    const int64_t k0 = c0 / m.fp8.block_cols, k1 = (c1 + m.fp8.block_cols - 1) / m.fp8.block_cols;
-    const int64_t block_rows = (m.rows + m.fp8.block_rows - 1) / m.fp8.block_rows;
-    s.fp8.scales.resize(size_t(block_rows * (k1 - k0)));
-    for (int64_t r = 0; r < block_rows; ++r)
-      std::copy_n(m.fp8.scales.begin() + r * blocks + k0, k1 - k0,
-                  s.fp8.scales.begin() + r * (k1 - k0));
-  } else {
-    cols_of(m.data, s.data);
-  }
-  return s;
-}
-
-}  // namespace
 
 std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double>& weights) {
   // Halved (down to one row tile) while the expert has fewer steps than slices.
@@ -217,15 +60,11 @@ std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double
   return bounds;
 }
 
-namespace {
-
-void check_slice(ExpertSlice slice, int64_t inter, bool quantized) {
+void check_expert_slice(ExpertSlice slice, int64_t inter, bool quantized) {
   const int64_t b = slice.begin, e = slice.end;
   if (b < 0 || e <= b || e > inter || (quantized && b % kernels::kTileRows != 0))
     fail("slice {}..{} of an expert of {} intermediate rows", b, e, inter);
 }
-
-}  // namespace
 
 MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice) {
   if (slice.whole()) return w;
@@ -235,17 +74,17 @@ MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice) {
     QuantMlp rows = w.quant;
     for (QuantMatrix* q : {&rows.gate, &rows.up, &rows.down})
       set_layout(*q, kernels::QuantLayout::kRows);
-    check_slice(slice, rows.gate.rows, true);
+    check_expert_slice(slice, rows.gate.rows, true);
     s.quant.gate = quant_rows(rows.gate, b, e);
     s.quant.up = quant_rows(rows.up, b, e);
     s.quant.down = quant_cols(rows.down, b, e);
     for (QuantMatrix* q : {&s.quant.gate, &s.quant.up, &s.quant.down}) use_cpu_layout(*q);
     return s;
   }
-  check_slice(slice, w.gate.rows, false);
+  check_expert_slice(slice, w.gate.rows, false);
   s.gate = slice_rows(w.gate, b, e);
   s.up = slice_rows(w.up, b, e);
-  s.down = matrix_cols(w.down, b, e);
+  s.down = slice_cols(w.down, b, e);
   return s;
 }
 
@@ -289,17 +128,25 @@ std::vector<SplitTarget> split_targets(ModelWeights& w) {
   return targets;
 }
 
-bool fp8_kept_as_stored(const ModelConfig& config) {
-  return config.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0;
-}
-
 namespace {
 
 void add(WeightBytes& b, const Matrix& m) {
-  b.f32 += 4 * m.data.size();
-  b.bf16 += 2 * m.bf16.size();
-  b.fp8 += m.fp8.bytes();
-  b.quantized += m.quant.bytes();
+  switch (m.format()) {
+    case WeightFormat::kF32:
+      b.f32 += m.bytes();
+      return;
+    case WeightFormat::kBF16:
+      b.bf16 += m.bytes();
+      return;
+    case WeightFormat::kFp8Block:
+      b.fp8 += m.bytes();
+      return;
+    case WeightFormat::kInt8Row:
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt4Grouped:
+      b.quantized += m.bytes();
+      return;
+  }
 }
 void add(WeightBytes& b, const std::vector<float>& v) {
   b.f32 += 4 * v.size();
@@ -345,6 +192,10 @@ WeightBytes weight_bytes(const ModelWeights& w) {
   return b;
 }
 
+bool fp8_kept_as_stored(const ModelConfig& config) {
+  return config.fp8_block.value_or(std::array<int, 2>{128, 128})[1] % 16 == 0;
+}
+
 namespace {
 
 class Loader {
@@ -362,8 +213,18 @@ class Loader {
     check_finite(m.data, where(name));
     return m;
   }
-  // A projection: kept as stored, when stored weights are kept, if it is a container weight or
-  // BF16; fp32 otherwise.
+  // The format `name` is held in: as stored when stored weights are kept and its dtype is a
+  // format's (FP8 only with column blocks its kernels take), else fp32. For U8 that is a container
+  // format, which one Checkpoint::load_quant tells from the sizes.
+  WeightFormat kept_format(const std::string& name) const {
+    const TensorView* view = checkpoint_.find(name);
+    if (!keep_stored_ || view == nullptr) return WeightFormat::kF32;
+    const std::optional<WeightFormat> stored = stored_format(view->dtype);
+    if (!stored || (*stored == WeightFormat::kFp8Block && !fp8_kept_as_stored(c_)))
+      return WeightFormat::kF32;
+    return *stored;
+  }
+  // A projection, in kept_format(name).
   // by_rows: the caller reads the matrix row by row itself, so a container weight keeps its rows;
   // otherwise only the quantized kernels read it, in the layout they prefer.
   Matrix projection(const std::string& name, int64_t rows, int64_t cols,
@@ -371,20 +232,26 @@ class Loader {
     Matrix m;
     m.rows = rows;
     m.cols = cols;
-    if (keep_stored_ && checkpoint_.is_quantized(name)) {
-      m.quant = checkpoint_.load_quant(name, rows, cols);
-      check_finite(m.quant.scales, where(name + kQuantScaleSuffix));
-      if (!by_rows) use_cpu_layout(m.quant);
-    } else if (keep_stored_ && checkpoint_.is_bf16(name)) {
-      m.bf16 = checkpoint_.load_bf16(name, {rows, cols});
-      // Exponent all ones: NaN or Inf; the error is check_finite's on the widened values.
-      if (std::any_of(m.bf16.begin(), m.bf16.end(),
-                      [](uint16_t b) { return (b & 0x7F80) == 0x7F80; }))
-        check_finite(checkpoint_.load_f32(name, {rows, cols}), where(name));
-    } else if (keep_stored_ && checkpoint_.is_fp8(name) && fp8_kept_as_stored(c_)) {
-      m.fp8 = checkpoint_.load_fp8(name, {rows, cols});
-    } else {
-      return matrix(name, rows, cols);
+    switch (kept_format(name)) {
+      case WeightFormat::kF32:
+        return matrix(name, rows, cols);
+      case WeightFormat::kBF16:
+        m.bf16 = checkpoint_.load_bf16(name, {rows, cols});
+        // Exponent all ones: NaN or Inf; the error is check_finite's on the widened values.
+        if (std::any_of(m.bf16.begin(), m.bf16.end(),
+                        [](uint16_t b) { return (b & 0x7F80) == 0x7F80; }))
+          check_finite(checkpoint_.load_f32(name, {rows, cols}), where(name));
+        break;
+      case WeightFormat::kFp8Block:
+        m.fp8 = checkpoint_.load_fp8(name, {rows, cols});
+        break;
+      case WeightFormat::kInt8Row:
+      case WeightFormat::kInt4Row:
+      case WeightFormat::kInt4Grouped:
+        m.quant = checkpoint_.load_quant(name, rows, cols);
+        check_finite(m.quant.scales, where(name + kQuantScaleSuffix));
+        if (!by_rows) use_cpu_layout(m.quant);
+        break;
     }
     return m;
   }
@@ -401,8 +268,8 @@ class Loader {
   }
 
   MlpWeights mlp(const std::string& prefix, int64_t intermediate) const {
-    if (keep_stored_ && checkpoint_.is_quantized(prefix + "gate_proj.weight"))
-      return expert(prefix, intermediate);
+    // A container's MLP is held as one, for the fused expert kernel.
+    if (is_container(kept_format(prefix + "gate_proj.weight"))) return expert(prefix, intermediate);
     const int64_t h = c_.hidden_size;
     MlpWeights w;
     w.gate = projection(prefix + "gate_proj.weight", intermediate, h);
@@ -446,7 +313,7 @@ class Loader {
     }
     const int64_t h = c_.hidden_size;
     // Cut as stored (rows), then laid out.
-    if (!slice.whole()) naming(prefix, [&] { check_slice(slice, intermediate, true); });
+    if (!slice.whole()) naming(prefix, [&] { check_expert_slice(slice, intermediate, true); });
     const int64_t b = slice.whole() ? 0 : slice.begin, e = slice.whole() ? -1 : slice.end;
     MlpWeights w;
     w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h, b, e);
@@ -476,12 +343,11 @@ class Loader {
     a.kv_a_proj =
         projection(p + "kv_a_proj_with_mqa.weight", c_.kv_lora_rank + c_.qk_rope_head_dim, h);
     a.o_proj = projection(p + "o_proj.weight", h, heads * c_.v_head_dim);
-    // The absorbed attention reads kv_b_proj one row at a time: kept as stored when that is BF16
-    // or int8 per row, fp32 otherwise.
+    // The absorbed attention reads kv_b_proj one row at a time: kept as stored in a format it reads
+    // so (WeightFormatRow::read_by_rows), fp32 otherwise.
     const int64_t kv_b_rows = heads * (c_.qk_nope_head_dim + c_.v_head_dim);
     a.kv_b_proj = projection(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank, /*by_rows=*/true);
-    if (a.kv_b_proj.stored_fp8() ||
-        (a.kv_b_proj.quantized() && a.kv_b_proj.quant.format != kernels::QuantFormat::kInt8Row))
+    if (!format_row(a.kv_b_proj.format()).read_by_rows)
       a.kv_b_proj = matrix(p + "kv_b_proj.weight", kv_b_rows, c_.kv_lora_rank);
     if (split_only) {
       if (with_indexer) {
