@@ -4,7 +4,7 @@
 // kernels have their own enum, mapped from this one in rank/cuda_expert_backend.cpp. A new format
 // is one row here, its storage in Matrix and its cases in model/matrix.cpp (the switches over
 // WeightFormat: linear, slices, bytes), its kernels (kernels/cpu with a scalar reference,
-// kernels/cuda) and the loader's recognition of its tensors (model/weights.cpp,
+// kernels/cuda) and the loader's recognition of its tensors (model/weight_loader.cpp,
 // model/checkpoint.h).
 #pragma once
 

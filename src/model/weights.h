@@ -1,8 +1,9 @@
-// Model weights, loaded from a Checkpoint with every shape checked against the config. Expert ranks
-// load only the routed experts they own. Routed experts of a colibri container stay quantized in
-// memory; with LoadOptions::keep_stored (the engine) its projections, dense MLPs and shared experts
-// also stay as stored (container int8/int4, BF16, or FP8: the formats of model/weight_format.h),
-// run by their kernels. Otherwise (the reference) every other tensor is converted to fp32 at load.
+// Model weights, loaded from a Checkpoint with every shape checked against the config
+// (model/weight_loader.cpp). Expert ranks load only the routed experts they own. Routed experts of
+// a colibri container stay quantized in memory; with LoadOptions::keep_stored (the engine) its
+// projections, dense MLPs and shared experts also stay as stored (container int8/int4, BF16, or
+// FP8: the formats of model/weight_format.h), run by their kernels. Otherwise (the reference)
+// every other tensor is converted to fp32 at load.
 #pragma once
 
 #include <cstdint>
