@@ -12,13 +12,6 @@
 
 #include "cpu/quant_detail.h"
 
-// The one place that knows which ISA kernels this build has.
-#if defined(__x86_64__) || defined(_M_X64)
-#define COLIBRI_QUANT_X86 1
-#else
-#define COLIBRI_QUANT_X86 0
-#endif
-
 namespace colibri::kernels {
 
 namespace {
@@ -66,10 +59,7 @@ bool cpu_has_avx512bf16() {
 }
 
 // COLIBRI_BF16_PAIRS=0 turns them off (benchmarks compare both).
-bool bf16_pairs_allowed = [] {
-  const char* value = std::getenv("COLIBRI_BF16_PAIRS");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}();
+bool bf16_pairs_allowed = detail::allowed_by_env("COLIBRI_BF16_PAIRS");
 
 Layout activation_layout(QuantIsa isa, const QuantMatrixView& w, int64_t n) {
   if (isa == QuantIsa::kScalar || !is_int4(w.format)) return {};
@@ -242,6 +232,11 @@ void detail::check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView
         std::to_string(gate.rows) + "x" + std::to_string(gate.cols) + ", up " +
         std::to_string(up.rows) + "x" + std::to_string(up.cols) + ", down " +
         std::to_string(down.rows) + "x" + std::to_string(down.cols));
+}
+
+bool detail::allowed_by_env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr || std::strcmp(value, "0") != 0;
 }
 
 void detail::static_range(int64_t total, int nth, int tid, int64_t& begin, int64_t& end,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "cpu/batch_tiles.h"
 #include "cpu/quant_detail.h"
 
 namespace colibri::kernels::detail {
@@ -124,25 +125,6 @@ void int8_row(const int8_t* row, float scale, int64_t cols, const float* x, floa
   }
 }
 
-template <typename F>
-void for_tiles(int64_t n, F&& f) {
-  int64_t t0 = 0;
-  for (; t0 + kMaxTile <= n; t0 += kMaxTile) f.template operator()<kMaxTile>(t0);
-  switch (n - t0) {
-    case 0:
-      break;
-    case 1:
-      f.template operator()<1>(t0);
-      break;
-    case 2:
-      f.template operator()<2>(t0);
-      break;
-    case 3:
-      f.template operator()<3>(t0);
-      break;
-  }
-}
-
 }  // namespace
 
 void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, int64_t y_stride,
@@ -150,7 +132,7 @@ void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, i
   if (w.format == QuantFormat::kInt8Row) {
     for (int64_t o = row_begin; o < row_end; ++o) {
       const int8_t* row = reinterpret_cast<const int8_t*>(w.data) + o * w.cols;
-      for_tiles(n, [&]<int T>(int64_t t0) {
+      for_tiles<kMaxTile>(n, [&]<int T>(int64_t t0) {
         int8_row<T>(row, w.scales[o], w.cols, xp + t0 * w.cols, y + t0 * y_stride + o, y_stride);
       });
     }
@@ -164,7 +146,7 @@ void rows_avx2(const QuantMatrixView& w, const float* xp, int64_t n, float* y, i
     const uint8_t* row = w.data + o * rb;
     const float* gscale = grouped ? w.scales + o * ng : nullptr;
     const float row_scale = grouped ? 1.0f : w.scales[o];
-    for_tiles(n, [&]<int T>(int64_t t0) {
+    for_tiles<kMaxTile>(n, [&]<int T>(int64_t t0) {
       int4_row<T>(row, gscale, row_scale, w.cols, span, xp + t0 * w.cols, y + t0 * y_stride + o,
                   y_stride);
     });

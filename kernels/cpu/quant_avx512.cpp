@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "cpu/batch_tiles.h"
 #include "cpu/quant_detail.h"
 
 // GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
@@ -240,39 +241,6 @@ template <int G>
   *y = _mm512_reduce_add_ps(_mm512_add_ps(total[0], total[1])) + tail;
 }
 
-// Calls f.template operator()<T>(t0) over tiles of the batch: full tiles of kMaxTile, then one
-// tile of the remainder.
-template <typename F>
-void for_tiles(int64_t n, F&& f) {
-  int64_t t0 = 0;
-  for (; t0 + kMaxTile <= n; t0 += kMaxTile) f.template operator()<kMaxTile>(t0);
-  switch (n - t0) {
-    case 0:
-      break;
-    case 1:
-      f.template operator()<1>(t0);
-      break;
-    case 2:
-      f.template operator()<2>(t0);
-      break;
-    case 3:
-      f.template operator()<3>(t0);
-      break;
-    case 4:
-      f.template operator()<4>(t0);
-      break;
-    case 5:
-      f.template operator()<5>(t0);
-      break;
-    case 6:
-      f.template operator()<6>(t0);
-      break;
-    case 7:
-      f.template operator()<7>(t0);
-      break;
-  }
-}
-
 // Rows [row_begin, row_end): one at a time at n = 1; otherwise four at a time, so that each
 // activation load feeds four FMAs (the activations of a tile, T x cols floats, live in L2), and
 // the last rows % 4 rows of the matrix one at a time. Ranges start at multiples of
@@ -301,7 +269,7 @@ void int4_rows(const QuantMatrixView& w, const float* xp, int64_t n, float* y, i
       gscale[r] = Grouped ? w.scales + (o + r) * ng : nullptr;
       row_scale[r] = Grouped ? 1.0f : w.scales[o + r];
     }
-    for_tiles(n, [&]<int T>(int64_t t0) {
+    for_tiles<kMaxTile>(n, [&]<int T>(int64_t t0) {
       float* out[RO];
       for (int r = 0; r < RO; ++r) out[r] = y + t0 * y_stride + o + r;
       int4_tile<L, Grouped, RO, T>(rows, gscale, row_scale, w.cols, w.group_size, xp + t0 * w.cols,
@@ -319,7 +287,7 @@ void int8_rows(const QuantMatrixView& w, const float* x, int64_t n, float* y, in
       rows[r] = reinterpret_cast<const int8_t*>(w.data) + (o + r) * w.cols;
       row_scale[r] = w.scales[o + r];
     }
-    for_tiles(n, [&]<int T>(int64_t t0) {
+    for_tiles<kMaxTile>(n, [&]<int T>(int64_t t0) {
       float* out[RO];
       for (int r = 0; r < RO; ++r) out[r] = y + t0 * y_stride + o + r;
       int8_tile<RO, T>(rows, row_scale, w.cols, x + t0 * w.cols, out, y_stride);

@@ -10,7 +10,18 @@
 
 #include "cpu/quant.h"
 
+// The one place that knows whether this build has the x86 kernels (quant_avx2.cpp and the
+// others the build adds on x86).
+#if defined(__x86_64__) || defined(_M_X64)
+#define COLIBRI_QUANT_X86 1
+#else
+#define COLIBRI_QUANT_X86 0
+#endif
+
 namespace colibri::kernels::detail {
+
+// A kernel choice the environment can turn off: false only when the variable `name` is "0".
+bool allowed_by_env(const char* name);
 
 // Activation layout the SIMD int4 kernels read: blocks of B inputs (blocks start at multiples
 // of B) spread over B / P vector lanes, P consecutive inputs per lane; step m of a block handles

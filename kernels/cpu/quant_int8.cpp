@@ -18,12 +18,6 @@
 #include "cpu/quant_detail.h"
 #include "cpu/quant_int8_detail.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#define COLIBRI_QUANT_X86 1
-#else
-#define COLIBRI_QUANT_X86 0
-#endif
-
 namespace colibri::kernels {
 
 using detail::Int8Layout;
@@ -149,10 +143,7 @@ bool cpu_has_avx_vnni() {
 #endif
 }
 
-std::atomic<bool> g_vnni_allowed{[] {
-  const char* value = std::getenv("COLIBRI_VNNI");
-  return value == nullptr || std::strcmp(value, "0") != 0;
-}()};
+std::atomic<bool> g_vnni_allowed{detail::allowed_by_env("COLIBRI_VNNI")};
 
 detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 #if COLIBRI_QUANT_X86
@@ -282,10 +273,7 @@ bool int8_activations_for(const QuantMatrixView& w) {
 
 bool tiles_preferred(const QuantMatrixView& w) {
 #if COLIBRI_QUANT_X86
-  static const bool allowed = [] {
-    const char* value = std::getenv("COLIBRI_TILES");
-    return value == nullptr || std::strcmp(value, "0") != 0;
-  }();
+  static const bool allowed = detail::allowed_by_env("COLIBRI_TILES");
   return allowed && tiles_supported(w.format, w.rows, w.cols, w.group_size) &&
          int8_activations_for(w) &&
          reads_tiles(int8_kernel(quant_isa_selected(), QuantLayout::kTiles));

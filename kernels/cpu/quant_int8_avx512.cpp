@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/batch_tiles.h"
 #include "cpu/quant_int8_detail.h"
+#include "cpu/quant_int8_zmm.h"
 
 // GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -107,12 +109,6 @@ inline void transpose_scales(const float* src, int64_t stride, int rows, int col
     _mm512_store_ps(out[i], _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88));
     _mm512_store_ps(out[8 + i], _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd));
   }
-}
-
-inline __m512i broadcast_word(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
 }
 
 template <bool Int8, int T>
@@ -258,34 +254,7 @@ float quantize_block_avx512(const float* x, int64_t cols, int64_t k, int q[kInt8
 void int8_rows_avx512vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                           int64_t row_begin, int64_t row_end) {
   for (int64_t o0 = row_begin; o0 < row_end; o0 += kInt8TileRows)
-    for (int64_t t0 = 0; t0 < x.n; t0 += kMaxTile) {
-      switch (std::min<int64_t>(kMaxTile, x.n - t0)) {
-        case 1:
-          tile_for<1>(w, o0, x, t0, y, y_stride);
-          break;
-        case 2:
-          tile_for<2>(w, o0, x, t0, y, y_stride);
-          break;
-        case 3:
-          tile_for<3>(w, o0, x, t0, y, y_stride);
-          break;
-        case 4:
-          tile_for<4>(w, o0, x, t0, y, y_stride);
-          break;
-        case 5:
-          tile_for<5>(w, o0, x, t0, y, y_stride);
-          break;
-        case 6:
-          tile_for<6>(w, o0, x, t0, y, y_stride);
-          break;
-        case 7:
-          tile_for<7>(w, o0, x, t0, y, y_stride);
-          break;
-        default:
-          tile_for<8>(w, o0, x, t0, y, y_stride);
-          break;
-      }
-    }
+    for_tiles<kMaxTile>(x.n, [&]<int T>(int64_t t0) { tile_for<T>(w, o0, x, t0, y, y_stride); });
 }
 
 }  // namespace colibri::kernels::detail

@@ -21,11 +21,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
+#include "cpu/batch_tiles.h"
 #include "cpu/quant_int8_detail.h"
 
 namespace colibri::kernels::detail {
@@ -253,35 +252,13 @@ void tile_for(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t
   }
 }
 
-// f<T> for T = 1..kMaxTile, indexed by T - 1: the kernels' switch over the activation rows of a
-// pass.
-template <template <int> class F>
-constexpr auto by_rows = [] {
-  return []<int... I>(std::integer_sequence<int, I...>) {
-    return std::array{&F<I + 1>::run...};
-  }
-  (std::make_integer_sequence<int, kMaxTile>());
-}();
-
-template <bool Vnni>
-struct TileFor {
-  template <int T>
-  struct Rows {
-    static void run(const QuantMatrixView& w, int64_t o0, const Int8Rows& x, int64_t t0, float* y,
-                    int64_t y_stride) {
-      tile_for<Vnni, T>(w, o0, x, t0, y, y_stride);
-    }
-  };
-};
-
 // The Int8RowsKernel (quant_int8_detail.h) over tiles of 8 rows, either layout of w.
 template <bool Vnni>
 void rows(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
           int64_t row_begin, int64_t row_end) {
-  constexpr auto& kTile = by_rows<TileFor<Vnni>::template Rows>;
   for (int64_t o0 = row_begin; o0 < row_end; o0 += 8)
-    for (int64_t t0 = 0; t0 < x.n; t0 += kMaxTile)
-      kTile[std::min<int64_t>(kMaxTile, x.n - t0) - 1](w, o0, x, t0, y, y_stride);
+    for_tiles<kMaxTile>(x.n,
+                        [&]<int T>(int64_t t0) { tile_for<Vnni, T>(w, o0, x, t0, y, y_stride); });
 }
 
 }  // namespace tile8

@@ -12,10 +12,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
+#include "cpu/batch_tiles.h"
 #include "cpu/quant_int8_detail.h"
 #include "cpu/quant_int8_tile8.h"
+#include "cpu/quant_int8_zmm.h"
 
 // GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -34,12 +35,6 @@ inline __m512 load_pair(const float* a, const float* b) {
   return _mm512_castpd_ps(_mm512_insertf64x4(
       _mm512_castpd256_pd512(_mm256_loadu_pd(reinterpret_cast<const double*>(a))),
       _mm256_loadu_pd(reinterpret_cast<const double*>(b)), 1));
-}
-
-inline __m512i broadcast_word(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm512_set1_epi32(v);
 }
 
 // Rows o0..o0+15 of a kTiles w (o0 a multiple of 8, o0 + 16 <= w.rows) against activation rows
@@ -125,32 +120,23 @@ template <bool Int8, int T>
     _mm512_storeu_ps(y + (t0 + t) * y_stride + o0, _mm512_mul_ps(acc[t], row_scale));
 }
 
-// Rows o0..o0+15 (pair) or o0..o0+7 of w against activation rows t0..t0+T-1.
-template <int T>
-struct RowsFor {
-  static void run(const QuantMatrixView& w, bool pair, int64_t o0, const Int8Rows& x, int64_t t0,
-                  float* y, int64_t y_stride) {
-    if (!pair)
-      tile8::tile_for<true, T>(w, o0, x, t0, y, y_stride);
-    else if (w.format == QuantFormat::kInt8Row)
-      tile_pair<true, T>(w, o0, x, t0, y, y_stride);
-    else
-      tile_pair<false, T>(w, o0, x, t0, y, y_stride);
-  }
-};
-
 }  // namespace
 
 void int8_tiles_vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                      int64_t row_begin, int64_t row_end) {
   if (w.layout != QuantLayout::kTiles)
     return tile8::rows<true>(w, x, y, y_stride, row_begin, row_end);
-  constexpr auto& kRowsFor = tile8::by_rows<RowsFor>;
   row_end = std::min(row_end, w.rows);  // a multiple of 8 for kTiles
+  // Two tiles at once (16 rows), the last one alone when the rows are an odd number of tiles.
   for (int64_t o0 = row_begin; o0 < row_end; o0 += 16)
-    for (int64_t t0 = 0; t0 < x.n; t0 += tile8::kMaxTile)
-      kRowsFor[std::min<int64_t>(tile8::kMaxTile, x.n - t0) - 1](w, o0 + 16 <= row_end, o0, x, t0,
-                                                                 y, y_stride);
+    for_tiles<tile8::kMaxTile>(x.n, [&]<int T>(int64_t t0) {
+      if (o0 + 16 > row_end)
+        tile8::tile_for<true, T>(w, o0, x, t0, y, y_stride);
+      else if (w.format == QuantFormat::kInt8Row)
+        tile_pair<true, T>(w, o0, x, t0, y, y_stride);
+      else
+        tile_pair<false, T>(w, o0, x, t0, y, y_stride);
+    });
 }
 
 }  // namespace colibri::kernels::detail

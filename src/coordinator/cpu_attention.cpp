@@ -15,30 +15,46 @@ namespace colibri {
 namespace {
 
 // For t < n: y[t * r ..] += sum over i < count of alpha[t * a_stride + i] * kv_b_proj[row0 + i, :],
-// in the rows' stored form (fp32, BF16, or int8 with its row scale; the loader keeps its rows):
-// axpy_rows, the same bits as one axpy per row and term.
+// in the rows' stored form (a format with WeightFormatRow::read_by_rows: fp32, BF16, or int8 with
+// its row scale; the loader keeps its rows): axpy_rows, the same bits as one axpy per row and term.
 void kv_b_axpy_rows(const Matrix& w, int64_t row0, int64_t count, const float* alpha,
                     int64_t a_stride, int64_t n, float* y) {
   const int64_t r = w.cols;
   kernels::AxpyRows a{alpha, a_stride, n, count, r, nullptr, y, r};
-  if (w.quantized()) {
-    a.x_scale = w.quant.scales.data() + row0;
-    kernels::axpy_rows_i8(a, reinterpret_cast<const int8_t*>(w.quant.data.data()) + row0 * r);
-  } else if (w.stored_bf16()) {
-    kernels::axpy_rows_bf16(a, w.bf16.data() + row0 * r);
-  } else {
-    kernels::axpy_rows_f32(a, w.data.data() + row0 * r);
+  switch (w.format()) {
+    case WeightFormat::kF32:
+      return kernels::axpy_rows_f32(a, w.data.data() + row0 * r);
+    case WeightFormat::kBF16:
+      return kernels::axpy_rows_bf16(a, w.bf16.data() + row0 * r);
+    case WeightFormat::kInt8Row:
+      a.x_scale = w.quant.scales.data() + row0;
+      return kernels::axpy_rows_i8(a,
+                                   reinterpret_cast<const int8_t*>(w.quant.data.data()) + row0 * r);
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt4Grouped:
+      break;
   }
+  fail("kv_b_proj held as {} cannot be read by rows", weight_format_name(w.format()));
 }
 
 // kv_b_proj[row, :] · x in the row's stored form.
 float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
   const int64_t r = w.cols;
-  if (w.quantized())
-    return w.quant.scales[size_t(row)] *
-           kernels::dot_i8(reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, x, r);
-  if (w.stored_bf16()) return kernels::dot_bf16(x, w.bf16.data() + row * r, r);
-  return kernels::dot_f32(w.data.data() + row * r, x, r);
+  switch (w.format()) {
+    case WeightFormat::kF32:
+      return kernels::dot_f32(w.data.data() + row * r, x, r);
+    case WeightFormat::kBF16:
+      return kernels::dot_bf16(x, w.bf16.data() + row * r, r);
+    case WeightFormat::kInt8Row:
+      return w.quant.scales[size_t(row)] *
+             kernels::dot_i8(reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, x, r);
+    case WeightFormat::kFp8Block:
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt4Grouped:
+      break;
+  }
+  fail("kv_b_proj held as {} cannot be read by rows", weight_format_name(w.format()));
 }
 
 }  // namespace

@@ -11,27 +11,35 @@
 namespace colibri {
 
 std::vector<uint16_t> matrix_to_bf16(const Matrix& w) {
+  if (w.empty()) fail("an empty matrix has no BF16 form");
   const size_t count = size_t(w.rows) * size_t(w.cols);
   std::vector<uint16_t> out(count);
-  if (w.stored_bf16()) return w.bf16;
-  if (!w.data.empty()) {
-    for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(w.data[i]);
-  } else if (w.stored_fp8()) {
-    const Fp8Matrix& f = w.fp8;
-    const int64_t blocks_per_row = (w.cols + f.block_cols - 1) / f.block_cols;
-    for (int64_t i = 0; i < w.rows; ++i)
-      for (int64_t j = 0; j < w.cols; ++j) {
-        const float scale =
-            f.scales[size_t((i / f.block_rows) * blocks_per_row + j / f.block_cols)];
-        out[size_t(i * w.cols + j)] =
-            f32_to_bf16(fp8_e4m3_to_f32(f.bits[size_t(i * w.cols + j)]) * scale);
-      }
-  } else if (w.quantized()) {
-    std::vector<float> values(count);
-    kernels::dequantize(w.quant.view(), values.data());
-    for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(values[i]);
-  } else {
-    fail("an empty matrix has no BF16 form");
+  switch (w.format()) {
+    case WeightFormat::kF32:
+      for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(w.data[i]);
+      break;
+    case WeightFormat::kBF16:
+      return w.bf16;
+    case WeightFormat::kFp8Block: {
+      const Fp8Matrix& f = w.fp8;
+      const int64_t blocks_per_row = (w.cols + f.block_cols - 1) / f.block_cols;
+      for (int64_t i = 0; i < w.rows; ++i)
+        for (int64_t j = 0; j < w.cols; ++j) {
+          const float scale =
+              f.scales[size_t((i / f.block_rows) * blocks_per_row + j / f.block_cols)];
+          out[size_t(i * w.cols + j)] =
+              f32_to_bf16(fp8_e4m3_to_f32(f.bits[size_t(i * w.cols + j)]) * scale);
+        }
+      break;
+    }
+    case WeightFormat::kInt8Row:
+    case WeightFormat::kInt4Row:
+    case WeightFormat::kInt4Grouped: {
+      std::vector<float> values(count);
+      kernels::dequantize(w.quant.view(), values.data());
+      for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(values[i]);
+      break;
+    }
   }
   return out;
 }

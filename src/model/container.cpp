@@ -140,4 +140,37 @@ void use_cpu_layout(QuantMatrix& q) {
   if (!q.empty() && kernels::tiles_preferred(q.view())) set_layout(q, kernels::QuantLayout::kTiles);
 }
 
+QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
+  QuantMatrix s = q;
+  s.rows = r1 - r0;
+  const int64_t row_bytes = kernels::row_bytes(q.format, q.cols);
+  s.data.assign(q.data.begin() + r0 * row_bytes, q.data.begin() + r1 * row_bytes);
+  s.scales.assign(q.scales.begin() + kernels::scale_count(q.format, r0, q.cols, q.group_size),
+                  q.scales.begin() + kernels::scale_count(q.format, r1, q.cols, q.group_size));
+  return s;
+}
+
+QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
+  const bool grouped = q.format == kernels::QuantFormat::kInt4Grouped;
+  if ((grouped && c0 % q.group_size != 0) || c0 % 2 != 0)
+    fail("columns {}..{} of a [{}, {}] matrix do not start a group of {}", c0, c1, q.rows, q.cols,
+         q.group_size);
+  QuantMatrix s = q;
+  s.cols = c1 - c0;
+  const int64_t from = kernels::row_bytes(q.format, q.cols),
+                to = kernels::row_bytes(q.format, s.cols);
+  const int64_t b0 = q.format == kernels::QuantFormat::kInt8Row ? c0 : c0 / 2;
+  s.data.resize(size_t(q.rows * to));
+  for (int64_t r = 0; r < q.rows; ++r)
+    std::copy_n(q.data.begin() + r * from + b0, to, s.data.begin() + r * to);
+  if (grouped) {
+    const int64_t groups = ceil_div(q.cols, q.group_size);
+    const int64_t g0 = c0 / q.group_size, g1 = ceil_div(c1, q.group_size);
+    s.scales.resize(size_t(q.rows * (g1 - g0)));
+    for (int64_t r = 0; r < q.rows; ++r)
+      std::copy_n(q.scales.begin() + r * groups + g0, g1 - g0, s.scales.begin() + r * (g1 - g0));
+  }
+  return s;
+}
+
 }  // namespace colibri

@@ -41,6 +41,12 @@ void set_layout(QuantMatrix& q, kernels::QuantLayout layout);
 // only the quantized kernels read, never by rows.
 void use_cpu_layout(QuantMatrix& q);
 
+// Rows [r0, r1) of q, copied: a range of its bytes and scales in the rows layout, and in the tiles
+// layout when r0 and r1 are whole tiles.
+QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1);
+// Columns [c0, c1) of q in the rows layout, copied: c0 starts a group (and a byte), else an Error.
+QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1);
+
 // A format with its group size (0 for per-row).
 struct QuantSpec {
   kernels::QuantFormat format;

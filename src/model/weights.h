@@ -1,9 +1,9 @@
-// Model weights, loaded from a Checkpoint with every shape checked against the config. Expert
-// ranks load only the routed experts they own. Routed experts of a colibri container stay
-// quantized in memory; with LoadOptions::keep_stored (the engine) its projections, dense MLPs
-// and shared experts also stay as stored (container int8/int4, BF16, or FP8), run by the
-// quantized, BF16 and FP8 kernels. Otherwise (the reference) every other tensor is converted to
-// fp32 at load.
+// Model weights, loaded from a Checkpoint with every shape checked against the config
+// (model/weight_loader.cpp). Expert ranks load only the routed experts they own. Routed experts of
+// a colibri container stay quantized in memory; with LoadOptions::keep_stored (the engine) its
+// projections, dense MLPs and shared experts also stay as stored (container int8/int4, BF16, or
+// FP8: the formats of model/weight_format.h), run by their kernels. Otherwise (the reference)
+// every other tensor is converted to fp32 at load.
 #pragma once
 
 #include <cstdint>
@@ -15,21 +15,9 @@
 
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/matrix.h"
 
 namespace colibri {
-
-// The rows of a Matrix that other ranks hold (tensor parallelism, transport/split_linear.h): the
-// Matrix keeps rows [0, local_rows) and this computes the others of y = W x where they are.
-class RemoteRows {
- public:
-  virtual ~RemoteRows() = default;
-  // Sends x [n, cols] to the ranks that hold the other rows, which start on them at once.
-  virtual void start(const float* x, int64_t n) = 0;
-  // Room for the local rows' product, [n, local_rows].
-  virtual float* local_buffer(int64_t n) = 0;
-  // Waits for the other rows and writes y [n, rows]: `local` [n, local_rows] and theirs.
-  virtual void finish(const float* local, int64_t n, float* y) = 0;
-};
 
 // The heads of an MLA layer that other ranks attend for (tensor parallelism by heads,
 // transport/split_linear.h): kv_b_proj keeps the rows of heads [0, local_heads) here, and every
@@ -59,40 +47,6 @@ class RemoteHeads {
   virtual void finish(int64_t n, float* out) = 0;
 };
 
-// Row-major [rows, cols] weight of a Linear layer: y = W x. fp32, BF16 or FP8 (block-scaled) as
-// stored, or a container weight kept as stored (int8/int4 rows or groups with fp32 scales);
-// exactly one is non-empty. With `remote`, only rows [0, local_rows) are held here.
-struct Matrix {
-  int64_t rows = 0, cols = 0;
-  std::vector<float> data;             // fp32
-  QuantMatrix quant;                   // container int8/int4
-  std::vector<uint16_t> bf16;          // BF16 bits
-  Fp8Matrix fp8;                       // FP8 E4M3 with block scales
-  int64_t local_rows = 0;              // with `remote`: the rows held here
-  std::shared_ptr<RemoteRows> remote;  // null: every row is held here
-  int64_t held_rows() const { return remote ? local_rows : rows; }
-  bool empty() const { return data.empty() && quant.empty() && bf16.empty() && fp8.empty(); }
-  bool quantized() const { return !quant.empty(); }
-  bool stored_bf16() const { return !bf16.empty(); }
-  bool stored_fp8() const { return !fp8.empty(); }
-  uint64_t bytes() const { return 4 * data.size() + quant.bytes() + 2 * bf16.size() + fp8.bytes(); }
-};
-
-// y[n, rows] = x[n, cols] · W^T with the kernel of W's representation (and, for rows held
-// elsewhere, the ranks that hold them).
-void linear(const Matrix& w, const float* x, int64_t n, float* y);
-
-// Rows [r0, r1) of m as a Matrix of their own, the same bytes. A slice starts at a multiple of
-// row_slice_step(m) and ends at one or at m.rows; within those bounds every kernel computes a
-// slice's rows with the bits of the whole matrix's (QuantTiles.ARowSliceGivesTheWholeMatrixsRows).
-Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1);
-// The rows a slice of m starts at a multiple of: 8 (kernels::kTileRows, whatever m's layout, so
-// that ranks whose CPUs choose different layouts agree), or an FP8 matrix's block rows.
-int64_t row_slice_step(const Matrix& m);
-// Row bounds of `parts` slices of m: parts + 1 ascending values from 0 to m.rows, each inner one
-// a multiple of row_slice_step(m), the slices as even as the steps allow. Empty when m has fewer
-// steps than parts: such a matrix is not split.
-std::vector<int64_t> split_bounds(const Matrix& m, int parts);
 // Head bounds of an MLA layer's attention split into `parts` (kv_b_proj cut by heads): parts + 1
 // ascending values from 0 to the config's heads, or empty when kv_b cannot be cut at them (fewer
 // heads than parts, or a head's rows not a multiple of row_slice_step).
@@ -223,6 +177,9 @@ inline constexpr int64_t kExpertSliceStep = 128;
 std::vector<int64_t> expert_slice_bounds(int64_t inter, const std::vector<double>& weights);
 // Rows [begin, end) of gate and up and columns [begin, end) of down, copied.
 MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice);
+// Fails unless `slice` lies within an expert of `inter` intermediate rows and, for an expert held
+// in a container format, starts at a whole row tile.
+void check_expert_slice(ExpertSlice slice, int64_t inter, bool quantized);
 
 // One routed expert as stored (a container's int8/int4, BF16, or FP8 with column blocks a multiple
 // of 16; fp32 otherwise), as the engine's load_model_weights holds it, or its `slice`. Thread-safe:

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "common/error.h"
@@ -19,16 +20,23 @@ uint64_t padded(uint64_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-cuda::WeightFormat weight_format(kernels::QuantFormat f) {
-  switch (f) {
-    case kernels::QuantFormat::kInt4Row:
-      return cuda::WeightFormat::kInt4Row;
-    case kernels::QuantFormat::kInt4Grouped:
-      return cuda::WeightFormat::kInt4Grouped;
-    case kernels::QuantFormat::kInt8Row:
+// The CUDA expert kernels' format for a weight format; none for a format they do not read.
+std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kF32:
+      return cuda::WeightFormat::kF32;
+    case WeightFormat::kBF16:
+      return cuda::WeightFormat::kBF16;
+    case WeightFormat::kFp8Block:
+      return std::nullopt;
+    case WeightFormat::kInt8Row:
       return cuda::WeightFormat::kInt8Row;
+    case WeightFormat::kInt4Row:
+      return cuda::WeightFormat::kInt4Row;
+    case WeightFormat::kInt4Grouped:
+      return cuda::WeightFormat::kInt4Grouped;
   }
-  fail("unknown quantized format");
+  return std::nullopt;
 }
 
 // The host bytes of one matrix of an expert: data and scales (none for BF16 and fp32).
@@ -43,26 +51,22 @@ struct HostMatrix {
   const QuantMatrix* quant = nullptr;  // set for a container matrix (the GPU reads its rows)
 };
 
+// One matrix of an expert: `quant` when set (a quantized expert's), else `dense` in its format.
 HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
-  if (!quant.empty())
-    return {weight_format(quant.format),
-            quant.group_size,
-            quant.rows,
-            quant.cols,
-            quant.data.data(),
-            quant.data.size(),
-            quant.scales.data(),
-            4 * quant.scales.size(),
-            &quant};
-  if (dense.stored_bf16())
-    return {cuda::WeightFormat::kBF16, 0,       dense.rows, dense.cols, dense.bf16.data(),
-            2 * dense.bf16.size(),     nullptr, 0};
-  if (dense.stored_fp8())
+  const QuantMatrix& q = quant.empty() ? dense.quant : quant;
+  const WeightFormat format = q.empty() ? dense.format() : weight_format(q.format);
+  const std::optional<cuda::WeightFormat> cuda = cuda_format(format);
+  if (!cuda)
     fail(
-        "FP8 routed experts have no CUDA kernel yet: convert the checkpoint to a container "
-        "(colibri-convert) or run the experts on the CPU");
-  return {cuda::WeightFormat::kF32, 0,       dense.rows, dense.cols, dense.data.data(),
-          4 * dense.data.size(),    nullptr, 0};
+        "{} routed experts have no CUDA kernel yet: convert the checkpoint to a container "
+        "(colibri-convert) or run the experts on the CPU",
+        weight_format_name(format));
+  if (!q.empty())
+    return {*cuda,           q.group_size,        q.rows, q.cols, q.data.data(), q.data.size(),
+            q.scales.data(), 4 * q.scales.size(), &q};
+  const void* data = format == WeightFormat::kBF16 ? static_cast<const void*>(dense.bf16.data())
+                                                   : dense.data.data();
+  return {*cuda, 0, dense.rows, dense.cols, data, dense.bytes(), nullptr, 0};
 }
 
 std::array<HostMatrix, 3> host_matrices(const MlpWeights& w) {
