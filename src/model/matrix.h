@@ -12,8 +12,8 @@
 
 namespace colibri {
 
-// The rows of a Matrix that other ranks hold (tensor parallelism, transport/split_linear.h): the
-// Matrix keeps rows [0, local_rows) and this computes the others of y = W x where they are.
+// The rows of a Matrix that other ranks hold (tensor_parallel/split_linear.h): the Matrix keeps
+// rows [0, local_rows) and this computes the others of y = W x where they are.
 class RemoteRows {
  public:
   virtual ~RemoteRows() = default;
