@@ -21,7 +21,8 @@ namespace colibri {
 
 // The heads of an MLA layer that other ranks attend for (tensor_parallel/split_linear.h):
 // kv_b_proj keeps the rows of heads [0, local_heads) here, and every rank attending for others
-// keeps a copy of the layer's compressed cache, which each call writes its rows to. Every head's values are computed with the bits one process gives them.
+// keeps a copy of the layer's compressed cache, which each call writes its rows to. Every head's
+// values are computed with the bits one process gives them.
 class RemoteHeads {
  public:
   struct Row {
