@@ -97,9 +97,10 @@ std::string layout_identity(const CommandLine& line) {
   return fmt::format("a file with content hash {:016x}", hash);
 }
 
-std::vector<FlagRow> make_table() {
+// What a run generates and prints: the model, the prompt or mode, sampling, outputs.
+std::vector<FlagRow> generation_rows() {
   // clang-format off
-  std::vector<FlagRow> rows = {
+  return {
     option("--model", "models/glm5-tiny-kjv", Use::kAny, Agree::kOwn,
            "Hugging Face model directory (default: the embedded tiny GLM-5 model)",
            [](auto& l) -> auto& { return l.node.model_dir; }),
@@ -154,6 +155,14 @@ std::vector<FlagRow> make_table() {
            "write the logits of every position (prompt and generated) as float32 .npy "
            "[positions, vocab]",
            [](auto& l) -> auto& { return l.logits_out; }),
+  };
+  // clang-format on
+}
+
+// Where the experts go and how long ranks wait for each other.
+std::vector<FlagRow> placement_rows() {
+  // clang-format off
+  return {
     compared_as(option("--layout", "derived", Use::kAny, Agree::kJob,
                        "layout file: rank -> role, GPU, NUMA node, budgets (default: rank 0 "
                        "coordinates, the others are expert ranks)",
@@ -198,6 +207,14 @@ std::vector<FlagRow> make_table() {
            "seconds each rank waits for the others at every start-up step (argument checks, "
            "handshake, weights loaded) before naming the missing rank and aborting",
            [](auto& l) -> auto& { return l.node.startup_timeout_s; }),
+  };
+  // clang-format on
+}
+
+// Rows, sequences and the KV pool; activations, the exchange, the split linears, GPUs.
+std::vector<FlagRow> compute_rows() {
+  // clang-format off
+  return {
     option("--max-rows", "", Use::kAny, Agree::kJob,
            "rows per forward call (prefill chunk); sizes the exchange buffers",
            [](auto& l) -> auto& { return l.node.max_rows; }, in_range(1, 1 << 16)),
@@ -256,6 +273,14 @@ std::vector<FlagRow> make_table() {
          "dense layers, lm_head) on CUDA device 0; under mpirun, give the coordinator's layout "
          "row a gpu",
          [](auto& l) -> auto& { return l.coordinator_gpu; }),
+  };
+  // clang-format on
+}
+
+// The tiers' budgets and the VRAM tier's rule; the profile's files.
+std::vector<FlagRow> tier_and_profile_rows() {
+  // clang-format off
+  return {
     option("--ram-gb", "", Use::kAny, Agree::kOwn,
            "GiB of RAM per expert rank for routed experts, the rest read from disk on demand; 0 "
            "= all resident (the layout's ram_gb column overrides it per rank)",
@@ -282,6 +307,14 @@ std::vector<FlagRow> make_table() {
     option("--trace", "", Use::kAny, Agree::kCoordinator,
            "write a Chrome/Perfetto trace-event JSON, one process per rank",
            [](auto& l) -> auto& { return l.trace; }),
+  };
+  // clang-format on
+}
+
+// --serve and its server's settings.
+std::vector<FlagRow> serve_rows() {
+  // clang-format off
+  return {
     flag("--serve", Use::kAny, Agree::kCoordinator,
          "serve an OpenAI-compatible HTTP API (continuous batching) on the coordinator until "
          "SIGINT/SIGTERM",
@@ -317,6 +350,14 @@ std::vector<FlagRow> make_table() {
          [](auto& l) -> auto& { return l.no_prefix_cache; }),
   };
   // clang-format on
+}
+
+// Every flag in --help order, each with the default the README shows.
+std::vector<FlagRow> make_table() {
+  std::vector<FlagRow> rows;
+  for (std::vector<FlagRow> (*group)() :
+       {generation_rows, placement_rows, compute_rows, tier_and_profile_rows, serve_rows})
+    for (FlagRow& row : group()) rows.push_back(std::move(row));
   for (FlagRow& row : rows) {
     if (row.shown_default.empty()) {
       row.shown_default = row.value(CommandLine{});
