@@ -43,6 +43,120 @@ uint64_t matrix_bytes(uint64_t rows, uint64_t cols, const std::string& format) {
   fail("--weights '{}': expected bf16, fp8, int8 or int4", format);
 }
 
+// Records the constants a description gives, each with where it came from: a value from the
+// description itself is named by `from` (the calibration, where it is one).
+struct ConstantLog {
+  std::vector<PlanConstant>& constants;
+  std::string source, from;
+  void operator()(const std::string& name, double value, const char* unit,
+                  const std::string& origin) const {
+    constants.push_back({name, value, unit, origin == source ? from : origin});
+  }
+};
+
+// Where the description's own values come from: the file, or its calibration (of this build's
+// version only).
+std::string origin_of(const json& doc, const std::string& source) {
+  if (!doc.contains("calibration")) return source;
+  const json& calibration = doc["calibration"];
+  if (!calibration.is_object() || !calibration.contains("version") ||
+      !calibration["version"].is_number_integer())
+    fail("{}: \"calibration\" must be an object with an integer \"version\"", source);
+  if (calibration["version"].get<int>() != kCalibrationVersion)
+    fail(
+        "{}: calibration version {} is not this build's ({}): run `colibri-node calibrate` "
+        "again",
+        source, calibration["version"].get<int>(), kCalibrationVersion);
+  return fmt::format("calibration {} ({})", source, calibration.value("date", "undated"));
+}
+
+// One socket, `at` in the description, named `name` in the constants.
+SocketSpec parse_socket(const json& socket, const std::string& at, const std::string& name,
+                        const ConstantLog& constant) {
+  const std::string& source = constant.source;
+  SocketSpec sock;
+  sock.cores = int(number(socket, "cores", at, true));
+  sock.mem_gbps = number(socket, "mem_gbps", at, true);
+  sock.core_gbps = number(socket, "core_gbps", at, false, sock.mem_gbps);
+  sock.gflops = number(socket, "gflops", at, true);
+  sock.linear_us = number(socket, "linear_us", at, false);
+  sock.linear_us_one_thread = number(socket, "linear_us_one_thread", at, false, -1);
+  if (sock.cores < 1 || sock.mem_gbps <= 0 || sock.gflops <= 0)
+    fail("{}: cores, mem_gbps and gflops must be positive", at);
+  constant(name + " read", sock.mem_gbps, "GB/s", source);
+  constant(name + " read per core", sock.core_gbps, "GB/s",
+           socket.contains("core_gbps") ? source : "default (the socket's)");
+  constant(name + " compute", sock.gflops, "GFLOP/s", source);
+  constant(name + " matrix product call", sock.linear_us, "us",
+           socket.contains("linear_us") ? source : "default (none)");
+  const auto per_format = [&](const char* key, std::map<std::string, double>& out, const char* what,
+                              const char* unit, bool positive) {
+    if (!socket.contains(key)) return;
+    const json& table = socket.at(key);
+    if (!table.is_object()) fail("{}: \"{}\" must be an object of formats", at, key);
+    for (const auto& [format, value] : table.items()) {
+      if (format != "bf16" && format != "fp8" && format != "int8" && format != "int4")
+        fail("{}.{}: \"{}\" is not a weight format (bf16, fp8, int8, int4)", at, key, format);
+      out[format] = number(table, format.c_str(), at + "." + key, true);
+      if (positive && out[format] <= 0) fail("{}.{}: \"{}\" must be positive", at, key, format);
+      constant(fmt::format("{} {} {}", name, what, format), out[format], unit, source);
+    }
+  };
+  per_format("linear_gbps", sock.linear_gbps, "matrix product read", "GB/s", true);
+  per_format("expert_us", sock.expert_us, "expert call", "us", false);
+  per_format("expert_us_one_thread", sock.expert_us_one_thread, "expert call on one thread", "us",
+             false);
+  if (sock.linear_us_one_thread >= 0)
+    constant(name + " matrix product call on one thread", sock.linear_us_one_thread, "us", source);
+  per_format("expert_gbps", sock.expert_gbps, "expert kernel read", "GB/s", true);
+  per_format("expert_gflops", sock.expert_gflops, "expert kernel compute", "GFLOP/s", true);
+  return sock;
+}
+
+// A host's GPUs, where it lists any.
+void parse_gpus(const json& host, const std::string& where, HostSpec& spec,
+                const ConstantLog& constant) {
+  if (!host.contains("gpus")) return;
+  if (!host["gpus"].is_array()) fail("{}: \"gpus\" must be an array", where);
+  for (size_t g = 0; g < host["gpus"].size(); ++g) {
+    const std::string at = fmt::format("{}.gpus[{}]", where, g);
+    const json& gpu = host["gpus"][g];
+    GpuSpec spec_gpu;
+    spec_gpu.name = gpu.value("name", std::string("GPU"));
+    spec_gpu.vram_gb = number(gpu, "vram_gb", at, true);
+    spec_gpu.hbm_gbps = number(gpu, "hbm_gbps", at, true);
+    spec_gpu.pcie_gbps = number(gpu, "pcie_gbps", at, true);
+    spec_gpu.tflops = number(gpu, "tflops", at, true);
+    if (spec_gpu.hbm_gbps <= 0 || spec_gpu.pcie_gbps <= 0 || spec_gpu.tflops <= 0)
+      fail("{}: hbm_gbps, pcie_gbps and tflops must be positive", at);
+    spec.gpus.push_back(spec_gpu);
+    const std::string name = fmt::format("{} GPU {} ({})", spec.name, g, spec_gpu.name);
+    constant(name + " memory read", spec_gpu.hbm_gbps, "GB/s", constant.source);
+    constant(name + " PCIe upload", spec_gpu.pcie_gbps, "GB/s", constant.source);
+    constant(name + " compute", spec_gpu.tflops, "TFLOP/s", constant.source);
+  }
+}
+
+// One host, `where` in the description: its sockets, GPUs, disk and memory.
+HostSpec parse_host(const json& host, const std::string& where, const ConstantLog& constant) {
+  if (!host.is_object()) fail("{}: not an object", where);
+  HostSpec spec;
+  spec.name = host.value("name", std::string());
+  if (spec.name.empty()) fail("{}: missing \"name\"", where);
+  if (!host.contains("sockets") || !host["sockets"].is_array() || host["sockets"].empty())
+    fail("{}: \"sockets\" must be a non-empty array", where);
+  for (size_t s = 0; s < host["sockets"].size(); ++s)
+    spec.sockets.push_back(parse_socket(host["sockets"][s], fmt::format("{}.sockets[{}]", where, s),
+                                        fmt::format("{} socket {}", spec.name, s), constant));
+  parse_gpus(host, where, spec, constant);
+  spec.disk_gbps = number(host, "disk_gbps", where, true);
+  spec.ram_gb = number(host, "ram_gb", where, false);
+  if (spec.ram_gb > 0) constant(spec.name + " memory", spec.ram_gb, "GB", constant.source);
+  if (spec.disk_gbps <= 0) fail("{}: disk_gbps must be positive", where);
+  constant(spec.name + " disk read", spec.disk_gbps, "GB/s", constant.source);
+  return spec;
+}
+
 }  // namespace
 
 Hardware parse_hardware(const std::string& json_text, const std::string& source) {
@@ -51,103 +165,10 @@ Hardware parse_hardware(const std::string& json_text, const std::string& source)
   if (!doc.contains("hosts") || !doc["hosts"].is_array() || doc["hosts"].empty())
     fail("{}: \"hosts\" must be a non-empty array", source);
   Hardware hw;
-  std::string from = source;
-  if (doc.contains("calibration")) {
-    const json& calibration = doc["calibration"];
-    if (!calibration.is_object() || !calibration.contains("version") ||
-        !calibration["version"].is_number_integer())
-      fail("{}: \"calibration\" must be an object with an integer \"version\"", source);
-    if (calibration["version"].get<int>() != kCalibrationVersion)
-      fail(
-          "{}: calibration version {} is not this build's ({}): run `colibri-node calibrate` "
-          "again",
-          source, calibration["version"].get<int>(), kCalibrationVersion);
-    from = fmt::format("calibration {} ({})", source, calibration.value("date", "undated"));
-  }
-  // A value from the description itself is named by `from` (the calibration, where it is one).
-  const auto constant = [&](const std::string& name, double value, const char* unit,
-                            const std::string& origin) {
-    hw.constants.push_back({name, value, unit, origin == source ? from : origin});
-  };
-  for (size_t h = 0; h < doc["hosts"].size(); ++h) {
-    const json& host = doc["hosts"][h];
-    const std::string where = fmt::format("{}: hosts[{}]", source, h);
-    if (!host.is_object()) fail("{}: not an object", where);
-    HostSpec spec;
-    spec.name = host.value("name", std::string());
-    if (spec.name.empty()) fail("{}: missing \"name\"", where);
-    if (!host.contains("sockets") || !host["sockets"].is_array() || host["sockets"].empty())
-      fail("{}: \"sockets\" must be a non-empty array", where);
-    for (size_t s = 0; s < host["sockets"].size(); ++s) {
-      const std::string at = fmt::format("{}.sockets[{}]", where, s);
-      const json& socket = host["sockets"][s];
-      SocketSpec sock;
-      sock.cores = int(number(socket, "cores", at, true));
-      sock.mem_gbps = number(socket, "mem_gbps", at, true);
-      sock.core_gbps = number(socket, "core_gbps", at, false, sock.mem_gbps);
-      sock.gflops = number(socket, "gflops", at, true);
-      sock.linear_us = number(socket, "linear_us", at, false);
-      sock.linear_us_one_thread = number(socket, "linear_us_one_thread", at, false, -1);
-      if (sock.cores < 1 || sock.mem_gbps <= 0 || sock.gflops <= 0)
-        fail("{}: cores, mem_gbps and gflops must be positive", at);
-      const std::string name = fmt::format("{} socket {}", spec.name, s);
-      constant(name + " read", sock.mem_gbps, "GB/s", source);
-      constant(name + " read per core", sock.core_gbps, "GB/s",
-               socket.contains("core_gbps") ? source : "default (the socket's)");
-      constant(name + " compute", sock.gflops, "GFLOP/s", source);
-      constant(name + " matrix product call", sock.linear_us, "us",
-               socket.contains("linear_us") ? source : "default (none)");
-      const auto per_format = [&](const char* key, std::map<std::string, double>& out,
-                                  const char* what, const char* unit, bool positive) {
-        if (!socket.contains(key)) return;
-        const json& table = socket.at(key);
-        if (!table.is_object()) fail("{}: \"{}\" must be an object of formats", at, key);
-        for (const auto& [format, value] : table.items()) {
-          if (format != "bf16" && format != "fp8" && format != "int8" && format != "int4")
-            fail("{}.{}: \"{}\" is not a weight format (bf16, fp8, int8, int4)", at, key, format);
-          out[format] = number(table, format.c_str(), at + "." + key, true);
-          if (positive && out[format] <= 0) fail("{}.{}: \"{}\" must be positive", at, key, format);
-          constant(fmt::format("{} {} {}", name, what, format), out[format], unit, source);
-        }
-      };
-      per_format("linear_gbps", sock.linear_gbps, "matrix product read", "GB/s", true);
-      per_format("expert_us", sock.expert_us, "expert call", "us", false);
-      per_format("expert_us_one_thread", sock.expert_us_one_thread, "expert call on one thread",
-                 "us", false);
-      if (sock.linear_us_one_thread >= 0)
-        constant(name + " matrix product call on one thread", sock.linear_us_one_thread, "us",
-                 source);
-      per_format("expert_gbps", sock.expert_gbps, "expert kernel read", "GB/s", true);
-      per_format("expert_gflops", sock.expert_gflops, "expert kernel compute", "GFLOP/s", true);
-      spec.sockets.push_back(sock);
-    }
-    if (host.contains("gpus")) {
-      if (!host["gpus"].is_array()) fail("{}: \"gpus\" must be an array", where);
-      for (size_t g = 0; g < host["gpus"].size(); ++g) {
-        const std::string at = fmt::format("{}.gpus[{}]", where, g);
-        const json& gpu = host["gpus"][g];
-        GpuSpec spec_gpu;
-        spec_gpu.name = gpu.value("name", std::string("GPU"));
-        spec_gpu.vram_gb = number(gpu, "vram_gb", at, true);
-        spec_gpu.hbm_gbps = number(gpu, "hbm_gbps", at, true);
-        spec_gpu.pcie_gbps = number(gpu, "pcie_gbps", at, true);
-        spec_gpu.tflops = number(gpu, "tflops", at, true);
-        if (spec_gpu.hbm_gbps <= 0 || spec_gpu.pcie_gbps <= 0 || spec_gpu.tflops <= 0)
-          fail("{}: hbm_gbps, pcie_gbps and tflops must be positive", at);
-        spec.gpus.push_back(spec_gpu);
-        const std::string name = fmt::format("{} GPU {} ({})", spec.name, g, spec_gpu.name);
-        constant(name + " memory read", spec_gpu.hbm_gbps, "GB/s", source);
-        constant(name + " PCIe upload", spec_gpu.pcie_gbps, "GB/s", source);
-        constant(name + " compute", spec_gpu.tflops, "TFLOP/s", source);
-      }
-    }
-    spec.disk_gbps = number(host, "disk_gbps", where, true);
-    spec.ram_gb = number(host, "ram_gb", where, false);
-    if (spec.ram_gb > 0) constant(spec.name + " memory", spec.ram_gb, "GB", source);
-    if (spec.disk_gbps <= 0) fail("{}: disk_gbps must be positive", where);
-    constant(spec.name + " disk read", spec.disk_gbps, "GB/s", source);
-    hw.hosts.push_back(std::move(spec));
-  }
+  const ConstantLog constant{hw.constants, source, origin_of(doc, source)};
+  for (size_t h = 0; h < doc["hosts"].size(); ++h)
+    hw.hosts.push_back(
+        parse_host(doc["hosts"][h], fmt::format("{}: hosts[{}]", source, h), constant));
   const json links = doc.value("links", json::object());
   if (!links.is_object()) fail("{}: \"links\" must be an object", source);
   const auto link = [&](const char* key, double fallback, const char* unit, double& out) {
