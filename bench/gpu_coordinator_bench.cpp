@@ -24,6 +24,7 @@
 #include "coordinator/engine.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
+#include "gpu_bench.h"
 #include "machine.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -40,66 +41,36 @@ struct Options {
   int context = 128, long_context = 4096, steps = 20;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "gpu_coordinator_bench: %s\nusage: gpu_coordinator_bench --model DIR "
-               "[--context 128] [--long-context 4096] [--steps 20]\n",
-               why);
-  std::exit(2);
+constexpr const char* kFlags = "--model DIR [--context 128] [--long-context 4096] [--steps 20]";
+
+[[noreturn]] void usage(const std::string& why) {
+  bench::usage_exit("gpu_coordinator_bench", kFlags, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(("missing value for " + arg).c_str());
-    const std::string value = argv[++i];
-    if (arg == "--model")
-      o.model = value;
-    else if (arg == "--context")
-      o.context = std::stoi(value);
-    else if (arg == "--long-context")
-      o.long_context = std::stoi(value);
-    else if (arg == "--steps")
-      o.steps = std::stoi(value);
-    else
-      usage(("unknown option " + arg).c_str());
-  }
+  bench::parse_flag_pairs(
+      argc, argv,
+      [&](const std::string& arg, const std::string& value) {
+        if (arg == "--model")
+          o.model = value;
+        else if (arg == "--context")
+          o.context = std::stoi(value);
+        else if (arg == "--long-context")
+          o.long_context = std::stoi(value);
+        else if (arg == "--steps")
+          o.steps = std::stoi(value);
+        else
+          return false;
+        return true;
+      },
+      usage);
   if (o.model.empty() || o.context < 1 || o.long_context < 1 || o.steps < 1)
     usage("--model is required; sizes must be positive");
   return o;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Bytes read and written by a device-to-device copy, per second (median of 20), in GB/s.
-double copy_bandwidth_gbs(size_t bytes) {
-  void *src = nullptr, *dst = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, bytes));
-  CHECK_CUDA(cudaMalloc(&dst, bytes));
-  CHECK_CUDA(cudaMemset(src, 0x5a, bytes));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < 23; ++i) {
-    CHECK_CUDA(cudaEventRecord(start));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CHECK_CUDA(cudaEventRecord(stop));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    if (i >= 3) ms.push_back(t);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  CHECK_CUDA(cudaFree(src));
-  CHECK_CUDA(cudaFree(dst));
-  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;
-}
+using bench::median;
 
 // Routed experts answered with zeros: the coordinator's own work alone.
 class ZeroDispatcher final : public Dispatcher {
@@ -196,7 +167,7 @@ int run(const Options& o) {
     return std::make_unique<CudaCompute>(c, w, kv, max_rows, 0, profiler);
   };
 
-  const double copy_gbs = copy_bandwidth_gbs(size_t(1) << 30);
+  const double copy_gbs = bench::copy_bandwidth_gbs(size_t(1) << 30, 20, nullptr);
   double gpu_us = 0, cpu_us = 0, alone_us = 0;
   {
     Engine engine(config, weights, placement, dispatch, options, nullptr, gpu);

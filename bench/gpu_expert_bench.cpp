@@ -27,6 +27,7 @@
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/expert_group.h"
+#include "gpu_bench.h"
 
 namespace {
 
@@ -39,73 +40,45 @@ struct Options {
   std::vector<int> batches = {1, 8, 16};
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "gpu_expert_bench: %s\nusage: gpu_expert_bench [--hidden N] [--inter N] "
-               "[--experts N] [--group N] [--batches 1,8,16] [--reps N]\n",
-               why);
-  std::exit(2);
+constexpr const char* kFlags =
+    "[--hidden N] [--inter N] [--experts N] [--group N] [--batches 1,8,16] [--reps N]";
+
+[[noreturn]] void usage(const std::string& why) {
+  colibri::bench::usage_exit("gpu_expert_bench", kFlags, why);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(("missing value after " + arg).c_str());
-    const std::string value = argv[++i];
-    if (arg == "--hidden")
-      o.hidden = std::stoll(value);
-    else if (arg == "--inter")
-      o.inter = std::stoll(value);
-    else if (arg == "--experts")
-      o.experts = std::stoi(value);
-    else if (arg == "--group")
-      o.group = std::stoi(value);
-    else if (arg == "--reps")
-      o.reps = std::stoi(value);
-    else if (arg == "--batches") {
-      o.batches.clear();
-      std::stringstream list(value);
-      for (std::string item; std::getline(list, item, ',');) o.batches.push_back(std::stoi(item));
-    } else
-      usage(("unknown option " + arg).c_str());
-  }
+  colibri::bench::parse_flag_pairs(
+      argc, argv,
+      [&](const std::string& arg, const std::string& value) {
+        if (arg == "--hidden")
+          o.hidden = std::stoll(value);
+        else if (arg == "--inter")
+          o.inter = std::stoll(value);
+        else if (arg == "--experts")
+          o.experts = std::stoi(value);
+        else if (arg == "--group")
+          o.group = std::stoi(value);
+        else if (arg == "--reps")
+          o.reps = std::stoi(value);
+        else if (arg == "--batches") {
+          o.batches.clear();
+          std::stringstream list(value);
+          for (std::string item; std::getline(list, item, ',');)
+            o.batches.push_back(std::stoi(item));
+        } else
+          return false;
+        return true;
+      },
+      usage);
   if (o.hidden <= 0 || o.inter <= 0 || o.experts <= 0 || o.reps <= 0 || o.batches.empty())
     usage("sizes, experts and reps must be positive");
   return o;
 }
 
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Device-to-device copy of `bytes`, reps times; returns the median bandwidth counting bytes read
-// and written (2 * bytes / time), in GB/s.
-double copy_bandwidth_gbs(size_t bytes, int reps, cudaStream_t stream) {
-  void *src = nullptr, *dst = nullptr;
-  CHECK_CUDA(cudaMalloc(&src, bytes));
-  CHECK_CUDA(cudaMalloc(&dst, bytes));
-  CHECK_CUDA(cudaMemsetAsync(src, 0x5a, bytes, stream));
-  cudaEvent_t start, stop;
-  CHECK_CUDA(cudaEventCreate(&start));
-  CHECK_CUDA(cudaEventCreate(&stop));
-  std::vector<float> ms;
-  for (int i = 0; i < reps + 3; ++i) {
-    CHECK_CUDA(cudaEventRecord(start, stream));
-    CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
-    CHECK_CUDA(cudaEventRecord(stop, stream));
-    CHECK_CUDA(cudaEventSynchronize(stop));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
-    if (i >= 3) ms.push_back(t);
-  }
-  CHECK_CUDA(cudaEventDestroy(start));
-  CHECK_CUDA(cudaEventDestroy(stop));
-  CHECK_CUDA(cudaFree(src));
-  CHECK_CUDA(cudaFree(dst));
-  return 2.0 * double(bytes) / (double(median(ms)) * 1e-3) / 1e9;
-}
+using colibri::bench::copy_bandwidth_gbs;
+using colibri::bench::median;
 
 // One set of `experts` experts in int4 g`group`: packed bytes and scales in one allocation.
 struct WeightSet {
@@ -214,32 +187,27 @@ int main(int argc, char** argv) {
     cudaEvent_t start, stop;
     CHECK_CUDA(cudaEventCreate(&start));
     CHECK_CUDA(cudaEventCreate(&stop));
-    std::vector<float> us;
-    for (int i = 0; i < o.reps + 5; ++i) {
-      const auto& g = buffers[size_t(i % n_sets)].group();
-      CHECK_CUDA(cudaEventRecord(start, stream));
-      colibri::cuda::expert_ffn_grouped(g, stream);
-      CHECK_CUDA(cudaEventRecord(stop, stream));
-      CHECK_CUDA(cudaEventSynchronize(stop));
-      float ms = 0;
-      CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      if (i >= 5) us.push_back(ms * 1000.0f);
-    }
-    // The same launches with the tensor cores off (the CUDA-core path), for batches that use them.
-    std::vector<float> cuda_core_us;
-    if (n >= 8) {
+    // One launch group's time in us, reps times after 5 warm-ups; tensor cores off: the CUDA-core
+    // path.
+    const auto time_launches = [&](bool tensor_cores) {
+      std::vector<float> us;
       for (int i = 0; i < o.reps + 5; ++i) {
         colibri::cuda::ExpertGroup g = buffers[size_t(i % n_sets)].group();
-        g.tensor_cores = 0;
+        if (!tensor_cores) g.tensor_cores = 0;
         CHECK_CUDA(cudaEventRecord(start, stream));
         colibri::cuda::expert_ffn_grouped(g, stream);
         CHECK_CUDA(cudaEventRecord(stop, stream));
         CHECK_CUDA(cudaEventSynchronize(stop));
         float ms = 0;
         CHECK_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        if (i >= 5) cuda_core_us.push_back(ms * 1000.0f);
+        if (i >= 5) us.push_back(ms * 1000.0f);
       }
-    }
+      return us;
+    };
+    const std::vector<float> us = time_launches(true);
+    // The same launches with the tensor cores off (the CUDA-core path), for batches that use them.
+    std::vector<float> cuda_core_us;
+    if (n >= 8) cuda_core_us = time_launches(false);
     const double cuda_core_med = cuda_core_us.empty() ? 0.0 : median(cuda_core_us);
     CHECK_CUDA(cudaEventDestroy(start));
     CHECK_CUDA(cudaEventDestroy(stop));

@@ -215,18 +215,12 @@ void load_routing_stats(StartupPlan& plan, const ModelConfig& config, const Hand
   }
 }
 
-}  // namespace
-
-StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint* checkpoint,
-                      const HandshakeInput& input) {
-  int rank = 0, size = 0;
-  CHECK_MPI(MPI_Comm_rank(comm, &rank));
-  CHECK_MPI(MPI_Comm_size(comm, &size));
-  const RankIdentity& me = rank_identity();
+// This rank's HELLO: its protocol, host, model and what it may agree to.
+Hello my_hello(const Checkpoint* checkpoint, const HandshakeInput& input, int rank) {
   Hello hello;
   hello.protocol_version = wire::kProtocolVersion;
   hello.rank = rank;
-  hello.host = me.host;
+  hello.host = rank_identity().host;
   hello.error = input.open_error;
   hello.model_dir = input.model_dir.string();
   if (hello.error.empty()) {
@@ -243,119 +237,162 @@ StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint
   hello.rank_timeout_s = input.rank_timeout_s;
   hello.settings = input.settings;
   hello.nccl_built = nccl_built();
+  return hello;
+}
 
+// Rank 0's decision, in steps below: each sets plan.error at the first refusal, and a step after
+// one does nothing.
+
+// Every rank's HELLO, its version first: a HELLO of another version is named, not misread. Then
+// the ranks' hosts.
+std::vector<Hello> read_hellos(const std::vector<std::string>& hellos, int size, int rank,
+                               StartupPlan& plan) {
+  const RankIdentity& me = rank_identity();
+  std::vector<Hello> all(static_cast<size_t>(size));
+  for (int r = 0; r < size && plan.error.empty(); ++r) {
+    int version = -1;
+    try {
+      version = from_bytes<int>(hellos[size_t(r)]);
+      if (version == wire::kProtocolVersion) all[size_t(r)] = from_bytes<Hello>(hellos[size_t(r)]);
+    } catch (const std::exception&) {
+    }
+    if (version != wire::kProtocolVersion)
+      plan.error = fmt::format(
+          "{} speaks protocol version {}, {} speaks {} (every rank must run the same "
+          "colibri-node build)",
+          me.name_of(r), version, me.name_of(rank), wire::kProtocolVersion);
+  }
+  // Hosts come from the HELLOs when this is the first exchange (tests start a Node directly).
+  if (plan.error.empty()) {
+    for (const Hello& h : all) plan.hosts.push_back(h.host);
+    rank_identity().hosts = plan.hosts;
+  }
+  return all;
+}
+
+// One job: a rank that could not open its model reports it itself; then every rank's model and
+// weight data against this rank's, and the settings every rank must share.
+void check_same_job(StartupPlan& plan, const std::vector<Hello>& all, const Hello& mine) {
+  const RankIdentity& me = rank_identity();
+  const int rank = mine.rank;
+  for (const Hello& h : all) {
+    if (!plan.error.empty()) break;
+    if (!h.error.empty()) {
+      plan.error = h.error;
+      plan.reporter = h.rank;
+      plan.names_reporter = true;
+    }
+  }
+  for (const Hello& h : all) {
+    if (!plan.error.empty()) break;
+    if (h.model_hash != mine.model_hash)
+      plan.error = fmt::format(
+          "{} loaded a different model than {} (config or tensor index differ: {:016x} vs "
+          "{:016x}): --model {} on {}, --model {} on {}",
+          me.name_of(h.rank), me.name_of(rank), h.model_hash, mine.model_hash, h.model_dir,
+          me.name_of(h.rank), mine.model_dir, me.name_of(rank));
+    else if (h.weights_fingerprint != mine.weights_fingerprint)
+      plan.error = fmt::format(
+          "{} loaded different weight data than {} (same config and tensor shapes, but the "
+          "sampled bytes or sizes of the safetensors files differ: fingerprint {:016x} vs "
+          "{:016x}): --model {} on {}, --model {} on {}",
+          me.name_of(h.rank), me.name_of(rank), h.weights_fingerprint, mine.weights_fingerprint,
+          h.model_dir, me.name_of(h.rank), mine.model_dir, me.name_of(rank));
+  }
+  for (const Hello& h : all) {
+    if (!plan.error.empty()) break;
+    plan.error = setting_mismatch(h, mine, AgreedSetting::kJob);
+  }
+}
+
+// The layout (--layout, or the default one from the ranks' hosts and GPUs), the routing
+// statistics and the placement.
+void plan_layout(StartupPlan& plan, const std::vector<Hello>& all, const Hello& mine,
+                 const ModelConfig* config, const HandshakeInput& input, int size) {
+  if (!plan.error.empty()) return;
+  std::vector<int> local_rank, gpus, host_index;
+  std::vector<std::string> distinct_hosts;
+  for (const Hello& h : all) {
+    auto it = std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host);
+    if (it == distinct_hosts.end()) it = distinct_hosts.insert(distinct_hosts.end(), h.host);
+    host_index.push_back(int(it - distinct_hosts.begin()));
+    local_rank.push_back(h.local_rank);
+    gpus.push_back(h.gpus_on_host);
+  }
+  try {
+    plan.layout = input.layout_file ? load_layout(*input.layout_file, size)
+                                    : default_layout(size, local_rank, gpus, host_index);
+    // A host the layout leaves unset is where the rank runs (its MPI processor name).
+    for (RankSpec& spec : plan.layout.ranks)
+      if (spec.host.empty()) spec.host = all[size_t(spec.rank)].host;
+    check_one_rank_per_gpu(plan.layout);
+    plan.model_identity = {mine.model_hash, mine.weights_fingerprint};
+    load_routing_stats(plan, *config, input);
+    plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes,
+                                    &plan.learned_routes, input.replicas);
+  } catch (const Error& e) {
+    plan.error = e.what();
+  }
+}
+
+// The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two);
+// before the device check, so that --transport nccl on a build without it says so. A gpu-expert
+// rank computes its experts on its GPU: one that sees no device is refused (run it as a
+// cpu-expert instead), not quietly run on its CPU.
+void check_gpu_ranks(StartupPlan& plan, const std::vector<Hello>& all, const HandshakeInput& input,
+                     int size) {
+  const RankIdentity& me = rank_identity();
+  if (plan.error.empty() && size > 1) {
+    std::vector<TransportRank> ranks;
+    for (const Hello& h : all) ranks.push_back({h.nccl_built, h.gpus_on_host, h.gpu_why_none});
+    const TransportChoice choice = choose_transport(
+        input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
+    plan.error = choice.error;
+    plan.nccl_ranks = choice.nccl_ranks;
+  }
+  for (const Hello& h : all) {
+    if (!plan.error.empty()) break;
+    const RankSpec& spec = plan.layout.ranks[size_t(h.rank)];
+    if (spec.role == Role::kGpuExpert && h.gpus_on_host == 0)
+      plan.error = fmt::format(
+          "layout {}: {} is a gpu-expert (GPU {}) but sees no CUDA device ({}); make it a "
+          "cpu-expert or run it where its GPU is visible",
+          plan.layout.source, me.name_of(h.rank), spec.gpu, h.gpu_why_none);
+  }
+}
+
+// The settings the coordinator alone uses, and its heartbeat from the shortest --rank-timeout.
+void agree_with_coordinator(StartupPlan& plan, const std::vector<Hello>& all) {
+  if (!plan.error.empty()) return;
+  const Hello& coordinator = all[size_t(plan.layout.coordinator())];
+  for (const Hello& h : all) {
+    if (!plan.error.empty()) break;
+    plan.error = setting_mismatch(h, coordinator, AgreedSetting::kCoordinator);
+  }
+  double shortest_timeout = coordinator.rank_timeout_s;
+  for (const Hello& h : all) shortest_timeout = std::min(shortest_timeout, h.rank_timeout_s);
+  // The coordinator's heartbeat runs on its own thread.
+  plan.heartbeat_s =
+      coordinator.thread_level >= MPI_THREAD_MULTIPLE ? heartbeat_period(shortest_timeout) : 0;
+}
+
+}  // namespace
+
+StartupPlan handshake(MPI_Comm comm, const ModelConfig* config, const Checkpoint* checkpoint,
+                      const HandshakeInput& input) {
+  int rank = 0, size = 0;
+  CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  CHECK_MPI(MPI_Comm_size(comm, &size));
+  const Hello hello = my_hello(checkpoint, input, rank);
   const int root = 0;
   const auto decide = [&](const std::vector<std::string>& hellos) {
     StartupPlan plan;
     plan.wire_type = input.wire_type;
-    std::vector<Hello> all(static_cast<size_t>(size));
-    for (int r = 0; r < size && plan.error.empty(); ++r) {
-      // The version comes first: a HELLO of another version is named, not misread.
-      int version = -1;
-      try {
-        version = from_bytes<int>(hellos[size_t(r)]);
-        if (version == wire::kProtocolVersion)
-          all[size_t(r)] = from_bytes<Hello>(hellos[size_t(r)]);
-      } catch (const std::exception&) {
-      }
-      if (version != wire::kProtocolVersion)
-        plan.error = fmt::format(
-            "{} speaks protocol version {}, {} speaks {} (every rank must run the same "
-            "colibri-node build)",
-            me.name_of(r), version, me.name_of(rank), wire::kProtocolVersion);
-    }
-    // Hosts come from the HELLOs when this is the first exchange (tests start a Node directly).
-    if (plan.error.empty()) {
-      for (const Hello& h : all) plan.hosts.push_back(h.host);
-      rank_identity().hosts = plan.hosts;
-    }
-    // A rank that could not open its model reports it itself.
-    for (const Hello& h : all) {
-      if (!plan.error.empty()) break;
-      if (!h.error.empty()) {
-        plan.error = h.error;
-        plan.reporter = h.rank;
-        plan.names_reporter = true;
-      }
-    }
-    for (const Hello& h : all) {
-      if (!plan.error.empty()) break;
-      if (h.model_hash != hello.model_hash)
-        plan.error = fmt::format(
-            "{} loaded a different model than {} (config or tensor index differ: {:016x} vs "
-            "{:016x}): --model {} on {}, --model {} on {}",
-            me.name_of(h.rank), me.name_of(rank), h.model_hash, hello.model_hash, h.model_dir,
-            me.name_of(h.rank), hello.model_dir, me.name_of(rank));
-      else if (h.weights_fingerprint != hello.weights_fingerprint)
-        plan.error = fmt::format(
-            "{} loaded different weight data than {} (same config and tensor shapes, but the "
-            "sampled bytes or sizes of the safetensors files differ: fingerprint {:016x} vs "
-            "{:016x}): --model {} on {}, --model {} on {}",
-            me.name_of(h.rank), me.name_of(rank), h.weights_fingerprint, hello.weights_fingerprint,
-            h.model_dir, me.name_of(h.rank), hello.model_dir, me.name_of(rank));
-    }
-    for (const Hello& h : all) {
-      if (!plan.error.empty()) break;
-      plan.error = setting_mismatch(h, hello, AgreedSetting::kJob);
-    }
-    if (plan.error.empty()) {
-      std::vector<int> local_rank, gpus, host_index;
-      std::vector<std::string> distinct_hosts;
-      for (const Hello& h : all) {
-        auto it = std::find(distinct_hosts.begin(), distinct_hosts.end(), h.host);
-        if (it == distinct_hosts.end()) it = distinct_hosts.insert(distinct_hosts.end(), h.host);
-        host_index.push_back(int(it - distinct_hosts.begin()));
-        local_rank.push_back(h.local_rank);
-        gpus.push_back(h.gpus_on_host);
-      }
-      try {
-        plan.layout = input.layout_file ? load_layout(*input.layout_file, size)
-                                        : default_layout(size, local_rank, gpus, host_index);
-        // A host the layout leaves unset is where the rank runs (its MPI processor name).
-        for (RankSpec& spec : plan.layout.ranks)
-          if (spec.host.empty()) spec.host = all[size_t(spec.rank)].host;
-        check_one_rank_per_gpu(plan.layout);
-        plan.model_identity = {hello.model_hash, hello.weights_fingerprint};
-        load_routing_stats(plan, *config, input);
-        plan.placement = make_placement(*config, plan.layout, input.placement, input.expert_bytes,
-                                        &plan.learned_routes, input.replicas);
-      } catch (const Error& e) {
-        plan.error = e.what();
-      }
-    }
-    // The transport to the GPU ranks, once the layout has one rank per GPU (NCCL refuses two);
-    // before the device check below, so that --transport nccl on a build without it says so.
-    if (plan.error.empty() && size > 1) {
-      std::vector<TransportRank> ranks;
-      for (const Hello& h : all) ranks.push_back({h.nccl_built, h.gpus_on_host, h.gpu_why_none});
-      const TransportChoice choice = choose_transport(
-          input.transport, plan.layout, ranks, [&](int r) { return rank_identity().name_of(r); });
-      plan.error = choice.error;
-      plan.nccl_ranks = choice.nccl_ranks;
-    }
-    // A gpu-expert rank computes its experts on its GPU: one that sees no device is refused
-    // (run it as a cpu-expert instead), not quietly run on its CPU.
-    for (const Hello& h : all) {
-      if (!plan.error.empty()) break;
-      const RankSpec& spec = plan.layout.ranks[size_t(h.rank)];
-      if (spec.role == Role::kGpuExpert && h.gpus_on_host == 0)
-        plan.error = fmt::format(
-            "layout {}: {} is a gpu-expert (GPU {}) but sees no CUDA device ({}); make it a "
-            "cpu-expert or run it where its GPU is visible",
-            plan.layout.source, me.name_of(h.rank), spec.gpu, h.gpu_why_none);
-    }
-    if (plan.error.empty()) {
-      const Hello& coordinator = all[size_t(plan.layout.coordinator())];
-      for (const Hello& h : all) {
-        if (!plan.error.empty()) break;
-        plan.error = setting_mismatch(h, coordinator, AgreedSetting::kCoordinator);
-      }
-      double shortest_timeout = coordinator.rank_timeout_s;
-      for (const Hello& h : all) shortest_timeout = std::min(shortest_timeout, h.rank_timeout_s);
-      // The coordinator's heartbeat runs on its own thread.
-      plan.heartbeat_s =
-          coordinator.thread_level >= MPI_THREAD_MULTIPLE ? heartbeat_period(shortest_timeout) : 0;
-    }
+    const std::vector<Hello> all = read_hellos(hellos, size, rank, plan);
+    check_same_job(plan, all, hello);
+    plan_layout(plan, all, hello, config, input, size);
+    check_gpu_ranks(plan, all, input, size);
+    agree_with_coordinator(plan, all);
     return to_bytes(plan);
   };
   const StartupPlan plan =

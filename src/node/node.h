@@ -128,8 +128,8 @@ class Node {
 
  private:
   // Start-up, in stages (node.cpp): every rank agrees on the plan and loads its weights, then
-  // the builder of its role makes its side of the exchange; refusals are collective.
-  struct Startup;
+  // the builder of its role (roles.cpp) makes its side of the exchange; refusals are collective.
+  struct Startup;  // node/node_startup.h
   void agree_on_plan(Startup& startup);
   void load_weights(Startup& startup);
   ExchangeContext exchange_context(const StartupPlan& plan);

@@ -92,6 +92,159 @@ std::string search_json(const std::vector<SearchCandidate>& found, const std::st
   return doc.dump(2) + "\n";
 }
 
+// What `plan`'s flags set.
+struct PlanArgs {
+  std::string model, layout_file, hardware_file, placement_name = "balanced", routing_stats,
+                                                 weights, wire = "f32";
+  int np = 0, replicas = 0, prompt_tokens = 1024, context = 1024;
+  std::vector<int> batches = {1, 4, 16, 64};
+  bool as_json = false, search = false;
+  std::string search_out;
+  double ram_gb = 0;
+  std::vector<std::string> search_budgets = {"ram", "vram"};
+};
+
+void add_plan_flags(CLI::App& app, PlanArgs& a) {
+  app.add_option("--model", a.model, "model directory (config.json; the checkpoint if present)")
+      ->required();
+  app.add_option("--hardware", a.hardware_file,
+                 fmt::format("hardware description (JSON, docs/PLAN.md); default: this machine's "
+                             "calibration, {}",
+                             default_hardware_path()));
+  app.add_option("--np", a.np, "ranks of the plain `mpirun -np N colibri-node` on the first host");
+  app.add_option("--layout", a.layout_file, "layout file (docs/LAUNCH.md), instead of --np");
+  app.add_option("--placement", a.placement_name, "placement policy, as a run's --placement");
+  app.add_option("--replicas", a.replicas, "extra copies per MoE layer (--placement heat)");
+  app.add_option("--routing-stats", a.routing_stats, "routing statistics for --placement heat");
+  app.add_option("--weights", a.weights,
+                 "routed experts' format: bf16, fp8, int8, int4 (default: as stored, else bf16 "
+                 "or the config's fp8)");
+  app.add_option("--wire", a.wire, "exchange activations: f32 or bf16");
+  app.add_option("--ram-gb", a.ram_gb,
+                 "as a run's --ram-gb: GiB of RAM for the routed experts of every expert rank "
+                 "whose layout row sets no budget");
+  app.add_option("--batches", a.batches, "decode rows per step to predict")->delimiter(',');
+  app.add_option("--prompt-tokens", a.prompt_tokens, "prompt length for the time to first token");
+  app.add_option("--context", a.context, "tokens each decode row attends to");
+  app.add_flag("--json", a.as_json, "print JSON instead of the table");
+  app.add_flag(
+      "--search", a.search,
+      "instead of --np/--layout: plan every layout of the hardware (coordinator on the CPU "
+      "or a GPU, a gpu-expert per GPU, 0-2 cpu-expert ranks a socket, budgets from the "
+      "hosts' memory) and show the best by decode tok/s at the first of --batches");
+  app.add_option("--search-out", a.search_out, "--search: write the best layout to this file");
+  app.add_option("--search-budgets", a.search_budgets,
+                 "--search: the budget columns the layouts set (ram, vram; none: neither, so a "
+                 "run's --ram-gb / --vram-gb decide)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ram", "vram", "none"}));
+}
+
+// The hardware description: --hardware, else this machine's calibration.
+Hardware load_hardware(PlanArgs& a) {
+  if (a.hardware_file.empty()) {
+    a.hardware_file = default_hardware_path();
+    if (!std::filesystem::exists(a.hardware_file))
+      fail(
+          "plan: no --hardware and no calibration of this machine at {}: run `colibri-node "
+          "calibrate` (launch/calibrate.sh also measures the exchange) or give --hardware FILE",
+          a.hardware_file);
+  }
+  return parse_hardware(read_text(a.hardware_file, "--hardware"), a.hardware_file);
+}
+
+// The flags' combinations and numbers.
+void check_plan_flags(const PlanArgs& a) {
+  if (a.search) {
+    if (a.np > 0 || !a.layout_file.empty())
+      fail("plan: --search plans its own layouts: no --np or --layout");
+  } else {
+    if (!a.search_out.empty()) fail("plan: --search-out needs --search");
+    if ((a.np > 0) == !a.layout_file.empty()) fail("plan: give --np N, --layout FILE or --search");
+  }
+  if (!a.search_out.empty()) check_output_path(a.search_out, "--search-out");
+  if (a.wire != "f32" && a.wire != "bf16") fail("--wire '{}': expected f32 or bf16", a.wire);
+  if (a.prompt_tokens < 1 || a.context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
+  if (a.ram_gb < 0 || !std::isfinite(a.ram_gb)) fail("--ram-gb must be a number >= 0");
+  for (int b : a.batches)
+    if (b < 1) fail("--batches: {} rows is not a batch", b);
+}
+
+// --routing-stats, checked against the checkpoint; empty without the flag.
+RoutingStats routing_stats_of(const PlanArgs& a, const ModelConfig& config,
+                              const Checkpoint* checkpoint) {
+  RoutingStats stats;
+  if (a.routing_stats.empty()) return stats;
+  if (!checkpoint)
+    fail("--routing-stats: {} has no checkpoint to check the statistics against", a.model);
+  return read_routing_stats(a.routing_stats, config.num_layers, config.n_routed_experts,
+                            {model_hash(a.model, *checkpoint), weights_fingerprint(*checkpoint)});
+}
+
+// --search: every layout of the hardware planned; prints them and the best, and writes the best
+// to --search-out.
+int run_search(const PlanArgs& a, const ModelConfig& config, const ModelBytes& bytes,
+               const Hardware& hardware, const RoutingStats& stats, const PlanOptions& options) {
+  SearchOptions search_options;
+  search_options.plan = options;
+  search_options.policy = parse_placement_policy(a.placement_name);
+  search_options.stats = a.routing_stats.empty() ? nullptr : &stats;
+  search_options.replicas = a.replicas;
+  const auto wants = [&](const char* column) {
+    return std::find(a.search_budgets.begin(), a.search_budgets.end(), column) !=
+           a.search_budgets.end();
+  };
+  search_options.ram_budgets = wants("ram");
+  search_options.vram_budgets = wants("vram");
+  const std::vector<SearchCandidate> found =
+      search_layouts(config, bytes, hardware, search_options);
+  if (!found.empty() && !found.front().refused.empty())
+    std::fputs(format_search(found).c_str(), stdout);
+  if (found.empty() || !found.front().refused.empty())
+    fail("plan --search: no layout of {} fits ({})", a.hardware_file,
+         found.empty() ? "no expert rank possible" : found.front().refused);
+  const SearchCandidate& best = found.front();
+  const std::string layout = layout_text(
+      best.layout,
+      fmt::format("colibri-node plan --search: {} ({} routed experts of {}), "
+                  "predicted {:.2f} tok/s at {} rows on {}",
+                  best.summary, a.weights, a.model, best.plan.batches.front().decode_tok_s,
+                  best.plan.batches.front().rows, a.hardware_file));
+  if (!a.search_out.empty())
+    write_file_atomically(a.search_out, [&](std::FILE* f) { std::fputs(layout.c_str(), f); });
+  std::fputs(a.as_json ? search_json(found, layout).c_str()
+                       : (format_search(found) + "\nthe best layout:\n" + layout + "\n" +
+                          format_plan(best.plan))
+                             .c_str(),
+             stdout);
+  return 0;
+}
+
+// The layout to plan: --layout's file, or the plain `mpirun -np N` one; --ram-gb for the expert
+// ranks whose row sets no budget.
+Layout layout_of(const PlanArgs& a, const Hardware& hardware) {
+  Layout layout;
+  if (!a.layout_file.empty()) {
+    // Its rows (comments and blank lines left out) are the job's ranks.
+    const std::string text = read_text(a.layout_file, "--layout");
+    std::istringstream lines(text);
+    int rows = 0;
+    for (std::string line; std::getline(lines, line);)
+      if (line.substr(0, line.find('#')).find_first_not_of(" \t\r") != std::string::npos) ++rows;
+    layout = parse_layout(text, a.layout_file, std::max(rows, 1));
+  } else {
+    const int np = a.np;
+    std::vector<int> local(static_cast<size_t>(np)), host_index(static_cast<size_t>(np), 0);
+    for (int i = 0; i < np; ++i) local[size_t(i)] = i;
+    const std::vector<int> gpus(static_cast<size_t>(np), int(hardware.hosts.front().gpus.size()));
+    layout = default_layout(np, local, gpus, host_index);
+  }
+  if (a.ram_gb > 0)
+    for (RankSpec& r : layout.ranks)
+      if (r.role != Role::kCoordinator && r.ram_gb == 0) r.ram_gb = a.ram_gb;
+  return layout;
+}
+
 }  // namespace
 
 int plan_main(int argc, char** argv) {
@@ -99,156 +252,39 @@ int plan_main(int argc, char** argv) {
       "colibri-node plan: what a layout will do on a machine, before it runs: per rank its role, "
       "tiers and bytes; predicted decode tok/s, time to first token, and which rank and resource "
       "is the slowest, with every constant and its source."};
-  std::string model, layout_file, hardware_file, placement_name = "balanced", routing_stats,
-                                                 weights, wire = "f32";
-  int np = 0, replicas = 0, prompt_tokens = 1024, context = 1024;
-  std::vector<int> batches = {1, 4, 16, 64};
-  bool as_json = false, search = false;
-  std::string search_out;
-  app.add_option("--model", model, "model directory (config.json; the checkpoint if present)")
-      ->required();
-  app.add_option("--hardware", hardware_file,
-                 fmt::format("hardware description (JSON, docs/PLAN.md); default: this machine's "
-                             "calibration, {}",
-                             default_hardware_path()));
-  app.add_option("--np", np, "ranks of the plain `mpirun -np N colibri-node` on the first host");
-  app.add_option("--layout", layout_file, "layout file (docs/LAUNCH.md), instead of --np");
-  app.add_option("--placement", placement_name, "placement policy, as a run's --placement");
-  app.add_option("--replicas", replicas, "extra copies per MoE layer (--placement heat)");
-  app.add_option("--routing-stats", routing_stats, "routing statistics for --placement heat");
-  app.add_option("--weights", weights,
-                 "routed experts' format: bf16, fp8, int8, int4 (default: as stored, else bf16 "
-                 "or the config's fp8)");
-  app.add_option("--wire", wire, "exchange activations: f32 or bf16");
-  double ram_gb = 0;
-  app.add_option("--ram-gb", ram_gb,
-                 "as a run's --ram-gb: GiB of RAM for the routed experts of every expert rank "
-                 "whose layout row sets no budget");
-  app.add_option("--batches", batches, "decode rows per step to predict")->delimiter(',');
-  app.add_option("--prompt-tokens", prompt_tokens, "prompt length for the time to first token");
-  app.add_option("--context", context, "tokens each decode row attends to");
-  app.add_flag("--json", as_json, "print JSON instead of the table");
-  app.add_flag(
-      "--search", search,
-      "instead of --np/--layout: plan every layout of the hardware (coordinator on the CPU "
-      "or a GPU, a gpu-expert per GPU, 0-2 cpu-expert ranks a socket, budgets from the "
-      "hosts' memory) and show the best by decode tok/s at the first of --batches");
-  app.add_option("--search-out", search_out, "--search: write the best layout to this file");
-  std::vector<std::string> search_budgets = {"ram", "vram"};
-  app.add_option("--search-budgets", search_budgets,
-                 "--search: the budget columns the layouts set (ram, vram; none: neither, so a "
-                 "run's --ram-gb / --vram-gb decide)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({"ram", "vram", "none"}));
+  PlanArgs a;
+  add_plan_flags(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    const ModelConfig config = load_model_config(model);
+    const ModelConfig config = load_model_config(a.model);
     std::unique_ptr<Checkpoint> checkpoint;
-    if (std::filesystem::exists(std::filesystem::path(model) / "model.safetensors") ||
-        std::filesystem::exists(std::filesystem::path(model) / "model.safetensors.index.json"))
-      checkpoint = std::make_unique<Checkpoint>(model, config.fp8_block);
-    if (weights.empty())
-      weights = checkpoint ? stored_expert_format(config, *checkpoint)
-                           : (config.fp8_block ? "fp8" : "bf16");
-    if (hardware_file.empty()) {
-      hardware_file = default_hardware_path();
-      if (!std::filesystem::exists(hardware_file))
-        fail(
-            "plan: no --hardware and no calibration of this machine at {}: run `colibri-node "
-            "calibrate` (launch/calibrate.sh also measures the exchange) or give --hardware FILE",
-            hardware_file);
-    }
-    const Hardware hardware = parse_hardware(read_text(hardware_file, "--hardware"), hardware_file);
-    if (search) {
-      if (np > 0 || !layout_file.empty())
-        fail("plan: --search plans its own layouts: no --np or --layout");
-    } else {
-      if (!search_out.empty()) fail("plan: --search-out needs --search");
-      if ((np > 0) == !layout_file.empty()) fail("plan: give --np N, --layout FILE or --search");
-    }
-    if (!search_out.empty()) check_output_path(search_out, "--search-out");
-    if (wire != "f32" && wire != "bf16") fail("--wire '{}': expected f32 or bf16", wire);
-    if (prompt_tokens < 1 || context < 0) fail("--prompt-tokens must be >= 1, --context >= 0");
-    if (ram_gb < 0 || !std::isfinite(ram_gb)) fail("--ram-gb must be a number >= 0");
-    for (int b : batches)
-      if (b < 1) fail("--batches: {} rows is not a batch", b);
+    if (std::filesystem::exists(std::filesystem::path(a.model) / "model.safetensors") ||
+        std::filesystem::exists(std::filesystem::path(a.model) / "model.safetensors.index.json"))
+      checkpoint = std::make_unique<Checkpoint>(a.model, config.fp8_block);
+    if (a.weights.empty())
+      a.weights = checkpoint ? stored_expert_format(config, *checkpoint)
+                             : (config.fp8_block ? "fp8" : "bf16");
+    const Hardware hardware = load_hardware(a);
+    check_plan_flags(a);
     const ModelBytes bytes =
-        model_bytes(config, weights, checkpoint ? stored_dense_format(config, *checkpoint) : "");
-    RoutingStats stats;
-    if (!routing_stats.empty()) {
-      if (!checkpoint)
-        fail("--routing-stats: {} has no checkpoint to check the statistics against", model);
-      stats =
-          read_routing_stats(routing_stats, config.num_layers, config.n_routed_experts,
-                             {model_hash(model, *checkpoint), weights_fingerprint(*checkpoint)});
-    }
+        model_bytes(config, a.weights, checkpoint ? stored_dense_format(config, *checkpoint) : "");
+    const RoutingStats stats = routing_stats_of(a, config, checkpoint.get());
     PlanOptions options;
-    options.batches = batches;
-    options.prompt_tokens = prompt_tokens;
-    options.context_tokens = context;
-    options.wire_bytes = wire == "bf16" ? 2 : 4;
-    if (search) {
-      SearchOptions search_options;
-      search_options.plan = options;
-      search_options.policy = parse_placement_policy(placement_name);
-      search_options.stats = routing_stats.empty() ? nullptr : &stats;
-      search_options.replicas = replicas;
-      const auto wants = [&](const char* column) {
-        return std::find(search_budgets.begin(), search_budgets.end(), column) !=
-               search_budgets.end();
-      };
-      search_options.ram_budgets = wants("ram");
-      search_options.vram_budgets = wants("vram");
-      const std::vector<SearchCandidate> found =
-          search_layouts(config, bytes, hardware, search_options);
-      if (!found.empty() && !found.front().refused.empty())
-        std::fputs(format_search(found).c_str(), stdout);
-      if (found.empty() || !found.front().refused.empty())
-        fail("plan --search: no layout of {} fits ({})", hardware_file,
-             found.empty() ? "no expert rank possible" : found.front().refused);
-      const SearchCandidate& best = found.front();
-      const std::string layout = layout_text(
-          best.layout,
-          fmt::format("colibri-node plan --search: {} ({} routed experts of {}), "
-                      "predicted {:.2f} tok/s at {} rows on {}",
-                      best.summary, weights, model, best.plan.batches.front().decode_tok_s,
-                      best.plan.batches.front().rows, hardware_file));
-      if (!search_out.empty())
-        write_file_atomically(search_out, [&](std::FILE* f) { std::fputs(layout.c_str(), f); });
-      std::fputs(as_json ? search_json(found, layout).c_str()
-                         : (format_search(found) + "\nthe best layout:\n" + layout + "\n" +
-                            format_plan(best.plan))
-                               .c_str(),
-                 stdout);
-      return 0;
-    }
-    Layout layout;
-    if (!layout_file.empty()) {
-      // Its rows (comments and blank lines left out) are the job's ranks.
-      const std::string text = read_text(layout_file, "--layout");
-      std::istringstream lines(text);
-      int rows = 0;
-      for (std::string line; std::getline(lines, line);)
-        if (line.substr(0, line.find('#')).find_first_not_of(" \t\r") != std::string::npos) ++rows;
-      layout = parse_layout(text, layout_file, std::max(rows, 1));
-    } else {
-      std::vector<int> local(static_cast<size_t>(np)), host_index(static_cast<size_t>(np), 0);
-      for (int i = 0; i < np; ++i) local[size_t(i)] = i;
-      const std::vector<int> gpus(static_cast<size_t>(np), int(hardware.hosts.front().gpus.size()));
-      layout = default_layout(np, local, gpus, host_index);
-    }
-    if (ram_gb > 0)
-      for (RankSpec& r : layout.ranks)
-        if (r.role != Role::kCoordinator && r.ram_gb == 0) r.ram_gb = ram_gb;
+    options.batches = a.batches;
+    options.prompt_tokens = a.prompt_tokens;
+    options.context_tokens = a.context;
+    options.wire_bytes = a.wire == "bf16" ? 2 : 4;
+    if (a.search) return run_search(a, config, bytes, hardware, stats, options);
+    const Layout layout = layout_of(a, hardware);
     const PlacementTable placement =
-        make_placement(config, layout, parse_placement_policy(placement_name), bytes.expert,
-                       routing_stats.empty() ? nullptr : &stats, replicas);
+        make_placement(config, layout, parse_placement_policy(a.placement_name), bytes.expert,
+                       a.routing_stats.empty() ? nullptr : &stats, a.replicas);
     const Plan plan = make_plan(config, bytes, layout, placement, hardware, options);
-    std::fputs((as_json ? plan_json(plan) : format_plan(plan)).c_str(), stdout);
+    std::fputs((a.as_json ? plan_json(plan) : format_plan(plan)).c_str(), stdout);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "colibri-node plan: error: %s\n", e.what());

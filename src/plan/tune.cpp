@@ -308,6 +308,157 @@ json read_profiles(const std::string& path) {
   return doc;
 }
 
+// What `tune`'s flags set.
+struct TuneArgs {
+  std::string model, layout, hostfile, text, out = default_tune_path(), launcher, only;
+  int np = 0;
+  bool apply = false;
+  TuneGate gate;
+  double timeout_s = 600;
+  std::vector<std::string> extra;
+};
+
+void add_tune_flags(CLI::App& app, TuneArgs& a) {
+  app.add_option("--model", a.model, "model directory")->required();
+  app.add_option("--np", a.np, "ranks (the plain mpirun -np N), or --layout");
+  app.add_option("--layout", a.layout, "layout file");
+  app.add_option("--hostfile", a.hostfile, "hostfile (several hosts)");
+  app.add_option("--text", a.text, "the text every job teacher-forces (a few hundred tokens)");
+  app.add_option("--runs", a.gate.runs, "jobs per setting in each comparison")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 99));
+  app.add_option("--min-gain", a.gate.min_gain, "least median gain that keeps a candidate")
+      ->capture_default_str();
+  app.add_option("--knobs", a.only, "comma-separated subset of the knobs to sweep");
+  app.add_option("--out", a.out, "profile file")->capture_default_str();
+  app.add_option("--launcher", a.launcher, "colibri-launch (default: the repository's)");
+  app.add_option("--job-timeout", a.timeout_s, "seconds a job may run")->capture_default_str();
+  app.add_flag("--apply", a.apply,
+               "print the saved setting for this job (`arg A` and `env NAME=VALUE` lines), or "
+               "say on stderr why there is none");
+  app.add_option("node_args", a.extra, "after --: colibri-node arguments every job gets");
+}
+
+// --apply: prints the saved setting whose fingerprint is this job's, or says on stderr why none.
+int apply_profile(const json& print, const json& profiles, const std::string& out) {
+  std::string why = fmt::format("no tuned profile in {}", out);
+  for (const json& p : profiles["profiles"]) {
+    const std::string diff = difference(print, p["fingerprint"]);
+    if (diff.empty()) {
+      for (const json& a : p["args"]) std::printf("arg %s\n", a.get<std::string>().c_str());
+      for (const auto& [name, value] : p["env"].items())
+        std::printf("env %s=%s\n", name.c_str(), value.get<std::string>().c_str());
+      return 0;
+    }
+    why = fmt::format("the tuned profile in {} is for another {}; not applied", out, diff);
+  }
+  std::fprintf(stderr, "colibri-node tune: %s\n", why.c_str());
+  return 0;
+}
+
+// The knobs to sweep: every one (replicas too when the jobs run --placement heat), or --knobs'.
+std::vector<TuneKnob> knobs_to_sweep(const TuneArgs& a) {
+  const int ranks = a.np > 0 ? a.np : 2;
+  bool heat = false;  // the jobs run --placement heat: replicas are a knob too
+  for (size_t i = 0; i < a.extra.size(); ++i)
+    heat = heat || a.extra[i] == "--placement=heat" ||
+           (a.extra[i] == "--placement" && i + 1 < a.extra.size() && a.extra[i + 1] == "heat");
+  std::vector<TuneKnob> knobs =
+      default_tune_knobs(std::max(1, int(std::thread::hardware_concurrency()) / ranks), heat);
+  if (a.only.empty()) return knobs;
+  std::vector<TuneKnob> chosen;
+  std::stringstream names(a.only);
+  for (std::string name; std::getline(names, name, ',');) {
+    const auto it =
+        std::find_if(knobs.begin(), knobs.end(), [&](const TuneKnob& k) { return k.name == name; });
+    if (it == knobs.end()) fail("--knobs: '{}' is not a knob", name);
+    chosen.push_back(*it);
+  }
+  return chosen;
+}
+
+// The sweep's jobs in a scratch directory removed at the end; prints each comparison.
+TuneResult run_sweep(const JobSpec& spec, const std::vector<TuneKnob>& knobs,
+                     const TuneGate& gate) {
+  char scratch_template[] = "/tmp/colibri-tune-XXXXXX";
+  if (!mkdtemp(scratch_template)) fail("tune: cannot make a scratch directory");
+  const fs::path scratch = scratch_template;
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code ec;
+      fs::remove_all(p, ec);
+    }
+  } remove{scratch};
+  fmt::print(
+      "tune: {} knob(s), {} job(s) per setting and comparison, gate +{:.0f} % median, "
+      "p99 within {:.0f} %, hit rate within {:.1f} points\n",
+      knobs.size(), gate.runs, 100 * gate.min_gain, 100 * gate.max_p99_growth,
+      100 * gate.max_hit_drop);
+  std::fflush(stdout);
+  return tune(
+      knobs, [&](const TuneSetting& s) { return run_job(spec, knobs, s, scratch); }, gate,
+      [](const std::string& line) {
+        fmt::print("{}\n", line);
+        std::fflush(stdout);
+      });
+}
+
+// The profile of this job: its fingerprint, the date, the setting that won and every trial.
+json profile_entry(const json& print, const TuneResult& result,
+                   const std::vector<TuneKnob>& knobs) {
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  json entry = {{"fingerprint", print},
+                {"date", date},
+                {"setting", result.best.describe(knobs)},
+                {"args", result.best.args(knobs)},
+                {"env", result.best.env(knobs)},
+                {"final_tok_s", result.final_best_tok_s},
+                {"final_baseline_tok_s", result.final_baseline_tok_s},
+                {"trials", json::array()}};
+  for (const TuneTrial& t : result.trials)
+    entry["trials"].push_back({{"knob", t.knob},
+                               {"value", t.value},
+                               {"tok_s", t.candidate_tok_s},
+                               {"incumbent_tok_s", t.incumbent_tok_s},
+                               {"p99_ms", t.candidate_p99_ms},
+                               {"incumbent_p99_ms", t.incumbent_p99_ms},
+                               {"kept", t.kept},
+                               {"why", t.why}});
+  return entry;
+}
+
+// Sweeps the knobs and saves what wins in --out, in place of an earlier profile of this job.
+int run_tune(const TuneArgs& a, const json& print, json profiles) {
+  if (a.text.empty()) fail("tune: --text FILE is needed (the text every job teacher-forces)");
+  fs::create_directories(fs::path(a.out).parent_path().empty() ? fs::path(".")
+                                                               : fs::path(a.out).parent_path());
+  check_output_path(a.out, "--out");
+  JobSpec spec;
+  spec.launcher = a.launcher.empty() ? default_launcher() : a.launcher;
+  spec.node = fs::read_symlink("/proc/self/exe").string();
+  spec.model = a.model;
+  spec.text = fs::absolute(a.text).string();
+  spec.layout = a.layout;
+  spec.hostfile = a.hostfile;
+  spec.np = a.np;
+  spec.extra = a.extra;
+  spec.timeout_s = a.timeout_s;
+  const std::vector<TuneKnob> knobs = knobs_to_sweep(a);
+  const TuneResult result = run_sweep(spec, knobs, a.gate);
+  json kept = json::array();
+  for (const json& p : profiles["profiles"])
+    if (!difference(print, p["fingerprint"]).empty()) kept.push_back(p);
+  kept.push_back(profile_entry(print, result, knobs));
+  profiles["profiles"] = kept;
+  write_file_atomically(a.out, [&](std::FILE* f) { fmt::print(f, "{}\n", profiles.dump(2)); });
+  fmt::print("tune: {} saved in {} (colibri-launch --auto-tier applies it)\n",
+             result.best.describe(knobs), a.out);
+  return 0;
+}
+
 }  // namespace
 
 int tune_main(int argc, char** argv) {
@@ -315,137 +466,19 @@ int tune_main(int argc, char** argv) {
       "colibri-node tune: sweep execution knobs (wire, shared memory, activations, split "
       "linears, prefetch, threads) on this machine, teacher-forcing one text, and save what wins "
       "for colibri-launch --auto-tier. --apply prints the saved setting for this job."};
-  std::string model, layout, hostfile, text, out = default_tune_path(), launcher, only;
-  int np = 0;
-  bool apply = false;
-  TuneGate gate;
-  double timeout_s = 600;
-  std::vector<std::string> extra;
-  app.add_option("--model", model, "model directory")->required();
-  app.add_option("--np", np, "ranks (the plain mpirun -np N), or --layout");
-  app.add_option("--layout", layout, "layout file");
-  app.add_option("--hostfile", hostfile, "hostfile (several hosts)");
-  app.add_option("--text", text, "the text every job teacher-forces (a few hundred tokens)");
-  app.add_option("--runs", gate.runs, "jobs per setting in each comparison")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 99));
-  app.add_option("--min-gain", gate.min_gain, "least median gain that keeps a candidate")
-      ->capture_default_str();
-  app.add_option("--knobs", only, "comma-separated subset of the knobs to sweep");
-  app.add_option("--out", out, "profile file")->capture_default_str();
-  app.add_option("--launcher", launcher, "colibri-launch (default: the repository's)");
-  app.add_option("--job-timeout", timeout_s, "seconds a job may run")->capture_default_str();
-  app.add_flag("--apply", apply,
-               "print the saved setting for this job (`arg A` and `env NAME=VALUE` lines), or "
-               "say on stderr why there is none");
-  app.add_option("node_args", extra, "after --: colibri-node arguments every job gets");
+  TuneArgs a;
+  add_tune_flags(app, a);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
   try {
-    if ((np > 0) == !layout.empty()) fail("tune: give --np N or --layout FILE (one of them)");
-    const json print = fingerprint(model, np, layout, hostfile);
-    json profiles = read_profiles(out);
-    if (apply) {
-      std::string why = fmt::format("no tuned profile in {}", out);
-      for (const json& p : profiles["profiles"]) {
-        const std::string diff = difference(print, p["fingerprint"]);
-        if (diff.empty()) {
-          for (const json& a : p["args"]) std::printf("arg %s\n", a.get<std::string>().c_str());
-          for (const auto& [name, value] : p["env"].items())
-            std::printf("env %s=%s\n", name.c_str(), value.get<std::string>().c_str());
-          return 0;
-        }
-        why = fmt::format("the tuned profile in {} is for another {}; not applied", out, diff);
-      }
-      std::fprintf(stderr, "colibri-node tune: %s\n", why.c_str());
-      return 0;
-    }
-    if (text.empty()) fail("tune: --text FILE is needed (the text every job teacher-forces)");
-    fs::create_directories(fs::path(out).parent_path().empty() ? fs::path(".")
-                                                               : fs::path(out).parent_path());
-    check_output_path(out, "--out");
-    JobSpec spec;
-    spec.launcher = launcher.empty() ? default_launcher() : launcher;
-    spec.node = fs::read_symlink("/proc/self/exe").string();
-    spec.model = model;
-    spec.text = fs::absolute(text).string();
-    spec.layout = layout;
-    spec.hostfile = hostfile;
-    spec.np = np;
-    spec.extra = extra;
-    spec.timeout_s = timeout_s;
-    const int ranks = np > 0 ? np : 2;
-    bool heat = false;  // the jobs run --placement heat: replicas are a knob too
-    for (size_t i = 0; i < extra.size(); ++i)
-      heat = heat || extra[i] == "--placement=heat" ||
-             (extra[i] == "--placement" && i + 1 < extra.size() && extra[i + 1] == "heat");
-    std::vector<TuneKnob> knobs =
-        default_tune_knobs(std::max(1, int(std::thread::hardware_concurrency()) / ranks), heat);
-    if (!only.empty()) {
-      std::vector<TuneKnob> chosen;
-      std::stringstream names(only);
-      for (std::string name; std::getline(names, name, ',');) {
-        const auto it = std::find_if(knobs.begin(), knobs.end(),
-                                     [&](const TuneKnob& k) { return k.name == name; });
-        if (it == knobs.end()) fail("--knobs: '{}' is not a knob", name);
-        chosen.push_back(*it);
-      }
-      knobs = chosen;
-    }
-    char scratch_template[] = "/tmp/colibri-tune-XXXXXX";
-    if (!mkdtemp(scratch_template)) fail("tune: cannot make a scratch directory");
-    const fs::path scratch = scratch_template;
-    struct Remove {
-      fs::path p;
-      ~Remove() {
-        std::error_code ec;
-        fs::remove_all(p, ec);
-      }
-    } remove{scratch};
-    fmt::print(
-        "tune: {} knob(s), {} job(s) per setting and comparison, gate +{:.0f} % median, "
-        "p99 within {:.0f} %, hit rate within {:.1f} points\n",
-        knobs.size(), gate.runs, 100 * gate.min_gain, 100 * gate.max_p99_growth,
-        100 * gate.max_hit_drop);
-    std::fflush(stdout);
-    const TuneResult result = tune(
-        knobs, [&](const TuneSetting& s) { return run_job(spec, knobs, s, scratch); }, gate,
-        [](const std::string& line) {
-          fmt::print("{}\n", line);
-          std::fflush(stdout);
-        });
-    const std::time_t now = std::time(nullptr);
-    char date[32];
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    json entry = {{"fingerprint", print},
-                  {"date", date},
-                  {"setting", result.best.describe(knobs)},
-                  {"args", result.best.args(knobs)},
-                  {"env", result.best.env(knobs)},
-                  {"final_tok_s", result.final_best_tok_s},
-                  {"final_baseline_tok_s", result.final_baseline_tok_s},
-                  {"trials", json::array()}};
-    for (const TuneTrial& t : result.trials)
-      entry["trials"].push_back({{"knob", t.knob},
-                                 {"value", t.value},
-                                 {"tok_s", t.candidate_tok_s},
-                                 {"incumbent_tok_s", t.incumbent_tok_s},
-                                 {"p99_ms", t.candidate_p99_ms},
-                                 {"incumbent_p99_ms", t.incumbent_p99_ms},
-                                 {"kept", t.kept},
-                                 {"why", t.why}});
-    json kept = json::array();
-    for (const json& p : profiles["profiles"])
-      if (!difference(print, p["fingerprint"]).empty()) kept.push_back(p);
-    kept.push_back(entry);
-    profiles["profiles"] = kept;
-    write_file_atomically(out, [&](std::FILE* f) { fmt::print(f, "{}\n", profiles.dump(2)); });
-    fmt::print("tune: {} saved in {} (colibri-launch --auto-tier applies it)\n",
-               result.best.describe(knobs), out);
-    return 0;
+    if ((a.np > 0) == !a.layout.empty()) fail("tune: give --np N or --layout FILE (one of them)");
+    const json print = fingerprint(a.model, a.np, a.layout, a.hostfile);
+    json profiles = read_profiles(a.out);
+    if (a.apply) return apply_profile(print, profiles, a.out);
+    return run_tune(a, print, std::move(profiles));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "colibri-node tune: error: %s\n", e.what());
     return 1;
