@@ -181,8 +181,9 @@ int run(const BenchOptions& options) {
   for (const std::string& host : me.hosts)
     transport_options.host_of.push_back(
         int(std::find(me.hosts.begin(), me.hosts.end(), host) - me.hosts.begin()));
+  const LivePlacement live(placement);  // outlives the exchange
   MpiExchange transport =
-      make_mpi_exchange(MPI_COMM_WORLD, placement, shape, 0, profiler, transport_options);
+      make_mpi_exchange(MPI_COMM_WORLD, live, shape, 0, profiler, transport_options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do: see set_poll_spin_us
   CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
   set_poll_spin_us(host_poll_spin_us(local, 1));

@@ -30,6 +30,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "rank/expert_backend.h"
 #include "transport/local_dispatcher.h"
 
@@ -153,8 +154,8 @@ int run(const Options& o) {
   LoadOptions load;
   load.keep_stored = true;
   const ModelWeights weights = load_model_weights(config, checkpoint, load);
-  const PlacementTable placement =
-      make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+  const LivePlacement placement(
+      make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0));
   CpuExpertBackend experts(config, weights);
   LocalDispatcher dispatch(experts, config.hidden_size);
   ZeroDispatcher zero;

@@ -37,7 +37,7 @@ struct Candidate {
   std::string name;
   const Layout* layout = nullptr;
   std::vector<int> fast;  // the layout's fast ranks
-  PlacementTable table;
+  LivePlacement table;
   std::vector<std::vector<double>> routes;  // [layer][rank] pairs over the text (or window)
   std::unique_ptr<Repinner> repin;          // re-placed while the text runs (--shift)
   double critical = 0, even = 0;            // per step and layer: busiest owner, mean owner
@@ -73,7 +73,7 @@ class RecordingDispatcher : public Dispatcher {
     }
     const int n = int(all.pairs.size()) / top_k_;
     for (Candidate& c : candidates_) {
-      c.plan.build(c.table, plan.layer, routing_, n);
+      c.plan.build(c.table.current(), plan.layer, routing_, n);
       std::vector<double>& layer = c.routes[size_t(plan.layer)];
       double busiest = 0;
       for (const OwnerShare& s : c.plan.owners) {
@@ -173,7 +173,8 @@ int main_impl(int argc, char** argv) {
   const std::vector<int> learn_ids = tokenizer.encode(read_regular_file(learn, "--learn"), false);
   const std::vector<int> measure_ids =
       tokenizer.encode(read_regular_file(measure, "--measure"), false);
-  const PlacementTable alone = make_placement(config, cpu_layout(1), PlacementPolicy::kBalanced, 0);
+  const LivePlacement alone =
+      LivePlacement(make_placement(config, cpu_layout(1), PlacementPolicy::kBalanced, 0));
   CpuExpertBackend backend(config, weights);
   LocalDispatcher local(backend, config.hidden_size);
 
@@ -196,7 +197,8 @@ int main_impl(int argc, char** argv) {
 
   const uint64_t bytes = 1;  // budgets decide by weight; every budget holds its share
   const int extra = replicas > 0 ? replicas : 2 * 6;
-  using Policy = std::tuple<const char*, PlacementPolicy, int, bool>;  // name, policy, copies, repin
+  using Policy =
+      std::tuple<const char*, PlacementPolicy, int, bool>;  // name, policy, copies, repin
   const std::vector<Policy> policies =
       shift.empty() ? std::vector<Policy>{{"balanced", PlacementPolicy::kBalanced, 0, false},
                                           {"heat", PlacementPolicy::kHeat, 0, false},
@@ -212,7 +214,7 @@ int main_impl(int argc, char** argv) {
       c.name = fmt::format("{} / {}", label, name);
       c.layout = layout;
       c.fast = fast;
-      c.table = make_placement(config, *layout, policy, bytes, &stats, copies);
+      c.table = LivePlacement(make_placement(config, *layout, policy, bytes, &stats, copies));
       c.routes.assign(size_t(config.num_layers), std::vector<double>(layout->ranks.size(), 0.0));
       if (repin) {
         RepinOptions o;
@@ -243,9 +245,10 @@ int main_impl(int argc, char** argv) {
   recorder.recording = true;
   if (shift.empty()) {
     const size_t measured = run_text(engine, measure_ids, rows, measure_tokens);
-    fmt::print("model {}: learned on {} tokens of {}, measured on {} tokens of {}, {} row(s) a "
-               "call\n",
-               model, learned, learn, measured, measure, rows);
+    fmt::print(
+        "model {}: learned on {} tokens of {}, measured on {} tokens of {}, {} row(s) a "
+        "call\n",
+        model, learned, learn, measured, measure, rows);
     fmt::print("{:<40} {:>9} {:>14} {:>14} {:>16}\n", "layout / placement", "fast share",
                "max/mean mean", "max/mean worst", "step critical");
     for (const Candidate& c : candidates) {
@@ -264,10 +267,10 @@ int main_impl(int argc, char** argv) {
   const std::vector<int> shift_ids = tokenizer.encode(read_regular_file(shift, "--shift"), false);
   ids.insert(ids.end(), shift_ids.begin(),
              shift_ids.begin() + int64_t(std::min(shift_ids.size(), measure_tokens)));
-  fmt::print("model {}: learned on {} tokens of {}; {} tokens of {}, then {} of {}; re-placed "
-             "every {} tokens; {} row(s) a call; per window of {} tokens:\n",
-             model, learned, learn, first, measure, ids.size() - first, shift, repin_every, rows,
-             window);
+  fmt::print(
+      "model {}: learned on {} tokens of {}; {} tokens of {}, then {} of {}; re-placed "
+      "every {} tokens; {} row(s) a call; per window of {} tokens:\n",
+      model, learned, learn, first, measure, ids.size() - first, shift, repin_every, rows, window);
   fmt::print("{:>8} {:<10}", "tokens", "text");
   for (const Candidate& c : candidates) fmt::print(" | {:>36}", c.name);
   fmt::print("\n");
@@ -283,21 +286,21 @@ int main_impl(int argc, char** argv) {
     fmt::print("{:>8} {:<10}", at + n, at < first ? "measure" : "shift");
     for (Candidate& c : candidates) {
       const Summary m = summarize(c, config);
-      fmt::print(" | {:>36}",
-                 c.fast.empty() ? fmt::format("max/mean {:.3f}", m.ratio_mean)
-                                : fmt::format("fast {:.3f} max/mean {:.3f}", m.fast_share,
-                                              m.ratio_mean));
+      fmt::print(" | {:>36}", c.fast.empty() ? fmt::format("max/mean {:.3f}", m.ratio_mean)
+                                             : fmt::format("fast {:.3f} max/mean {:.3f}",
+                                                           m.fast_share, m.ratio_mean));
       for (auto& layer : c.routes) std::fill(layer.begin(), layer.end(), 0.0);
     }
     fmt::print("\n");
   }
   for (const Candidate& c : candidates)
     if (c.repin)
-      fmt::print("{}: {} rounds, {} moved experts ({} holder changes), {:.1f} ms of tables in "
-                 "{:.1f} ms of forward calls ({:.2f} %)\n",
-                 c.name, c.repin->stats().rounds, c.repin->stats().changes,
-                 c.repin->stats().moves, double(c.repin->stats().coordinator_us) / 1e3,
-                 wall_us / 1e3, 100.0 * double(c.repin->stats().coordinator_us) / wall_us);
+      fmt::print(
+          "{}: {} rounds, {} moved experts ({} holder changes), {:.1f} ms of tables in "
+          "{:.1f} ms of forward calls ({:.2f} %)\n",
+          c.name, c.repin->stats().rounds, c.repin->stats().changes, c.repin->stats().moves,
+          double(c.repin->stats().coordinator_us) / 1e3, wall_us / 1e3,
+          100.0 * double(c.repin->stats().coordinator_us) / wall_us);
   return 0;
 }
 

@@ -14,8 +14,8 @@ int default_kv_tokens(const ModelConfig& config) {
 }
 
 Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
-               const PlacementTable& placement, Dispatcher& dispatcher,
-               const EngineOptions& options, Profiler* profiler, const ComputeFactory& compute)
+               const LivePlacement& placement, Dispatcher& dispatcher, const EngineOptions& options,
+               Profiler* profiler, const ComputeFactory& compute)
     : config_(config),
       weights_(weights),
       placement_(placement),
@@ -75,8 +75,8 @@ void Engine::predict_next(int layer, int n, bool hint) {
       if (it == hints_.end()) it = hints_.insert(hints_.end(), OwnerHint{rank, {}});
       it->experts.push_back(e);
     };
-    add(placement_.owner_of(next, e));
-    for (int rank : placement_.replicas_of(next, e)) add(rank);
+    add(placement_.current().owner_of(next, e));
+    for (int rank : placement_.current().replicas_of(next, e)) add(rank);
   }
   if (hint) dispatcher_.hint(next, hints_);
 }
@@ -151,6 +151,9 @@ std::vector<float> Engine::forward(const Batch& batch) {
   ++steps_;
   predicted_layer_ = -1;
   Routing routing;
+  // One table for the whole step: a change of placement is committed between steps.
+  const std::shared_ptr<const PlacementTable> table = placement_.share();
+  const PlacementTable& placement = *table;
   for (int l = 0; l < config_.num_layers; ++l) {
     const LayerWeights& layer = weights_.layers[size_t(l)];
     compute_->attention(l);
@@ -158,14 +161,13 @@ std::vector<float> Engine::forward(const Batch& batch) {
       {
         OptionalScope scope(profiler_, Phase::kRouter, l);
         routing = compute_->route(l);
-        plan_.build(placement_, l, routing, n);
+        plan_.build(placement, l, routing, n);
         routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
         for (const OwnerShare& share : plan_.owners) {
           placement_counters_.pairs_to_rank[share.rank] += share.pairs.size();
-          if (placement_.replicas.empty()) continue;
+          if (placement.replicas.empty()) continue;
           for (const RoutedPair& p : share.pairs)
-            placement_counters_.replica_pairs +=
-                placement_.owner_of(l, int(p.expert)) != share.rank;
+            placement_counters_.replica_pairs += placement.owner_of(l, int(p.expert)) != share.rank;
         }
         // With --prefetch-ahead every step predicts and hints; without, one step in
         // kPredictionSampling predicts (no hint), so that the prediction's quality is known

@@ -22,6 +22,7 @@
 #include "model/forward_fn.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "moe/routing_stats.h"
 #include "transport/transport.h"
 
@@ -60,7 +61,7 @@ struct EngineOptions {
 
 class Engine {
  public:
-  Engine(const ModelConfig& config, const ModelWeights& weights, const PlacementTable& placement,
+  Engine(const ModelConfig& config, const ModelWeights& weights, const LivePlacement& placement,
          Dispatcher& dispatcher, const EngineOptions& options, Profiler* profiler = nullptr,
          const ComputeFactory& compute = {});
   ~Engine();
@@ -88,7 +89,7 @@ class Engine {
   const RoutingStats& routes() const { return routes_; }
   const PrefetchStats& prefetch_stats() const { return prefetch_; }
   const PlacementCounters& placement_counters() const { return placement_counters_; }
-  const PlacementTable& placement() const { return placement_; }
+  const PlacementTable& placement() const { return placement_.current(); }
   // Live re-placement's counters (--repin-every), read by /metrics; null without it.
   void set_repin_stats(const RepinStats* stats) { repin_stats_ = stats; }
   const RepinStats* repin_stats() const { return repin_stats_; }
@@ -103,7 +104,7 @@ class Engine {
 
   const ModelConfig& config_;
   const ModelWeights& weights_;
-  const PlacementTable& placement_;
+  const LivePlacement& placement_;
   Dispatcher& dispatcher_;
   EngineOptions options_;
   Profiler* profiler_;

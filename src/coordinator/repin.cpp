@@ -9,17 +9,17 @@
 namespace colibri {
 
 Repinner::Repinner(const ModelConfig& config, const Layout& layout, uint64_t bytes_per_expert,
-                   const RepinOptions& options, PlacementTable& table, Dispatcher& dispatcher,
+                   const RepinOptions& options, LivePlacement& placement, Dispatcher& dispatcher,
                    ExpertStore* own_store, int own_rank)
     : config_(config),
       layout_(layout),
       bytes_per_expert_(bytes_per_expert),
       options_(options),
-      table_(table),
+      placement_(placement),
       dispatcher_(dispatcher),
       own_store_(own_store),
       own_rank_(own_rank) {
-  if (table_.heat.empty())
+  if (placement_.current().heat.empty())
     fail("--repin-every re-places experts by their heat: it needs --placement heat");
   seen_.reset(config.num_layers, config.n_routed_experts);
   recent_.reset(config.num_layers, config.n_routed_experts);
@@ -50,7 +50,7 @@ void Repinner::round(const RoutingStats& routes) {
   seen_ = routes;
   const PlacementTable target =
       place_by_heat(config_, layout_, bytes_per_expert_, &recent_, options_.replicas);
-  const std::vector<HolderChange> all = placement_diff(table_, target);
+  const std::vector<HolderChange> all = placement_diff(placement_.current(), target);
 
   // The layers whose routing drifted from the heat they were placed for, most drifted first.
   struct Drift {
@@ -64,7 +64,7 @@ void Repinner::round(const RoutingStats& routes) {
     const std::vector<double> share = recent_.layer_share(l);
     double distance = 0, routes_seen = 0;
     for (int e = 0; e < config_.n_routed_experts; ++e) {
-      distance += std::abs(share[size_t(e)] - table_.heat_of(l, e)) / 2;
+      distance += std::abs(share[size_t(e)] - placement_.current().heat_of(l, e)) / 2;
       routes_seen += recent_.at(l, e);
     }
     // Few routes drift by chance: about sqrt(experts / routes) / 2 between two samples of one
@@ -88,16 +88,17 @@ void Repinner::round(const RoutingStats& routes) {
   if (layers.empty()) return;
 
   PlacementChange change;
-  change.epoch = table_.epoch + 1;
+  change.epoch = placement_.current().epoch + 1;
   for (const HolderChange& c : all)
     if (std::count(layers.begin(), layers.end(), c.layer)) change.changes.push_back(c);
-  pending_heat_ = table_.heat;
+  pending_heat_ = placement_.current().heat;
   for (int l : layers)
     std::copy_n(target.heat.begin() + int64_t(l) * config_.n_routed_experts,
                 config_.n_routed_experts,
                 pending_heat_.begin() + int64_t(l) * config_.n_routed_experts);
   dispatcher_.change_placement(change);
-  if (own_store_) own_store_->add_owned(experts_gained(table_, change.changes, own_rank_));
+  if (own_store_)
+    own_store_->add_owned(experts_gained(placement_.current(), change.changes, own_rank_));
   pending_ = std::move(change);
   steps_since_prepare_ = 0;
 }
@@ -105,10 +106,9 @@ void Repinner::round(const RoutingStats& routes) {
 void Repinner::commit() {
   pending_->commit = true;
   dispatcher_.change_placement(*pending_);
-  const std::vector<std::pair<int, int>> lost = experts_lost(table_, pending_->changes, own_rank_);
-  apply_placement_change(table_, pending_->changes);
-  table_.epoch = pending_->epoch;
-  table_.heat = pending_heat_;
+  const std::vector<std::pair<int, int>> lost =
+      experts_lost(placement_.current(), pending_->changes, own_rank_);
+  placement_.replace(placement_.next(*pending_, pending_heat_));
   if (own_store_) own_store_->remove_owned(lost);
   ++stats_.changes;
   stats_.moves += pending_->changes.size();

@@ -43,7 +43,7 @@ class Repinner {
   // `table` is the placement every side reads (changed in place at commit); `own_store`, when
   // the coordinator owns experts, is its store; `own_rank` the coordinator's rank.
   Repinner(const ModelConfig& config, const Layout& layout, uint64_t bytes_per_expert,
-           const RepinOptions& options, PlacementTable& table, Dispatcher& dispatcher,
+           const RepinOptions& options, LivePlacement& placement, Dispatcher& dispatcher,
            ExpertStore* own_store, int own_rank);
 
   // After each engine step: `routes`, the engine's routes so far; `rows`, the step's rows.
@@ -59,7 +59,7 @@ class Repinner {
   const Layout& layout_;
   uint64_t bytes_per_expert_;
   RepinOptions options_;
-  PlacementTable& table_;
+  LivePlacement& placement_;
   Dispatcher& dispatcher_;
   ExpertStore* own_store_;
   int own_rank_;

@@ -110,4 +110,27 @@ std::string decode_holder_changes(std::span<const uint32_t> words, int num_layer
   return {};
 }
 
+LivePlacement::LivePlacement() : table_(std::make_shared<const PlacementTable>()) {}
+
+LivePlacement::LivePlacement(PlacementTable table)
+    : table_(std::make_shared<const PlacementTable>(std::move(table))) {}
+
+void LivePlacement::replace(PlacementTable next) {
+  const PlacementTable& now = current();
+  if (next.num_layers != now.num_layers || next.num_experts != now.num_experts)
+    fail("a placement of {} layers x {} experts cannot replace one of {} x {}", next.num_layers,
+         next.num_experts, now.num_layers, now.num_experts);
+  if (next.epoch <= now.epoch)
+    fail("a placement at epoch {} cannot replace one at epoch {}", next.epoch, now.epoch);
+  table_ = std::make_shared<const PlacementTable>(std::move(next));
+}
+
+PlacementTable LivePlacement::next(const PlacementChange& change, std::vector<double> heat) const {
+  PlacementTable table = current();
+  apply_placement_change(table, change.changes);
+  table.epoch = change.epoch;
+  if (!heat.empty()) table.heat = std::move(heat);
+  return table;
+}
+
 }  // namespace colibri

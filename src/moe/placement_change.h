@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -26,6 +27,27 @@ struct PlacementChange {
   bool commit = false;  // false: prepare
   uint32_t epoch = 0;   // the table's epoch once committed
   std::vector<HolderChange> changes;
+};
+
+// The placement a running job reads: an immutable table, shared by everything on this rank that
+// reads it, replaced whole at a step boundary every rank agrees on (the commit of a
+// PlacementChange). Readers take current() once per step and keep it for the step; a table taken
+// with share() stays valid while it is held, whatever replaces it.
+class LivePlacement {
+ public:
+  LivePlacement();
+  explicit LivePlacement(PlacementTable table);
+
+  const PlacementTable& current() const { return *table_; }
+  std::shared_ptr<const PlacementTable> share() const { return table_; }
+  // The next version: an Error unless `next` has the current table's shape and a later epoch.
+  void replace(PlacementTable next);
+  // The current table with `change` applied, at the change's epoch (and `heat` when given):
+  // what replace() takes at a commit.
+  PlacementTable next(const PlacementChange& change, std::vector<double> heat = {}) const;
+
+ private:
+  std::shared_ptr<const PlacementTable> table_;
 };
 
 // Every (layer, expert) whose holders differ between two tables of one shape.

@@ -99,7 +99,7 @@ void Node::agree_on_plan(Startup& startup) {
   StartupPlan& plan = startup.plan;
   plan = handshake(comm_, checkpoint_ ? &config_ : nullptr, checkpoint_.get(), input);
   layout_ = std::move(plan.layout);
-  placement_ = std::move(plan.placement);
+  placement_ = LivePlacement(std::move(plan.placement));
   routing_stats_file_ = std::move(plan.routing_stats_file);
   learned_routes_ = std::move(plan.learned_routes);
   routing_stats_warning_ = std::move(plan.routing_stats_warning);
@@ -224,12 +224,13 @@ void Node::become_ready(const Startup& startup) {
 void Node::on_placement_change(const PlacementChange& change) {
   if (!change.commit) {
     raise_test_fault(options_.fault, TestFault::kMove, rank_);
-    if (expert_store_) expert_store_->add_owned(experts_gained(placement_, change.changes, rank_));
+    if (expert_store_)
+      expert_store_->add_owned(experts_gained(placement_.current(), change.changes, rank_));
     return;
   }
-  const std::vector<std::pair<int, int>> lost = experts_lost(placement_, change.changes, rank_);
-  apply_placement_change(placement_, change.changes);
-  placement_.epoch = change.epoch;
+  const std::vector<std::pair<int, int>> lost =
+      experts_lost(placement_.current(), change.changes, rank_);
+  placement_.replace(placement_.next(change));
   if (expert_store_) expert_store_->remove_owned(lost);
 }
 
@@ -284,7 +285,7 @@ void Node::open_expert_store() {
   std::vector<std::pair<int, int>> owned;
   for (int l = 0; has_store && l < config_.num_layers; ++l)
     for (int e = 0; e < config_.n_routed_experts; ++e)
-      if (config_.layer_is_moe[size_t(l)] && placement_.holds(l, e, rank_))
+      if (config_.layer_is_moe[size_t(l)] && placement_.current().holds(l, e, rank_))
         owned.emplace_back(l, e);
   const double layout_ram_gb = layout_.ranks[size_t(rank_)].ram_gb;
   ExpertStore::Options store_options;
@@ -294,13 +295,13 @@ void Node::open_expert_store() {
       store_options.ram_bytes > 0 ? gib_to_bytes(options_.pin_gb, "--pin-gb") : 0;
   // History pinning: under heat, without --pin-gb, half the RAM budget holds the rank's hottest
   // experts (owned is ordered hottest first below); the LRU keeps the rest.
-  if (!placement_.heat.empty() && options_.pin_gb == 0)
+  if (!placement_.current().heat.empty() && options_.pin_gb == 0)
     store_options.pin_bytes = store_options.ram_bytes / 2;
 
   // With --placement sliced, the rank's slice of each expert.
-  const ExpertSlice slice = placement_.slice_of(rank_);
+  const ExpertSlice slice = placement_.current().slice_of(rank_);
   const uint64_t held_bytes =
-      uint64_t(std::ceil(double(expert_bytes()) * placement_.held_fraction(rank_)));
+      uint64_t(std::ceil(double(expert_bytes()) * placement_.current().held_fraction(rank_)));
   std::string refusal;
   if (has_store && store_options.ram_bytes > 0 && !owned.empty())
     refusal = memory_refusal(expert_memory_plan(owned, config_.num_layers, held_bytes,
@@ -319,9 +320,10 @@ void Node::open_expert_store() {
   if (store_options.ram_bytes >= uint64_t(owned.size()) * held_bytes)
     store_options.ram_bytes = store_options.pin_bytes = 0;
   // Under heat the hottest first: --pin-gb pins them, and a VRAM tier takes them first.
-  if (!placement_.heat.empty())
+  if (!placement_.current().heat.empty())
     std::stable_sort(owned.begin(), owned.end(), [this](const auto& a, const auto& b) {
-      return placement_.heat_of(a.first, a.second) > placement_.heat_of(b.first, b.second);
+      return placement_.current().heat_of(a.first, a.second) >
+             placement_.current().heat_of(b.first, b.second);
     });
   owned_ = owned;
 

@@ -20,14 +20,15 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "node/expert_server.h"
 #include "node/handshake.h"
 #include "rank/expert_backend.h"
 #include "rank/expert_store.h"
 #include "rank/vram_tier.h"
+#include "tensor_parallel/split_linear.h"
 #include "transport/exchange.h"
 #include "transport/liveness.h"
-#include "tensor_parallel/split_linear.h"
 #include "transport/transport.h"
 #include "transport/transport_choice.h"
 
@@ -87,7 +88,7 @@ class Node {
   int size() const { return size_; }
   const ModelConfig& config() const { return config_; }
   const Layout& layout() const { return layout_; }
-  const PlacementTable& placement() const { return placement_; }
+  const PlacementTable& placement() const { return placement_.current(); }
   const NodeOptions& options() const { return options_; }
   ElemType wire_type() const { return wire_type_; }
   Profiler& profiler() { return *profiler_; }
@@ -154,7 +155,7 @@ class Node {
   ModelConfig config_;
   std::unique_ptr<Checkpoint> checkpoint_;
   Layout layout_;
-  PlacementTable placement_;
+  LivePlacement placement_;  // replaced whole when a change of placement commits
   ElemType wire_type_ = ElemType::kF32;
   std::unique_ptr<LinearSplitter> splitter_;     // coordinator, --split-linears (before weights_:
                                                  // its split matrices call it)

@@ -167,7 +167,7 @@ void Node::check_coordinator(Startup& startup) {
     };
     if (size_ == 1)
       startup.refuse("--repin-every moves experts between ranks: run it under mpirun");
-    else if (placement_.heat.empty())
+    else if (placement_.current().heat.empty())
       startup.refuse("--repin-every re-places experts by their heat: it needs --placement heat");
     else if (roles(Role::kGpuExpert) || !startup.plan.nccl_ranks.empty())
       startup.refuse(

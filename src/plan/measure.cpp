@@ -301,9 +301,10 @@ ExchangeFit measure_exchange(int hidden, const Sizes& sizes) {
   options.rank_timeout_s = 60;
   options.setup_timeout_s = 60;
   options.host_of = {0, fit.cross_host ? 1 : 0};
+  const LivePlacement live(placement);  // outlives the exchange
   MpiExchange transport =
-      make_mpi_exchange(MPI_COMM_WORLD, placement,
-                        ExchangeShape{fit.rows.back(), hidden, kTopK, kTopK}, 0, profiler, options);
+      make_mpi_exchange(MPI_COMM_WORLD, live, ExchangeShape{fit.rows.back(), hidden, kTopK, kTopK},
+                        0, profiler, options);
   MPI_Comm local;  // waiting ranks poll as colibri-node's do
   CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local));
   set_poll_spin_us(host_poll_spin_us(local, 1));

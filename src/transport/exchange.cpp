@@ -108,7 +108,7 @@ std::unique_ptr<ExpertChannel> make_expert_channel(const ExchangeContext& contex
 #endif
 }
 
-MpiExchange make_mpi_exchange(MPI_Comm comm, const PlacementTable& placement,
+MpiExchange make_mpi_exchange(MPI_Comm comm, const LivePlacement& placement,
                               const ExchangeShape& shape, int coordinator, Profiler& profiler,
                               const MpiTransportOptions& options) {
   int rank = 0;

@@ -21,7 +21,7 @@ namespace colibri {
 
 struct ExchangeContext {
   MPI_Comm comm = MPI_COMM_NULL;
-  const PlacementTable* placement = nullptr;
+  const LivePlacement* placement = nullptr;
   ExchangeShape shape;
   int coordinator = 0;
   Profiler* profiler = nullptr;
@@ -53,8 +53,11 @@ struct MpiExchange {
   std::unique_ptr<MpiDispatcher> dispatcher;  // on the coordinator
   std::unique_ptr<MpiChannel> channel;        // on a served expert rank
 };
-MpiExchange make_mpi_exchange(MPI_Comm comm, const PlacementTable& placement,
+MpiExchange make_mpi_exchange(MPI_Comm comm, const LivePlacement& placement,
                               const ExchangeShape& shape, int coordinator, Profiler& profiler,
                               const MpiTransportOptions& options);
+// The placement must outlive the exchange.
+MpiExchange make_mpi_exchange(MPI_Comm, LivePlacement&&, const ExchangeShape&, int, Profiler&,
+                              const MpiTransportOptions&) = delete;
 
 }  // namespace colibri

@@ -16,7 +16,7 @@ constexpr size_t kHeaderBytes = sizeof(wire::Header);
 
 }  // namespace
 
-MpiChannel::MpiChannel(MPI_Comm comm, const PlacementTable& placement, const ExchangeShape& shape,
+MpiChannel::MpiChannel(MPI_Comm comm, const LivePlacement& placement, const ExchangeShape& shape,
                        int coordinator, Profiler& profiler, const MpiTransportOptions& options)
     : comm_(comm),
       placement_(placement),
@@ -112,7 +112,7 @@ bool MpiChannel::receive_one(ExpertRequest& request) {
   int count = 0;
   CHECK_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
   const wire::RequestCheck check =
-      expert_request_check(placement_, shape_, elem_bytes_, rank_, sequence_ + 1);
+      expert_request_check(placement_.current(), shape_, elem_bytes_, rank_, sequence_ + 1);
   wire::Header& h = request_header_;
   const std::string problem =
       wire::check_request(request_buffer_.data(), size_t(count), check, h, segment_.request_rows());
@@ -141,11 +141,11 @@ void MpiChannel::take_placement_change(const wire::Header& h) {
   std::memcpy(words.data(), request_buffer_.data() + kHeaderBytes, h.payload_bytes);
   PlacementChange change;
   change.commit = h.n_rows == 1;
-  const std::string bad =
-      words.empty()
-          ? "no epoch"
-          : decode_holder_changes(std::span(words).subspan(1), placement_.num_layers,
-                                  placement_.num_experts, comm_size(comm_), change.changes);
+  const std::string bad = words.empty() ? "no epoch"
+                                        : decode_holder_changes(std::span(words).subspan(1),
+                                                                placement_.current().num_layers,
+                                                                placement_.current().num_experts,
+                                                                comm_size(comm_), change.changes);
   if (!words.empty()) change.epoch = words.front();
   if (!bad.empty() || change.changes.size() != h.n_pairs)
     abort_job(fmt::format("corrupted placement change from {}: {}",

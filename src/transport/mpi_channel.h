@@ -14,6 +14,7 @@
 
 #include "common/profile.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "moe/router.h"
 #include "transport/heartbeat.h"
 #include "transport/host_combine.h"
@@ -27,8 +28,10 @@ class MpiChannel final : public ExpertChannel {
  public:
   // Collective with the coordinator's MpiDispatcher (the shared segments are agreed here).
   // `placement` (which the next request is checked against) must outlive the channel.
-  MpiChannel(MPI_Comm comm, const PlacementTable& placement, const ExchangeShape& shape,
+  MpiChannel(MPI_Comm comm, const LivePlacement& placement, const ExchangeShape& shape,
              int coordinator, Profiler& profiler, const MpiTransportOptions& options);
+  MpiChannel(MPI_Comm, LivePlacement&&, const ExchangeShape&, int, Profiler&,
+             const MpiTransportOptions&) = delete;  // the placement must outlive the channel
   ~MpiChannel() override;
 
   bool receive(ExpertRequest& request) override;
@@ -50,7 +53,7 @@ class MpiChannel final : public ExpertChannel {
   void send_host_partial(ConstView partial);
 
   MPI_Comm comm_;
-  const PlacementTable& placement_;
+  const LivePlacement& placement_;
   ExchangeShape shape_;
   int coordinator_;
   int rank_;

@@ -48,7 +48,7 @@ std::string nccl_unique_id(MPI_Comm comm, int coordinator, const Deadline& deadl
 }
 
 NcclTransport::NcclTransport(const std::vector<int>& nccl_ranks, const std::string& unique_id,
-                             const PlacementTable& placement, const ExchangeShape& shape,
+                             const LivePlacement& placement, const ExchangeShape& shape,
                              int coordinator, Profiler& profiler,
                              const NcclTransportOptions& options)
     : placement_(placement),
@@ -448,7 +448,7 @@ bool NcclTransport::receive(ExpertRequest& request) {
     wait_event(done_, "request", -1, coordinator_);
   }
   const wire::RequestCheck check =
-      expert_request_check(placement_, shape_, elem_bytes_, rank_, sequence_ + 1);
+      expert_request_check(placement_.current(), shape_, elem_bytes_, rank_, sequence_ + 1);
   wire::Header& h = request_header_;
   std::string problem = wire::check_nccl_count_header(headers_host_, kHeaderBytes, check, h);
   if (!problem.empty())

@@ -52,7 +52,7 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
   // communicator made from `unique_id`. An Error when it is not complete within
   // options.setup_timeout_s or NCCL fails.
   NcclTransport(const std::vector<int>& nccl_ranks, const std::string& unique_id,
-                const PlacementTable& placement, const ExchangeShape& shape, int coordinator,
+                const LivePlacement& placement, const ExchangeShape& shape, int coordinator,
                 Profiler& profiler, const NcclTransportOptions& options);
   ~NcclTransport() override;
   NcclTransport(const NcclTransport&) = delete;
@@ -103,7 +103,7 @@ class NcclTransport final : public PartialDispatcher, public ExpertChannel {
                      size_t& reply_offset);
   void send_payloads();
 
-  const PlacementTable& placement_;
+  const LivePlacement& placement_;
   ExchangeShape shape_;
   int coordinator_;
   int rank_;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 
 #include "../unit/model_writer.h"
@@ -91,6 +92,43 @@ TEST(Engine, DecodeRowsAreBitwiseTheOracles) {
     }
   }
   omp_set_num_threads(saved);
+}
+
+// The placement is a value replaced whole between two steps: swapped to a table that spreads the
+// experts over three owners (computed in this process all the same, their partials added in rank
+// order), the rows go where the new table says and the logits stay the oracle's.
+TEST(Engine, APlacementReplacedBetweenStepsKeepsTheLogits) {
+  LocalModel m("glm5");
+  EngineOptions options;
+  options.max_rows = 8;
+  const auto engine = m.engine(options);
+  ReferenceModel oracle(m.config, m.weights);
+  KvCache cache(m.config);
+  const int seq = engine->open_sequence();
+  const std::shared_ptr<const PlacementTable> first = m.placement.share();
+  PlacementTable spread = make_placement(
+      m.config, default_layout(3, {0, 1, 2}, {0, 0, 0}, {0, 0, 0}), PlacementPolicy::kBalanced, 0);
+  spread.epoch = 1;
+  float worst = 0;
+  const std::vector<int> tokens = {5, 17, 3, 99, 250, 7, 1, 42};
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (i == 4) {
+      EXPECT_EQ(engine->placement_counters().pairs_to_rank.count(1), 0u);
+      m.placement.replace(spread);
+      EXPECT_EQ(engine->placement().epoch, 1u);
+    }
+    const int one[] = {tokens[i]};
+    const std::vector<float> got = engine->forward(seq, one), want = oracle.forward(one, cache);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t j = 0; j < got.size(); ++j) worst = std::max(worst, std::abs(got[j] - want[j]));
+  }
+  EXPECT_LE(worst, 1e-5f);
+  const std::map<int, uint64_t>& pairs = engine->placement_counters().pairs_to_rank;
+  EXPECT_GT(pairs.count(1) ? pairs.at(1) : 0, 0u) << "rows went to the new owners";
+  EXPECT_GT(pairs.count(2) ? pairs.at(2) : 0, 0u);
+  EXPECT_EQ(first->epoch, 0u) << "the table taken before the swap is unchanged";
+  PlacementTable stale = spread;
+  EXPECT_THROW(m.placement.replace(stale), Error) << "an epoch that is not newer";
 }
 
 TEST(Engine, RefusesBadBatchesWithoutChangingState) {

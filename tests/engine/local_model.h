@@ -10,6 +10,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "rank/expert_backend.h"
 #include "transport/local_dispatcher.h"
 
@@ -19,7 +20,7 @@ struct LocalModel {
   ModelConfig config;
   std::unique_ptr<Checkpoint> checkpoint;
   ModelWeights weights;
-  PlacementTable placement;
+  LivePlacement placement;
   std::unique_ptr<CpuExpertBackend> backend;
   std::unique_ptr<LocalDispatcher> dispatcher;
 
@@ -31,8 +32,8 @@ struct LocalModel {
     LoadOptions load;
     load.keep_stored = keep_stored;
     weights = load_model_weights(config, *checkpoint, load);
-    placement =
-        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+    placement = LivePlacement(
+        make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0));
     backend = std::make_unique<CpuExpertBackend>(config, weights);
     dispatcher = std::make_unique<LocalDispatcher>(*backend, config.hidden_size);
   }

@@ -32,6 +32,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "rank/expert_backend.h"
 #include "transport/local_dispatcher.h"
 
@@ -104,8 +105,8 @@ TEST_P(CudaCoordinatorParity, LogitsAndGreedyTokensMatchTheCpuEngine) {
   const std::vector<int> prompt_b(prompt.rbegin(),
                                   prompt.rbegin() + std::ptrdiff_t(prompt.size() / 2 + 3));
 
-  const PlacementTable placement =
-      make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+  const LivePlacement placement(
+      make_placement(config, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0));
   CpuExpertBackend experts(config, weights);
   LocalDispatcher dispatch(experts, config.hidden_size);
   EngineOptions options;

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 #include "moe/placement.h"
+#include "moe/placement_change.h"
 #include "rank/cuda_expert_backend.h"
 #include "rank/expert_backend.h"
 #include "tools/convert.h"
@@ -262,8 +263,8 @@ TEST_P(CudaExpertBackendParity, VramTierOverHostExpertsMatchesTheCpuBackend) {
 TEST_P(CudaExpertBackendParity, EngineLogitsAndGreedyTokensMatchTheCpuBackend) {
   const Model m(GetParam());
   const ModelConfig& cfg = m.config;
-  const PlacementTable placement =
-      make_placement(cfg, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0);
+  const LivePlacement placement(
+      make_placement(cfg, default_layout(1, {0}, {0}, {0}), PlacementPolicy::kBalanced, 0));
   CpuExpertBackend cpu(cfg, m.weights);
   CudaExpertBackend gpu(cfg, m.weights, 0, 0);
   LocalDispatcher cpu_dispatch(cpu, cfg.hidden_size), gpu_dispatch(gpu, cfg.hidden_size);

@@ -130,12 +130,13 @@ TEST_P(NcclTransportTest, CombineOfDispatchIsExactAndEqualsMpi) {
   options.setup_timeout_s = 60;
   options.wire_type = wire;
   options.device = rank_;
-  NcclTransport nccl(all, nccl_unique_id(MPI_COMM_WORLD, 0, deadline), table, shape, 0, profiler,
+  const LivePlacement live(table);
+  NcclTransport nccl(all, nccl_unique_id(MPI_COMM_WORLD, 0, deadline), live, shape, 0, profiler,
                      options);
   MpiTransportOptions mpi_options;
   mpi_options.rank_timeout_s = 60;
   mpi_options.wire_type = wire;
-  MpiExchange mpi = make_mpi_exchange(MPI_COMM_WORLD, table, shape, 0, profiler, mpi_options);
+  MpiExchange mpi = make_mpi_exchange(MPI_COMM_WORLD, live, shape, 0, profiler, mpi_options);
 
   if (rank_ != 0) {
     serve(nccl, rank_, rank_ == silent);

@@ -297,5 +297,26 @@ TEST(PlacementChange, DiffApplyAndWireForm) {
   EXPECT_NE(decode_holder_changes(bad, 3, 16, 4, back).find("cut short"), std::string::npos);
 }
 
+// The running job's placement is replaced whole, only by a newer table of its shape; a table taken
+// before stays as it was.
+TEST(PlacementChange, ALivePlacementTakesOnlyNewerTablesOfItsShape) {
+  const ModelConfig config = model(16);
+  LivePlacement live(make_placement(config, cpu_layout(4), PlacementPolicy::kBalanced, kGiB));
+  const std::shared_ptr<const PlacementTable> before = live.share();
+  PlacementChange change;
+  change.epoch = 1;
+  const int was = before->owner_of(1, 0), now = was == 3 ? 2 : 3;
+  change.changes = {{1, 0, {now}}};
+  live.replace(live.next(change));
+  EXPECT_EQ(live.current().epoch, 1u);
+  EXPECT_EQ(live.current().owner_of(1, 0), now);
+  EXPECT_EQ(before->epoch, 0u);
+  EXPECT_EQ(before->owner_of(1, 0), was);
+  EXPECT_THROW(live.replace(live.next(change)), Error) << "the same epoch again";
+  PlacementTable other = make_placement(model(8), cpu_layout(4), PlacementPolicy::kBalanced, kGiB);
+  other.epoch = 5;
+  EXPECT_THROW(live.replace(other), Error) << "another shape";
+}
+
 }  // namespace
 }  // namespace colibri

@@ -56,11 +56,12 @@ TEST_P(CompositeOverMpi, EqualsOneMpiTransportBitForBit) {
   options.rank_timeout_s = 60;
   options.wire_type = GetParam();
   {
-    MpiExchange all = make_mpi_exchange(comms[0], table, shape, 0, profiler, options);
+    const LivePlacement live(table);
+    MpiExchange all = make_mpi_exchange(comms[0], live, shape, 0, profiler, options);
     if (rank != 0) {
       MpiTransportOptions mine = options;
       mine.expert_ranks = rank % 2 ? odd : even;
-      MpiChannel part(comms[rank % 2 ? 1 : 2], table, shape, 0, profiler, mine);
+      MpiChannel part(comms[rank % 2 ? 1 : 2], live, shape, 0, profiler, mine);
       std::thread second([&] { serve(part, rank); });
       serve(*all.channel, rank);
       second.join();
