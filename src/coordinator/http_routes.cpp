@@ -84,7 +84,7 @@ Thinking ServeApi::thinking_of(const CompletionRequest& r) const {
 std::vector<int> ServeApi::prompt_of(const CompletionRequest& r) const {
   if (!r.chat) return r.prompt_is_ids ? r.prompt_ids : tokenizer_.encode(r.prompt_text);
   try {
-    return tokenizer_.encode(render_chat(format_, r.messages, true, thinking_of(r)));
+    return tokenizer_.encode(render_chat(format_, r.messages, true, thinking_of(r), 0, r.tools));
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages");
   }
@@ -233,6 +233,13 @@ void ServeApi::whole(httplib::Response& res, const Jobs& jobs, const ResponseIde
             c.reasoning.reset();
           else if (!c.reasoning)
             c.reasoning = "";
+          if (!r.tools.empty()) {  // the calls apart from the text
+            ToolReply reply =
+                parse_tool_calls(format_, c.text, r.tools, fmt::format("{}_{}", who.id, i));
+            if (!r.parallel_tool_calls && reply.calls.size() > 1) reply.calls.resize(1);
+            c.text = std::move(reply.content);
+            c.tool_calls = std::move(reply.calls);
+          }
           done[i] = true;
           ++finished;
           break;
@@ -250,6 +257,10 @@ struct ServeApi::StreamState {
   const Tokenizer* tokenizer = nullptr;
   std::vector<size_t> text_offset;  // bytes of text streamed so far a choice (text_offset)
   std::vector<bool> finished;
+  // With tools offered: each choice's text through a ToolCallStream, and the calls it sent.
+  std::vector<std::unique_ptr<ToolCallStream>> tool_streams;
+  std::vector<size_t> calls_sent;
+  bool parallel_tool_calls = true;
   size_t finishes = 0;
   int completion_tokens = 0;
   bool started = false, ended = false;
@@ -268,6 +279,12 @@ void ServeApi::stream(httplib::Response& res, const Jobs& jobs, const ResponseId
   state->tokenizer = &tokenizer_;
   state->text_offset.assign(jobs.size(), 0);
   state->finished.assign(jobs.size(), false);
+  state->calls_sent.assign(jobs.size(), 0);
+  state->parallel_tool_calls = r.parallel_tool_calls;
+  if (!r.tools.empty())
+    for (size_t i = 0; i < jobs.size(); ++i)
+      state->tool_streams.push_back(
+          std::make_unique<ToolCallStream>(format_, r.tools, fmt::format("{}_{}", who.id, i)));
   res.set_header("Cache-Control", "no-cache");
   // cpp-httplib 0.11.4 calls the provider in a loop until sink.done() or false: every call
   // blocks on the channels (bounded), and a client gone (write fails, or the socket is no
@@ -279,6 +296,15 @@ void ServeApi::stream(httplib::Response& res, const Jobs& jobs, const ResponseId
         if (!state->ended)
           for (const auto& job : state->jobs) job->channel.cancel();
       });
+}
+
+std::string ServeApi::tool_calls_out(StreamState& state, size_t i, std::vector<ToolCall> calls) {
+  if (!state.parallel_tool_calls && state.calls_sent[i] + calls.size() > 1)
+    calls.resize(state.calls_sent[i] > 0 ? 0 : 1);
+  if (calls.empty()) return {};
+  const std::string chunk = sse_tool_calls_chunk(state.who, calls, state.calls_sent[i], int(i));
+  state.calls_sent[i] += calls.size();
+  return chunk;
 }
 
 bool ServeApi::stream_step(StreamState& state, httplib::DataSink& sink) {
@@ -299,14 +325,21 @@ bool ServeApi::stream_step(StreamState& state, httplib::DataSink& sink) {
     state.jobs[i]->channel.wait(state.events, wait);
     for (const ServeEvent& e : state.events) {
       if (e.kind == ServeEvent::Kind::kDelta) {
-        if (!e.text.empty() || !e.reasoning.empty() || state.return_token_ids || state.logprobs) {
+        ToolCallStream::Out pieces;
+        if (state.tool_streams.empty())
+          pieces.content = e.text;
+        else
+          pieces = state.tool_streams[i]->add(e.text);
+        if (!pieces.content.empty() || !e.reasoning.empty() || state.return_token_ids ||
+            state.logprobs) {
           const nlohmann::json lp = state.logprobs
                                         ? logprobs_json(state.who.chat, e.logprobs,
                                                         *state.tokenizer, state.text_offset[i])
                                         : nlohmann::json(nullptr);
-          out += sse_delta_chunk(state.who, e.text, e.tokens, state.return_token_ids, lp,
+          out += sse_delta_chunk(state.who, pieces.content, e.tokens, state.return_token_ids, lp,
                                  e.reasoning, int(i));
         }
+        out += tool_calls_out(state, i, std::move(pieces.calls));
         state.text_offset[i] += e.text.size();
       } else if (e.kind == ServeEvent::Kind::kError) {
         out += sse_error(e.text, e.status);
@@ -315,7 +348,13 @@ bool ServeApi::stream_step(StreamState& state, httplib::DataSink& sink) {
         for (const auto& job : state.jobs) job->channel.cancel();
         break;
       } else {
-        out += sse_finish_chunk(state.who, e.finish, int(i));
+        if (!state.tool_streams.empty()) {  // what waited for a call that never came
+          ToolCallStream::Out rest = state.tool_streams[i]->finish();
+          if (!rest.content.empty())
+            out += sse_delta_chunk(state.who, rest.content, {}, false, nullptr, {}, int(i));
+          out += tool_calls_out(state, i, std::move(rest.calls));
+        }
+        out += sse_finish_chunk(state.who, e.finish, int(i), state.calls_sent[i] > 0);
         state.finished[i] = true;
         state.completion_tokens += e.completion_tokens;
         if (++state.finishes == state.jobs.size()) {

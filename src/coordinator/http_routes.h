@@ -66,6 +66,8 @@ class ServeApi {
   // One call of the stream's content provider: the events that arrived, written as chunks (or a
   // keep-alive); false when the client is gone.
   static bool stream_step(StreamState& state, httplib::DataSink& sink);
+  // The chunk of choice i's new calls (none past the first without parallel_tool_calls).
+  static std::string tool_calls_out(StreamState& state, size_t i, std::vector<ToolCall> calls);
 
   Scheduler& scheduler_;
   ServeMetrics& metrics_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -174,13 +175,15 @@ void parse_thinking(const json& j, CompletionRequest& r) {
 }
 
 // Fields that would change what the response holds and that this server does not do: refused
-// with their name, never ignored. (Informational fields, such as user, metadata, store,
-// service_tier and parallel_tool_calls, are accepted as they change nothing.)
+// with their name, never ignored. (Informational fields, such as user, metadata, store and
+// service_tier, are accepted as they change nothing.)
 void refuse_unsupported(const json& j, bool chat) {
-  if (const json* v = find_field(j, "tools"); v && !(v->is_array() && v->empty()))
-    not_supported("tools", "this server does not parse tool calls");
-  if (const json* v = find_field(j, "tool_choice"); v && !(v->is_string() && *v == "none"))
-    not_supported("tool_choice", "only \"none\" (no tools)");
+  if (!chat) {
+    if (const json* v = find_field(j, "tools"); v && !(v->is_array() && v->empty()))
+      not_supported("tools", "tool calls are a chat's (/v1/chat/completions)");
+    if (const json* v = find_field(j, "tool_choice"); v && !(v->is_string() && *v == "none"))
+      not_supported("tool_choice", "tool calls are a chat's (/v1/chat/completions)");
+  }
   for (const char* legacy : {"functions", "function_call"})
     if (find_field(j, legacy)) not_supported(legacy, "this server does not parse function calls");
   if (const json* v = find_field(j, "response_format")) {
@@ -199,6 +202,94 @@ void refuse_unsupported(const json& j, bool chat) {
     if (!v->is_number_integer()) wrong_type("best_of", "an integer", *v);
     if (v->get<int64_t>() != 1) not_supported("best_of", "one candidate per request");
   }
+}
+
+// A function name as OpenAI allows it: 1-64 of a-z, A-Z, 0-9, _ and - (and . as some clients use).
+bool valid_tool_name(const std::string& name) {
+  return !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+// "tools" and "tool_choice" of a chat request: the functions offered, their objects in the order
+// the client wrote them (`ordered`: the same body parsed keeping key order). tool_choice "none"
+// offers none; a forced call ("required", a named function) needs constrained decoding.
+std::vector<Tool> parse_tools(const json& j, const nlohmann::ordered_json& ordered) {
+  const json* tools = find_field(j, "tools");
+  const json* choice = find_field(j, "tool_choice");
+  if (!tools || (tools->is_array() && tools->empty())) {
+    if (choice && !(choice->is_string() && *choice == "none"))
+      throw ApiError(400, "'tool_choice' needs 'tools' to choose from", "tool_choice");
+    return {};
+  }
+  if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+  if (choice) {
+    if (choice->is_string() && *choice == "none") return {};
+    if (!(choice->is_string() && *choice == "auto"))
+      not_supported("tool_choice",
+                    "only \"none\" and \"auto\" (a forced call needs constrained decoding)");
+  }
+  std::vector<Tool> out;
+  for (size_t i = 0; i < tools->size(); ++i) {
+    const std::string f = fmt::format("tools[{}]", i);
+    const json& t = (*tools)[i];
+    if (!t.is_object()) wrong_type(f, "an object", t);
+    if (t.value("type", std::string()) != "function")
+      throw ApiError(400, fmt::format("'{}.type' must be \"function\"", f), f + ".type");
+    const auto function = t.find("function");
+    if (function == t.end() || !function->is_object())
+      throw ApiError(400, fmt::format("'{}.function' must be an object", f), f + ".function");
+    const auto name = function->find("name");
+    if (name == function->end())
+      throw ApiError(400, fmt::format("'{}.function.name' is missing", f), f + ".function.name",
+                     "missing_field");
+    const std::string n = get_string(*name, f + ".function.name");
+    if (!valid_tool_name(n))
+      throw ApiError(
+          400,
+          fmt::format("'{}.function.name' '{}' is not 1-64 of a-z, A-Z, 0-9, _, - and .", f, n),
+          f + ".function.name");
+    if (const auto p = function->find("parameters"); p != function->end() && !p->is_object())
+      wrong_type(f + ".function.parameters", "an object (a JSON Schema)", *p);
+    for (const Tool& earlier : out)
+      if (earlier.name == n)
+        throw ApiError(400, fmt::format("'{}.function.name' '{}' is offered twice", f, n),
+                       f + ".function.name");
+    out.push_back({n, ordered["tools"][i]});
+  }
+  return out;
+}
+
+// An assistant message's "tool_calls": [{id, type: "function", function: {name, arguments}}],
+// arguments the text of a JSON object.
+std::vector<ToolCall> parse_message_tool_calls(const json& calls, const std::string& f) {
+  if (!calls.is_array()) wrong_type(f, "an array", calls);
+  std::vector<ToolCall> out;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string c = fmt::format("{}[{}]", f, i);
+    const json& call = calls[i];
+    if (!call.is_object()) wrong_type(c, "an object", call);
+    const auto function = call.find("function");
+    if (function == call.end() || !function->is_object())
+      throw ApiError(400, fmt::format("'{}.function' must be an object", c), c + ".function");
+    ToolCall t;
+    if (const auto id = call.find("id"); id != call.end()) t.id = get_string(*id, c + ".id");
+    const auto name = function->find("name");
+    if (name == function->end())
+      throw ApiError(400, fmt::format("'{}.function.name' is missing", c), c + ".function.name",
+                     "missing_field");
+    t.name = get_string(*name, c + ".function.name");
+    const auto arguments = function->find("arguments");
+    t.arguments =
+        arguments == function->end() ? "{}" : get_string(*arguments, c + ".function.arguments");
+    const json parsed = json::parse(t.arguments, nullptr, false);
+    if (parsed.is_discarded() || !parsed.is_object())
+      throw ApiError(400,
+                     fmt::format("'{}.function.arguments' is not the text of a JSON object", c),
+                     c + ".function.arguments");
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace
@@ -238,20 +329,33 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
         throw ApiError(400, fmt::format("'{}.role' is missing", f), f + ".role", "missing_field");
       std::string role_name = get_string(*role, f + ".role");
       if (role_name == "developer") role_name = "system";
-      if (role_name != "system" && role_name != "user" && role_name != "assistant")
-        throw ApiError(
-            400,
-            fmt::format("'{}.role' is '{}'; supported roles are system, developer, user, assistant",
-                        f, role_name),
-            f + ".role");
+      if (role_name != "system" && role_name != "user" && role_name != "assistant" &&
+          role_name != "tool")
+        throw ApiError(400,
+                       fmt::format("'{}.role' is '{}'; supported roles are system, developer, "
+                                   "user, assistant, tool",
+                                   f, role_name),
+                       f + ".role");
       const auto content = m.find("content");
       if (content == m.end() && role_name != "assistant")
         throw ApiError(400, fmt::format("'{}.content' is missing", f), f + ".content",
                        "missing_field");
-      r.messages.push_back({role_name, content == m.end() ? std::string()
-                                                          : get_content(*content, f + ".content",
-                                                                        role_name == "assistant")});
+      ChatMessage message{role_name,
+                          content == m.end()
+                              ? std::string()
+                              : get_content(*content, f + ".content", role_name == "assistant"),
+                          {},
+                          {}};
+      if (const auto calls = m.find("tool_calls");
+          calls != m.end() && !calls->is_null() && role_name == "assistant")
+        message.tool_calls = parse_message_tool_calls(*calls, f + ".tool_calls");
+      if (const auto id = m.find("tool_call_id"); id != m.end() && role_name == "tool")
+        message.tool_call_id = get_string(*id, f + ".tool_call_id");
+      r.messages.push_back(std::move(message));
     }
+    r.tools = parse_tools(j, nlohmann::ordered_json::parse(body.begin(), body.end()));
+    if (const json* v = field("parallel_tool_calls"))
+      r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
   } else {
     const json* prompt = field("prompt");
     if (!prompt) throw ApiError(400, "'prompt' is missing", "prompt", "missing_field");
@@ -360,6 +464,27 @@ json usage_json(int prompt_tokens, int completion_tokens, int cached_tokens) {
 
 namespace {
 
+// A reply that made calls and stopped on its own ends with "tool_calls"; one cut at max_tokens
+// stays "length".
+std::string finish_name(FinishReason reason, bool tool_calls) {
+  const std::string name = finish_reason_name(reason);
+  return tool_calls && name == "stop" ? "tool_calls" : name;
+}
+
+// [{index?, id, type: "function", function: {name, arguments}}] (index from `first` when
+// streamed).
+json tool_calls_json(const std::vector<ToolCall>& calls, size_t first, bool streamed) {
+  json out = json::array();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    json call = {{"id", calls[k].id},
+                 {"type", "function"},
+                 {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+    if (streamed) call["index"] = first + k;
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 json envelope(const ResponseIdentity& who, bool chunk) {
   return {{"id", who.id},
           {"object",
@@ -428,9 +553,13 @@ std::string completion_body(const ResponseIdentity& who, const std::vector<Choic
     const Choice& c = choices[i];
     json choice = {{"index", i},
                    {"logprobs", c.logprobs},
-                   {"finish_reason", finish_reason_name(c.finish.finish)}};
+                   {"finish_reason", finish_name(c.finish.finish, !c.tool_calls.empty())}};
     if (who.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        choice["message"]["tool_calls"] = tool_calls_json(c.tool_calls, 0, false);
+        if (c.text.empty()) choice["message"]["content"] = nullptr;
+      }
       if (c.reasoning)
         choice["message"]["reasoning_content"] =
             c.reasoning->empty() ? json(nullptr) : json(*c.reasoning);
@@ -475,10 +604,22 @@ std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text
   return sse(j);
 }
 
-std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index) {
+std::string sse_tool_calls_chunk(const ResponseIdentity& who, const std::vector<ToolCall>& calls,
+                                 size_t first, int index) {
+  json j = envelope(who, true);
+  j["choices"] = json::array({{{"index", index},
+                               {"delta", {{"tool_calls", tool_calls_json(calls, first, true)}}},
+                               {"logprobs", nullptr},
+                               {"finish_reason", nullptr}}});
+  j["usage"] = nullptr;
+  return sse(j);
+}
+
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index,
+                             bool tool_calls) {
   json j = envelope(who, true);
   json choice = {
-      {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish_reason_name(reason)}};
+      {"index", index}, {"logprobs", nullptr}, {"finish_reason", finish_name(reason, tool_calls)}};
   if (who.chat)
     choice["delta"] = json::object();
   else

@@ -60,12 +60,16 @@ struct CompletionRequest {
   // Chat: the thinking block on or off (chat_template_kwargs.enable_thinking or .thinking,
   // reasoning_effort "none" or not); unset: the server's --think.
   std::optional<bool> thinking;
+  // Chat: the functions the model may call (tools, with tool_choice "auto"; none with "none"),
+  // and whether a reply may make more than one call (the first only when false).
+  std::vector<Tool> tools;
+  bool parallel_tool_calls = true;
 };
 
 // Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
 // ids (of a prompt given as ids, logit_bias, stop_token_ids). A field that would change the
-// response and is not supported (tools, response_format other than text, echo, ...) is refused,
-// never ignored.
+// response and is not supported (a forced tool_choice, response_format other than text, echo,
+// ...) is refused, never ignored.
 CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab);
 
 // Most choices (n) one request may ask for.
@@ -98,6 +102,7 @@ struct Choice {
   ServeEvent finish;
   nlohmann::json logprobs = nullptr;
   std::optional<std::string> reasoning;
+  std::vector<ToolCall> tool_calls;  // chat: the calls read from the reply (its text the rest)
 };
 
 // A whole response: choices with index 0, 1, ... in order; usage the prompt once and every
@@ -113,7 +118,13 @@ std::string sse_delta_chunk(const ResponseIdentity& who, const std::string& text
                             const std::vector<int>& tokens, bool return_token_ids,
                             const nlohmann::json& logprobs = nullptr,
                             const std::string& reasoning = {}, int index = 0);
-std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index = 0);
+// The calls of a chat's reply as a delta ({"tool_calls": [{index, id, type, function: {name,
+// arguments}}]}), numbered from `first` within the choice.
+std::string sse_tool_calls_chunk(const ResponseIdentity& who, const std::vector<ToolCall>& calls,
+                                 size_t first, int index = 0);
+// `tool_calls`: the reply made calls (finish_reason "tool_calls" when it stopped on its own).
+std::string sse_finish_chunk(const ResponseIdentity& who, FinishReason reason, int index = 0,
+                             bool tool_calls = false);
 // Usage of the whole response: the prompt once, the completion tokens of every choice.
 std::string sse_usage_chunk(const ResponseIdentity& who, const ServeEvent& finish,
                             int completion_tokens);

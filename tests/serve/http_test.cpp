@@ -655,7 +655,31 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
                         {"tools", json::array()},
                         {"tool_choice", "none"},
                         {"response_format", {{"type", "text"}}}};
-  EXPECT_EQ(post(port, "/v1/chat/completions", informational.dump()).status, 200);
+  const Reply plain = post(port, "/v1/chat/completions", informational.dump());
+  EXPECT_EQ(plain.status, 200);
+  // Tools offered (tool_choice auto) go into the prompt; a history with a call and its result is
+  // written back; a reply with no call in it is all content.
+  json tooled = informational;
+  tooled["tools"] = {
+      {{"type", "function"},
+       {"function",
+        {{"name", "get_weather"},
+         {"parameters", {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}};
+  tooled["tool_choice"] = "auto";
+  tooled["messages"].push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "c1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}}}}}});
+  tooled["messages"].push_back({{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "sunny"}});
+  const Reply with_tools = post(port, "/v1/chat/completions", tooled.dump());
+  ASSERT_EQ(with_tools.status, 200) << with_tools.raw;
+  EXPECT_GT(with_tools.usage["prompt_tokens"].get<int>(),
+            plain.usage["prompt_tokens"].get<int>() + 40);
+  EXPECT_FALSE(with_tools.body["choices"][0]["message"].contains("tool_calls")) << with_tools.raw;
+  EXPECT_NE(with_tools.finish_reason, "tool_calls");
 
   // /tokenize gives the ids a completion starts from; /detokenize the text back.
   const Reply ids = post(port, "/tokenize", json{{"prompt", "And God said,"}}.dump());
@@ -675,11 +699,11 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
   EXPECT_EQ(post(port, "/detokenize", json{{"tokens", {-1}}}.dump()).status, 400);
   EXPECT_EQ(post(port, "/tokenize", "{}").status, 400);
   for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
-           {"tool_choice", "required"},
-           {"response_format", {{"type", "json_schema"}}}}) {
+           {"tool_choice", "required"}, {"response_format", {{"type", "json_schema"}}}}) {
     json refused = informational;
     refused[field] = value;
+    if (field == "tool_choice")
+      refused["tools"] = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
     const Reply r = post(port, "/v1/chat/completions", refused.dump());
     EXPECT_EQ(r.status, 400) << field;
     EXPECT_EQ(r.body["error"]["param"], field) << r.raw;
@@ -826,7 +850,7 @@ std::vector<std::pair<std::string, std::string>> hostile_requests() {
       {{"messages", {json::array()}}},
       {{"messages", {{{"content", "hi"}}}}},
       {{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}},
-      {{"messages", {{{"role", "tool"}, {"content", "hi"}}}}},
+      {{"messages", {{{"role", "function"}, {"content", "hi"}}}}},
       {{"messages", {{{"role", 7}, {"content", "hi"}}}}},
       {{"messages", {{{"role", "user"}}}}},
       {{"messages", {{{"role", "user"}, {"content", 5}}}}},
