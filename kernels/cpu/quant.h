@@ -175,12 +175,15 @@ bool int8_activations_vnni(QuantIsa isa);
 // CPU has AMX-TILE and AMX-INT8, and the kernel grants the tile state (arch_prctl
 // ARCH_REQ_XCOMP_PERM, asked once); enabled: available and not turned off (set_amx, or
 // COLIBRI_AMX=0 in the environment).
-inline constexpr int64_t kAmxMinRows = 16;
+inline constexpr int64_t kAmxMinRows = 32;
 bool amx_available();
 bool amx_enabled();
 void set_amx(bool allowed);
 // Whether the int8 kernels on `isa` use AMX now for n rows of activations.
 bool int8_activations_amx(QuantIsa isa, int64_t n);
+// The tile-multiply peak on the calling thread, in int8 operations per second (a multiply-add is
+// two): a loop of tdpbssd on resident tiles for about `seconds`. 0 where AMX is not available.
+double amx_int8_peak_ops(double seconds);
 
 // The int8-activation kernels on an explicit ISA (std::invalid_argument when the ISA is not
 // available or a format is not supported).

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -353,6 +354,28 @@ void set_amx(bool allowed) {
 
 bool int8_activations_amx(QuantIsa isa, int64_t n) {
   return isa == QuantIsa::kAvx512 && n >= kAmxMinRows && amx_enabled();
+}
+
+double amx_int8_peak_ops(double seconds) {
+#if COLIBRI_QUANT_X86
+  if (!amx_available()) return 0.0;
+  constexpr double kOpsPerIteration = 4.0 * 16 * 16 * 64 * 2;
+  int64_t iterations = 1 << 12;
+  for (;;) {
+    const auto start = std::chrono::steady_clock::now();
+    if (detail::amx_int8_peak_probe(iterations) != iterations)
+      throw std::logic_error("AMX peak probe: wrong tile sum");
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s >= 0.9 * seconds || iterations > (int64_t(1) << 40))
+      return kOpsPerIteration * iterations / s;
+    iterations =
+        int64_t(double(iterations) * std::clamp(1.1 * seconds / std::max(s, 1e-6), 1.1, 10.0));
+  }
+#else
+  (void)seconds;
+  return 0.0;
+#endif
 }
 
 void quantize_activations_int8(const float* x, int64_t cols, int8_t* q, float* scales) {

@@ -1,22 +1,27 @@
 // int8-activation kernel with AMX int8 tiles (compiled with -mamx-tile -mamx-int8 and the AVX-512
-// flags; called only after CPUID, the kernel's permission request and amx_enabled(): quant.h).
-// The operations: quant_int8_detail.h, the same per-block fp32 steps in the same order, so the
-// results are the scalar reference's bit for bit.
+// flags; called only after CPUID, XCR0, the kernel's permission and amx_enabled(): quant.h). The
+// operations: quant_int8_detail.h, the same per-block fp32 steps in the same order, so the results
+// are the scalar reference's bit for bit.
 //
-// Per 16 output rows, the weights are first unpacked into a per-thread buffer as the B operand of
+// Weights: per 16 output rows, unpacked on the fly into a per-thread buffer as the B operand of
 // tdpbssd: block k is a 16 x 64-byte tile whose row kk holds, for each output row n, the 4 signed
 // weights (int4: nibble - 8) that meet activation bytes 4kk..4kk+3 of the block (their order in
 // quant_int8_detail.h). The container's bytes cannot feed a tile as they are (int4 has no tile
-// type; a kTiles word spans 8 rows, a tile row 16), and the unpacked 16 rows (cols bytes, 96 KiB
-// at 6144 inputs) stay in L2 while every 16 activation rows pass over them, so the unpack is paid
-// once per call and output tile. The activations are the A operand as quantized (16 rows x one
-// 64-byte block, stride blocks * 64). Each block's dot products d_k come out of one tdpbssd into
-// int32, exactly, and are scaled and summed in fp32 on AVX-512 as in every other kernel.
+// type; a kTiles word spans 8 rows, a tile row 16); unpacked once per call and 16 rows, the
+// buffer (cols bytes: 96 KiB at 6144 inputs) serves every activation row, which is why the kernel
+// is used from kAmxMinRows rows up. The weights in memory keep the one layout the decode kernels
+// read.
+//
+// Activations: copied as A tiles, [block][tile of 16 rows][16][64] (rows past n zero). Loop: two
+// output tiles (tiles 6, 7) per pass; per block, each activation tile (4 or 5) against both into
+// two accumulators (0-1 or 2-3, alternating), whose int32 sums d_k (exact) are stored and scaled
+// into fp32 accumulators in memory one activation tile later, while the next multiplies run.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "cpu/quant_detail.h"
@@ -41,30 +46,46 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// Tiles: 0, 1 accumulators (two blocks in flight), 2, 3 activations, 4, 5 weights. m activation
-// rows (1..16).
+// Tiles 0-7, each m rows of 64 bytes. The kernel: 0-3 accumulators, 4-5 activations, 6 weights.
 void configure(int m) {
   TileConfig c;
-  for (int t = 0; t < 6; ++t) {
+  for (int t = 0; t < 8; ++t) {
     c.colsb[t] = 64;
-    c.rows[t] = uint8_t(t >= 4 ? 16 : m);
+    c.rows[t] = uint8_t(m);
   }
   _tile_loadconfig(&c);
 }
 
-// Per thread: the unpacked weights [blocks][16][64], their block scales [blocks][16] and row
-// scales [16].
-struct Packed {
-  std::vector<int8_t> b;
+// 64-byte aligned storage for vectors of floats.
+template <typename T>
+struct AlignedAlloc {
+  using value_type = T;
+  AlignedAlloc() = default;
+  template <typename U>
+  AlignedAlloc(const AlignedAlloc<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* q, size_t) { ::operator delete(q, std::align_val_t(64)); }
+  bool operator==(const AlignedAlloc&) const { return true; }
+};
+
+// 16 output rows unpacked: the B tiles [blocks][16][64], the block scales [blocks][16] (zero for
+// rows past the matrix) and the row scales [16].
+struct Weights {
+  std::vector<int8_t, AlignedAlloc<int8_t>> b;
   std::vector<float> s_w;
-  alignas(64) float row_scale[16];
+  float row_scale[16];
+};
+
+// Per thread: two output tiles of weights; the activations as A tiles [blocks][tiles][16][64]
+// (rows past n zero); the accumulators [tiles * 16][32] (activation row, output row).
+struct Packed {
+  Weights w[2];
+  std::vector<int8_t, AlignedAlloc<int8_t>> a;
+  std::vector<float, AlignedAlloc<float>> acc;
 };
 thread_local Packed packed;
-
-// The first 64-byte boundary in v (sized 64 bytes more than it holds).
-inline int8_t* aligned(std::vector<int8_t>& v) {
-  return reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t(63));
-}
 
 inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
@@ -73,26 +94,31 @@ inline __m512i load_pair(const uint8_t* a, const uint8_t* b) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-// Rows o0..o0+15 of w (those below w.rows) into `packed`; rows past w.rows are zero weights with
+// Rows o0..o0+15 of w (those below w.rows) into p; rows past w.rows are zero weights with
 // zero scales.
-void pack(const QuantMatrixView& w, int64_t o0, int64_t blocks) {
+void pack(const QuantMatrixView& w, int64_t o0, int64_t blocks, Weights& p) {
   const int64_t rb = row_bytes(w.format, w.cols);
   const bool int8 = w.format == QuantFormat::kInt8Row;
   const bool grouped = w.format == QuantFormat::kInt4Grouped;
   const int64_t ng = grouped ? (w.cols + w.group_size - 1) / w.group_size : 1;
   const int live = int(std::min<int64_t>(16, w.rows - o0));
-  if (int64_t(packed.b.size()) < blocks * kTileBytes + 64)
-    packed.b.resize(size_t(blocks * kTileBytes + 64));
-  if (int64_t(packed.s_w.size()) < blocks * 16) packed.s_w.resize(size_t(blocks * 16));
-  int8_t* b = aligned(packed.b);
+  if (int64_t(p.b.size()) < blocks * kTileBytes) p.b.resize(size_t(blocks * kTileBytes));
+  if (int64_t(p.s_w.size()) < blocks * 16) p.s_w.resize(size_t(blocks * 16));
+  int8_t* b = p.b.data();
 
+  // scale_at, inline: per row [rows]; grouped [rows][groups] or [tile][group][8].
+  const bool tiles = w.layout == QuantLayout::kTiles;
   for (int n = 0; n < 16; ++n) {
-    packed.row_scale[n] = n < live && !grouped ? w.scales[scale_at(w, ng, o0 + n, 0)] : 0.0f;
-    for (int64_t k = 0; k < blocks; ++k)
-      packed.s_w[size_t(k * 16 + n)] =
-          n >= live
-              ? 0.0f
-              : (grouped ? w.scales[scale_at(w, ng, o0 + n, k * kInt8Block / w.group_size)] : 1.0f);
+    const int64_t o = o0 + n;
+    p.row_scale[n] = n < live && !grouped ? w.scales[o] : 0.0f;
+    for (int64_t k = 0; k < blocks; ++k) {
+      const int64_t g = k * kInt8Block / std::max(w.group_size, 1);
+      p.s_w[size_t(k * 16 + n)] =
+          n >= live ? 0.0f
+          : !grouped
+              ? 1.0f
+              : w.scales[tiles ? (o / kTileRows * ng + g) * kTileRows + o % kTileRows : o * ng + g];
+    }
   }
 
   // kTiles with whole blocks: each tile word (4 bytes of 8 rows) is half a B row, loaded as is.
@@ -147,10 +173,11 @@ void pack(const QuantMatrixView& w, int64_t o0, int64_t blocks) {
         continue;
       }
       for (int64_t i = i0; i < cols; ++i) {  // short last block: element by element
-        const int64_t p = int8_position(int8 ? Int8Layout::kForInt8 : Int8Layout::kForInt4, i - i0);
+        const int64_t at =
+            int8_position(int8 ? Int8Layout::kForInt8 : Int8Layout::kForInt4, i - i0);
         const int v =
             int8 ? int(int8_t(row[i])) : int((i & 1) ? row[i >> 1] >> 4 : row[i >> 1] & 15) - 8;
-        bk[64 * (p / 4) + p % 4] = int8_t(v);
+        bk[64 * (at / 4) + at % 4] = int8_t(v);
       }
     }
   }
@@ -161,63 +188,126 @@ void pack(const QuantMatrixView& w, int64_t o0, int64_t blocks) {
 void int8_rows_amx(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                    int64_t row_begin, int64_t row_end) {
   row_end = std::min(row_end, w.rows);
-  const int64_t blocks = x.blocks;
+  if (row_begin >= row_end || x.n <= 0) return;
+  Packed& p = packed;
+  const int64_t blocks = x.blocks, tiles = (x.n + 15) / 16;
+  // The activations as A tiles, in the order the loops below read them.
+  if (int64_t(p.a.size()) < blocks * tiles * kTileBytes)
+    p.a.resize(size_t(blocks * tiles * kTileBytes));
+  int8_t* a = p.a.data();
+  for (int64_t k = 0; k < blocks; ++k)
+    for (int64_t t = 0; t < tiles * 16; ++t) {
+      int8_t* dst = a + (k * tiles + t / 16) * kTileBytes + (t % 16) * 64;
+      if (t < x.n)
+        std::memcpy(dst, x.q + (t * blocks + k) * kInt8Block, 64);
+      else
+        std::memset(dst, 0, 64);
+    }
+  if (int64_t(p.acc.size()) < tiles * 512) p.acc.resize(size_t(tiles * 512));
+  float* acc = p.acc.data();
+  configure(16);
   alignas(64) int32_t c[2][16][16];
-  int configured = 0;
-  for (int64_t o0 = row_begin; o0 < row_end; o0 += 16) {
-    pack(w, o0, blocks);
-    const int8_t* b = aligned(packed.b);
-    const int live = int(std::min<int64_t>(16, row_end - o0));
-    const __mmask16 store_mask = __mmask16((1u << live) - 1);
-    const __m512 row_scale = _mm512_loadu_ps(packed.row_scale);
-    for (int64_t t0 = 0; t0 < x.n; t0 += 16) {
-      const int m = int(std::min<int64_t>(16, x.n - t0));
-      if (m != configured) {
-        configure(m);
-        configured = m;
-      }
-      const int8_t* a = x.q + t0 * blocks * kInt8Block;
-      const int64_t a_stride = blocks * kInt8Block;
-      __m512 acc[16];
-      for (int r = 0; r < m; ++r) acc[r] = _mm512_setzero_ps();
-      // d_k of every (activation row, output row), exactly; then fp32 in block order.
-      auto scale_block = [&](const int32_t(*d)[16], int64_t k) {
-        const __m512 s_w = _mm512_loadu_ps(packed.s_w.data() + k * 16);
+  // Per-row formats: s_w = 1 and s_w * s_x = s_x exactly (no multiply).
+  const bool grouped = w.format == QuantFormat::kInt4Grouped;
+
+  // Output tiles two at a time (tiles 6 and 7), the second one zero weights past row_end.
+  for (int64_t o0 = row_begin; o0 < row_end; o0 += 32) {
+    pack(w, o0, blocks, p.w[0]);
+    const bool second = o0 + 16 < row_end;
+    if (second) {
+      pack(w, o0 + 16, blocks, p.w[1]);
+    } else {
+      p.w[1].b.assign(size_t(blocks * kTileBytes), 0);
+      p.w[1].s_w.assign(size_t(blocks * 16), 0.0f);
+    }
+    const int8_t* b0 = p.w[0].b.data();
+    const int8_t* b1 = p.w[1].b.data();
+    std::fill(acc, acc + tiles * 512, 0.0f);
+    for (int64_t k = 0; k < blocks; ++k) {
+      _tile_loadd(6, b0 + k * kTileBytes, 64);
+      _tile_loadd(7, b1 + k * kTileBytes, 64);
+      const __m512 s_w0 = _mm512_loadu_ps(p.w[0].s_w.data() + k * 16);
+      const __m512 s_w1 = _mm512_loadu_ps(p.w[1].s_w.data() + k * 16);
+      const int8_t* ak = a + k * tiles * kTileBytes;
+      // Activation tile i against both weight tiles into accumulators 2 (i % 2) and 2 (i % 2) + 1
+      // (A in tile 4 + i % 2); their scaling one tile later, while the next multiplies run.
+      const auto finish = [&](int64_t i) {
+        if (i % 2 == 0) {
+          _tile_stored(0, c[0], 64);
+          _tile_stored(1, c[1], 64);
+        } else {
+          _tile_stored(2, c[0], 64);
+          _tile_stored(3, c[1], 64);
+        }
+        const int m = int(std::min<int64_t>(16, x.n - 16 * i));
         for (int r = 0; r < m; ++r) {
-          const __m512 s = _mm512_mul_ps(s_w, _mm512_set1_ps(x.scale[(t0 + r) * blocks + k]));
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(d[r])), s, acc[r]);
+          const int64_t t = 16 * i + r;
+          const __m512 s_x = _mm512_set1_ps(x.scale[t * blocks + k]);
+          float* at = acc + t * 32;
+          _mm512_store_ps(
+              at, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[0][r])),
+                                  grouped ? _mm512_mul_ps(s_w0, s_x) : s_x, _mm512_load_ps(at)));
+          _mm512_store_ps(at + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[1][r])),
+                                                   grouped ? _mm512_mul_ps(s_w1, s_x) : s_x,
+                                                   _mm512_load_ps(at + 16)));
         }
       };
-      int64_t k = 0;
-      for (; k + 2 <= blocks; k += 2) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_loadd(2, a + k * kInt8Block, a_stride);
-        _tile_loadd(4, b + k * kTileBytes, 64);
-        _tile_loadd(3, a + (k + 1) * kInt8Block, a_stride);
-        _tile_loadd(5, b + (k + 1) * kTileBytes, 64);
-        _tile_dpbssd(0, 2, 4);
-        _tile_dpbssd(1, 3, 5);
-        _tile_stored(0, c[0], 64);
-        _tile_stored(1, c[1], 64);
-        scale_block(c[0], k);
-        scale_block(c[1], k + 1);
+      for (int64_t i = 0; i < tiles; ++i) {
+        if (i % 2 == 0) {
+          _tile_loadd(4, ak + i * kTileBytes, 64);
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_dpbssd(0, 4, 6);
+          _tile_dpbssd(1, 4, 7);
+        } else {
+          _tile_loadd(5, ak + i * kTileBytes, 64);
+          _tile_zero(2);
+          _tile_zero(3);
+          _tile_dpbssd(2, 5, 6);
+          _tile_dpbssd(3, 5, 7);
+        }
+        if (i >= 1) finish(i - 1);
       }
-      if (k < blocks) {
-        _tile_zero(0);
-        _tile_loadd(2, a + k * kInt8Block, a_stride);
-        _tile_loadd(4, b + k * kTileBytes, 64);
-        _tile_dpbssd(0, 2, 4);
-        _tile_stored(0, c[0], 64);
-        scale_block(c[0], k);
+      finish(tiles - 1);
+    }
+    for (int h = 0; h < (second ? 2 : 1); ++h) {
+      const int64_t o = o0 + 16 * h;
+      const int live = int(std::min<int64_t>(16, row_end - o));
+      const __mmask16 store_mask = __mmask16((1u << live) - 1);
+      const __m512 row_scale = _mm512_loadu_ps(p.w[h].row_scale);
+      for (int64_t t = 0; t < x.n; ++t) {
+        const __m512 v = _mm512_load_ps(acc + t * 32 + 16 * h);
+        _mm512_mask_storeu_ps(y + t * y_stride + o, store_mask,
+                              grouped ? v : _mm512_mul_ps(v, row_scale));
       }
-      for (int r = 0; r < m; ++r)
-        _mm512_mask_storeu_ps(
-            y + (t0 + r) * y_stride + o0, store_mask,
-            w.format == QuantFormat::kInt4Grouped ? acc[r] : _mm512_mul_ps(acc[r], row_scale));
     }
   }
-  if (configured) _tile_release();
+  _tile_release();
+}
+
+int64_t amx_int8_peak_probe(int64_t iterations) {
+  configure(16);  // 0-3 accumulators, 4-5 A, 6-7 B
+  alignas(64) int8_t ones[16][64];
+  std::memset(ones, 0, sizeof ones);
+  ones[0][0] = 1;
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < iterations; ++i) {  // four independent chains
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  alignas(64) int32_t c[16][16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0][0];  // = iterations
 }
 
 }  // namespace colibri::kernels::detail

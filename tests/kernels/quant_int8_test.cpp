@@ -358,7 +358,7 @@ TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
   const int threads = omp_get_max_threads();
   test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats)
-      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9), int64_t(19)}) {
+      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9), kAmxMinRows + 3}) {
         SCOPED_TRACE(isa_label(isa) + " " + fc.name + " n=" + std::to_string(n));
         const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 21);
         const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 22);
@@ -403,7 +403,8 @@ TEST(QuantLinearInt8Amx, EqualsTheScalarReferenceOnEveryShapeClass) {
   const Shape shapes[] = {{96, 384}, {40, 320}, {37, 70},   {5, 130}, {3, 1},
                           {2, 17},   {9, 200},  {33, 2240}, {16, 64}, {17, 1088},
                           {8, 128},  {24, 192}, {200, 448}};
-  const int64_t batches[] = {16, 17, 31, 40, 53};
+  const int64_t batches[] = {kAmxMinRows, kAmxMinRows + 1, kAmxMinRows + 15, kAmxMinRows + 24,
+                             3 * kAmxMinRows + 5};
   for (const FormatCase& fc : kFormats)
     for (const Shape& s : shapes)
       for (QuantLayout layout : {QuantLayout::kRows, QuantLayout::kTiles}) {
@@ -436,7 +437,7 @@ TEST(QuantLinearInt8Amx, ExtremeCodesAreExact) {
   if (!amx_available()) GTEST_SKIP() << kNoAmx;
   const ScopedAmx on(true);
   const Shape s{20, 256};
-  const int64_t n = 18;
+  const int64_t n = kAmxMinRows + 2;
   for (const FormatCase& fc : {kFormats[1], kFormats[4]}) {
     SCOPED_TRACE(fc.name);
     QuantMatrix m(fc, s);
@@ -460,7 +461,7 @@ TEST(QuantLinearInt8Amx, ExpertFfnEqualsVnni) {
     const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 31);
     const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 32);
     const QuantMatrix down = quantized_normal(fc, {hidden, inter}, 33);
-    for (int64_t n : {kAmxMinRows - 1, kAmxMinRows, int64_t(45)}) {
+    for (int64_t n : {kAmxMinRows - 1, kAmxMinRows, kAmxMinRows + 29}) {
       SCOPED_TRACE(std::string(fc.name) + " n=" + std::to_string(n));
       const std::vector<float> x = normal(n * hidden, 34);
       std::vector<float> with(size_t(n * hidden)), without(with.size());
