@@ -46,17 +46,17 @@ struct alignas(64) TileConfig {
 };
 static_assert(sizeof(TileConfig) == 64);
 
-// Tiles 0-7, each m rows of 64 bytes. The kernel: 0-3 accumulators, 4-5 activations, 6 weights.
-void configure(int m) {
+// Tiles 0-7, each 16 rows of 64 bytes: 0-3 accumulators, 4-5 activations, 6-7 weights.
+void configure() {
   TileConfig c;
   for (int t = 0; t < 8; ++t) {
     c.colsb[t] = 64;
-    c.rows[t] = uint8_t(m);
+    c.rows[t] = 16;
   }
   _tile_loadconfig(&c);
 }
 
-// 64-byte aligned storage for vectors of floats.
+// 64-byte aligned storage for the buffers the tiles load.
 template <typename T>
 struct AlignedAlloc {
   using value_type = T;
@@ -205,7 +205,7 @@ void int8_rows_amx(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_
     }
   if (int64_t(p.acc.size()) < tiles * 512) p.acc.resize(size_t(tiles * 512));
   float* acc = p.acc.data();
-  configure(16);
+  configure();
   alignas(64) int32_t c[2][16][16];
   // Per-row formats: s_w = 1 and s_w * s_x = s_x exactly (no multiply).
   const bool grouped = w.format == QuantFormat::kInt4Grouped;
@@ -286,7 +286,7 @@ void int8_rows_amx(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_
 }
 
 int64_t amx_int8_peak_probe(int64_t iterations) {
-  configure(16);  // 0-3 accumulators, 4-5 A, 6-7 B
+  configure();
   alignas(64) int8_t ones[16][64];
   std::memset(ones, 0, sizeof ones);
   ones[0][0] = 1;
