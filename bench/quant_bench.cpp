@@ -1,7 +1,7 @@
 // quant_bench: the routed-expert FFN on quantized weights, against the machine's memory read
 // bandwidth measured in the same run.
 //
-//   quant_bench [--experts 64] [--batch 1,8] [--threads 1,N] [--isa avx512,avx2,scalar]
+//   quant_bench [--experts 64] [--batch 1,8] [--threads 1,N] [--isa amx,avx512,avx2,scalar]
 //               [--format int4-g64] [--activations f32,int8] [--layout rows,tiles] [--reps 7]
 //               [--read-mib 1024]
 //
@@ -14,6 +14,12 @@
 // its ratio to the read bandwidth. Without --isa: every ISA this CPU has, or only COLIBRI_ISA's.
 // --layout: the same bytes read as kRows or as kTiles (kernels/cpu/quant.h; the bytes are random,
 // so either reading is a valid matrix), where the shape allows tiles.
+//
+// amx is AVX-512 with the AMX int8 tiles on (set_amx) and avx512 the same with them off: with int8
+// activations, batches of kAmxMinRows rows or more run the AMX kernel under amx and VNNI under
+// avx512 (below, amx runs VNNI too and is labelled so). Each configuration also reports int8 TOPS
+// (two operations per multiply-add of the three products), next to the tile-multiply peak of one
+// thread measured at the start (a loop of tdpbssd on resident tiles) where the CPU has AMX.
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -42,6 +48,19 @@ namespace {
 using kernels::QuantFormat;
 using kernels::QuantIsa;
 using kernels::QuantMatrixView;
+
+// An ISA as the bench names it: amx is kAvx512 with AMX on.
+struct IsaChoice {
+  QuantIsa isa;
+  bool amx;
+};
+
+IsaChoice resolve_isa(const std::string& name) {
+  if (name != "amx") return {kernels::quant_isa_resolve(name.c_str()), false};
+  if (!kernels::amx_available())
+    throw std::invalid_argument("--isa amx: AMX is not available on this CPU or kernel");
+  return {QuantIsa::kAvx512, true};
+}
 
 struct BenchOptions {
   int experts = 64;
@@ -181,16 +200,18 @@ struct Result {
   std::string isa, activations, layout;
   int threads = 0, batch = 0;
   int calls_per_rep = 0;
-  Stats kernel_gbps, read_gbps;
+  Stats kernel_gbps, read_gbps, tops;
   double ratio = 0;
 };
 
 Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffer& read_buffer,
-                  QuantIsa isa, kernels::QuantActivations acts, bool bf16_pairs,
+                  IsaChoice choice, kernels::QuantActivations acts, bool bf16_pairs,
                   kernels::QuantLayout layout, int threads, int batch, size_t& cursor,
                   uint64_t& sink) {
   omp_set_num_threads(threads);
   kernels::set_bf16_pairs(bf16_pairs);
+  kernels::set_amx(choice.amx);
+  const QuantIsa isa = choice.isa;
   const int64_t hidden = options.hidden;
   std::vector<float> x(size_t(batch * hidden)), y(x.size());  // [batch, hidden]
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
@@ -218,15 +239,18 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
       std::clamp(int(options.rep_seconds / std::max(call_s, 1e-9)), std::min(4, count), count);
   sink += read_sum(read_buffer.data, read_buffer.bytes);
 
-  std::vector<double> kernel_gbps, read_gbps;
+  // Multiply-adds of one call: gate, up and down, batch rows each.
+  const double ops_per_call = 2.0 * batch * 3.0 * double(options.inter) * double(hidden);
+  std::vector<double> kernel_gbps, read_gbps, tops;
   for (int r = 0; r < options.reps; ++r) {
     auto start = std::chrono::steady_clock::now();
     sink += read_sum(read_buffer.data, read_buffer.bytes);
     read_gbps.push_back(double(read_buffer.bytes) / seconds_since(start) / 1e9);
     start = std::chrono::steady_clock::now();
     for (int c = 0; c < calls_per_rep; ++c) call();
-    kernel_gbps.push_back(double(set.bytes_per_expert) * calls_per_rep / seconds_since(start) /
-                          1e9);
+    const double s = seconds_since(start);
+    kernel_gbps.push_back(double(set.bytes_per_expert) * calls_per_rep / s / 1e9);
+    tops.push_back(ops_per_call * calls_per_rep / s / 1e12);
   }
   for (float v : y)
     if (!std::isfinite(v)) throw std::runtime_error("non-finite expert output");
@@ -236,14 +260,18 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   res.isa = kernels::quant_isa_name(isa);
   res.activations = kernels::quant_activations_name(acts);
   res.layout = layout == kernels::QuantLayout::kTiles ? "tiles" : "rows";
-  if (acts == kernels::QuantActivations::kInt8 && kernels::int8_activations_vnni(isa))
-    res.isa += "+vnni";
+  const bool int8 = acts == kernels::QuantActivations::kInt8;
+  if (int8 && kernels::int8_activations_amx(isa, batch))
+    res.isa = "amx";
+  else if (int8 && kernels::int8_activations_vnni(isa))
+    res.isa += choice.amx ? "+vnni(amx<" + std::to_string(kernels::kAmxMinRows) + ")" : "+vnni";
   if (bf16_pairs) res.isa += "+bf16";
   res.threads = threads;
   res.batch = batch;
   res.calls_per_rep = calls_per_rep;
   res.kernel_gbps = summarize(kernel_gbps);
   res.read_gbps = summarize(read_gbps);
+  res.tops = summarize(tops);
   res.ratio = res.kernel_gbps.median / res.read_gbps.median;
   return res;
 }
@@ -255,26 +283,32 @@ int run(BenchOptions options) {
     options.threads = {1};
     if (procs > 1) options.threads.push_back(procs);
   }
-  std::vector<QuantIsa> isas;
+  std::vector<IsaChoice> isas;
+  const bool amx_default = kernels::amx_enabled();  // the dispatch's choice (COLIBRI_AMX)
   if (!options.isas.empty()) {
-    for (const std::string& name : options.isas)
-      isas.push_back(kernels::quant_isa_resolve(name.c_str()));
+    for (const std::string& name : options.isas) isas.push_back(resolve_isa(name));
   } else if (const char* cap = std::getenv("COLIBRI_ISA"); cap != nullptr && *cap != '\0') {
-    isas.push_back(kernels::quant_isa_selected());
+    isas.push_back({kernels::quant_isa_selected(), amx_default});
   } else {
+    if (amx_default) isas.push_back({QuantIsa::kAvx512, true});
     for (QuantIsa isa : {QuantIsa::kAvx512, QuantIsa::kAvx2, QuantIsa::kScalar})
-      if (kernels::quant_isa_available(isa)) isas.push_back(isa);
+      if (kernels::quant_isa_available(isa)) isas.push_back({isa, false});
   }
 
   std::string available;
   for (QuantIsa isa : {QuantIsa::kAvx512, QuantIsa::kAvx2, QuantIsa::kScalar})
     if (kernels::quant_isa_available(isa))
       available += std::string(available.empty() ? "" : ",") + kernels::quant_isa_name(isa);
+  if (kernels::amx_available()) available = "amx," + available;
   const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
 
   const ExpertSet set(options.experts, options.hidden, options.inter, fc);
   const Buffer read_buffer(size_t(options.read_mib) << 20);
   fill_random(read_buffer.data, read_buffer.bytes, 2);
+
+  // One thread's tile-multiply peak (0 without AMX), before the configurations.
+  omp_set_num_threads(1);
+  const double amx_peak_tops = kernels::amx_int8_peak_ops(0.5) / 1e12;
 
   fmt::print("quant_bench: routed-expert FFN down(silu(gate x) * up x) vs memory read bandwidth\n");
   fmt::print(
@@ -287,6 +321,9 @@ int run(BenchOptions options) {
       options.experts, options.inter, options.hidden, options.hidden, options.inter, options.format,
       set.bytes_per_expert / 1e6, double(set.bytes_per_expert) * options.experts / 1e9,
       read_buffer.bytes / 1e9, options.reps);
+  if (amx_peak_tops > 0)
+    fmt::print("AMX tile-multiply peak (tdpbssd on resident tiles, 1 thread): {:.2f} int8 TOPS\n",
+               amx_peak_tops);
   fmt::print("{}\n", nlohmann::ordered_json{{"bench", "machine"},
                                             {"cpu", colibri::bench::cpu_model()},
                                             {"cores", procs},
@@ -294,23 +331,28 @@ int run(BenchOptions options) {
                                             {"isas", available},
                                             {"dispatched_isa", kernels::quant_isa()},
                                             {"compiler", __VERSION__},
+                                            {"amx_peak_int8_tops_1thread",
+                                             std::round(amx_peak_tops * 1000) / 1000},
                                             {"load_average", colibri::bench::load_average()}}
                          .dump());
 
-  fmt::print("\n{:>11} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}\n", "isa", "act",
-             "layout", "threads", "batch", "calls", "expert FFN GB/s", "memory read GB/s", "ratio");
+  fmt::print("\n{:>22} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>22}  {:>22}  {:>6}  {:>7}\n", "isa", "act",
+             "layout", "threads", "batch", "calls", "expert FFN GB/s", "memory read GB/s", "ratio",
+             "TOPS");
   size_t cursor = 0;
   uint64_t sink = 0;
   std::vector<Result> results;
-  for (QuantIsa isa : isas)
+  for (const IsaChoice& choice : isas)
     for (const std::string& act_name : options.activations)
       for (int threads : options.threads)
         for (int batch : options.batches)
           for (const std::string& layout_name : options.layouts)
             for (bool pairs : {false, true}) {
               // BF16 pairs: fp32 activations, one row, AVX-512 with BF16 (kernels/cpu/quant.h).
+              const QuantIsa isa = choice.isa;
               const kernels::QuantActivations acts =
                   kernels::quant_activations_resolve(act_name.c_str());
+              if (choice.amx && acts != kernels::QuantActivations::kInt8) continue;  // int8 only
               if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
                              batch == 1 && kernels::bf16_pairs_available()))
                 continue;
@@ -323,15 +365,15 @@ int run(BenchOptions options) {
                     kernels::tiles_supported(fc.format, options.hidden, options.inter,
                                              fc.group_size)))
                 continue;
-              const Result r = run_config(options, set, read_buffer, isa, acts, pairs, layout,
+              const Result r = run_config(options, set, read_buffer, choice, acts, pairs, layout,
                                           threads, batch, cursor, sink);
               fmt::print(
-                  "{:>11} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} "
+                  "{:>22} {:>5} {:>6} {:>7} {:>5} {:>6}  {:>6.2f} [{:>6.2f}, {:>6.2f}]  {:>6.2f} "
                   "[{:>6.2f}, "
-                  "{:>6.2f}]  {:>6.3f}\n",
+                  "{:>6.2f}]  {:>6.3f}  {:>7.3f}\n",
                   r.isa, r.activations, r.layout, r.threads, r.batch, r.calls_per_rep,
                   r.kernel_gbps.median, r.kernel_gbps.min, r.kernel_gbps.max, r.read_gbps.median,
-                  r.read_gbps.min, r.read_gbps.max, r.ratio);
+                  r.read_gbps.min, r.read_gbps.max, r.ratio, r.tops.median);
               std::fflush(stdout);
               results.push_back(r);
             }
@@ -360,6 +402,11 @@ int run(BenchOptions options) {
                                      {"min", round3(r.read_gbps.min)},
                                      {"max", round3(r.read_gbps.max)}}},
                                    {"ratio", round3(r.ratio)},
+                                   {"tops",
+                                    {{"median", round3(r.tops.median)},
+                                     {"min", round3(r.tops.min)},
+                                     {"max", round3(r.tops.max)}}},
+                                   {"amx_peak_tops", round3(amx_peak_tops)},
                                    {"read_bytes", read_buffer.bytes}};
     fmt::print("{}\n", line.dump());
   }
@@ -385,7 +432,7 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   app.add_option("--isa", options.isas,
-                 "ISAs to measure: avx512, avx2, scalar (default: all available)")
+                 "ISAs to measure: amx, avx512, avx2, scalar (default: all available)")
       ->delimiter(',');
   app.add_option("--activations", options.activations, "f32 and/or int8, one configuration each")
       ->delimiter(',');

@@ -168,6 +168,22 @@ bool vnni_enabled();
 void set_vnni(bool allowed);
 // Whether the int8 kernels on `isa` use VNNI now.
 bool int8_activations_vnni(QuantIsa isa);
+// AMX: tdpbssd on int8 tiles (Sapphire Rapids and later), 16 x 16 outputs by 64 inputs in one
+// instruction. The int8 kernels on AVX-512 use it for products of at least kAmxMinRows rows of
+// activations (a prompt chunk, a full batch; fewer stay on VNNI), every format the int8 path
+// takes, either layout, bit for bit the same results. Available: the build is for x86-64 Linux, the
+// CPU has AMX-TILE and AMX-INT8, and the kernel grants the tile state (arch_prctl
+// ARCH_REQ_XCOMP_PERM, asked once); enabled: available and not turned off (set_amx, or
+// COLIBRI_AMX=0 in the environment).
+inline constexpr int64_t kAmxMinRows = 32;
+bool amx_available();
+bool amx_enabled();
+void set_amx(bool allowed);
+// Whether the int8 kernels on `isa` use AMX now for n rows of activations.
+bool int8_activations_amx(QuantIsa isa, int64_t n);
+// The tile-multiply peak on the calling thread, in int8 operations per second (a multiply-add is
+// two): a loop of tdpbssd on resident tiles for about `seconds`. 0 where AMX is not available.
+double amx_int8_peak_ops(double seconds);
 
 // The int8-activation kernels on an explicit ISA (std::invalid_argument when the ISA is not
 // available or a format is not supported).

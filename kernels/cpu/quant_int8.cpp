@@ -3,9 +3,16 @@
 // quant_int8_avx512.cpp.
 #include <omp.h>
 
+#if defined(__linux__) && (defined(__x86_64__) || defined(_M_X64))
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -144,6 +151,25 @@ bool cpu_has_avx_vnni() {
 }
 
 std::atomic<bool> g_vnni_allowed{detail::allowed_by_env("COLIBRI_VNNI")};
+std::atomic<bool> g_amx_allowed{detail::allowed_by_env("COLIBRI_AMX")};
+
+// CPUID leaf 7: AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25); the OS enables the tile state in
+// XCR0 (bits 17, 18); then Linux grants it to this process on request (XFEATURE_XTILEDATA = 18).
+bool amx_usable() {
+#if COLIBRI_QUANT_X86 && defined(__linux__)
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+    return false;
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & (3u << 17)) != (3u << 17)) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 detail::QuantizeBlockFn quantize_kernel(QuantIsa isa) {
 #if COLIBRI_QUANT_X86
@@ -177,10 +203,15 @@ bool reads_tiles(detail::Int8RowsKernel kernel) {
 #endif
 }
 
-// The kernel for w on isa on rows [row_begin, row_end) of w; a kTiles matrix that kernel does not
-// read natively one tile at a time through tile_as_rows.
+// The kernel for w on isa on rows [row_begin, row_end) of w: AMX for many rows where enabled;
+// else a kTiles matrix that kernel does not read natively one tile at a time through
+// tile_as_rows.
 void run_int8(QuantIsa isa, const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
               int64_t row_begin, int64_t row_end) {
+#if COLIBRI_QUANT_X86
+  if (int8_activations_amx(isa, x.n))
+    return detail::int8_rows_amx(w, x, y, y_stride, row_begin, row_end);
+#endif
   const detail::Int8RowsKernel kernel = int8_kernel(isa, w.layout);
   if (w.layout == QuantLayout::kRows || reads_tiles(kernel))
     return kernel(w, x, y, y_stride, row_begin, row_end);
@@ -305,6 +336,45 @@ bool int8_activations_vnni(QuantIsa isa) {
 #else
   (void)kernel;
   return false;
+#endif
+}
+
+bool amx_available() {
+  static const bool available = quant_isa_available(QuantIsa::kAvx512) && amx_usable();
+  return available;
+}
+
+bool amx_enabled() {
+  return g_amx_allowed.load(std::memory_order_relaxed) && amx_available();
+}
+
+void set_amx(bool allowed) {
+  g_amx_allowed.store(allowed, std::memory_order_relaxed);
+}
+
+bool int8_activations_amx(QuantIsa isa, int64_t n) {
+  return isa == QuantIsa::kAvx512 && n >= kAmxMinRows && amx_enabled();
+}
+
+double amx_int8_peak_ops(double seconds) {
+#if COLIBRI_QUANT_X86
+  if (!amx_available()) return 0.0;
+  constexpr double kOpsPerIteration = 4.0 * 16 * 16 * 64 * 2;
+  int64_t iterations = 1 << 12;
+  for (;;) {
+    const auto start = std::chrono::steady_clock::now();
+    if (detail::amx_int8_peak_probe(iterations) != iterations)
+      throw std::logic_error("AMX peak probe: wrong tile sum");
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (s >= 0.9 * seconds || iterations > (int64_t(1) << 40))
+      return kOpsPerIteration * iterations / s;
+    iterations =
+        int64_t(double(iterations) * std::clamp(1.1 * seconds / std::max(s, 1e-6), 1.1, 10.0));
+  }
+#else
+  (void)seconds;
+  return 0.0;
 #endif
 }
 

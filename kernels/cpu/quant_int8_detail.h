@@ -74,5 +74,12 @@ void int8_tiles_vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int6
 // vpdpbusd over tiles of 16 rows (AVX-512 VNNI): kRows matrices.
 void int8_rows_avx512vnni(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
                           int64_t row_begin, int64_t row_end);
+// tdpbssd on AMX int8 tiles, 16 output rows by 16 activation rows a block (AVX-512 for the scales):
+// either layout. Only after amx_available() (CPUID and the permission request).
+void int8_rows_amx(const QuantMatrixView& w, const Int8Rows& x, float* y, int64_t y_stride,
+                   int64_t row_begin, int64_t row_end);
+// `iterations` times four tdpbssd on resident 16 x 64 tiles (16 x 16 x 64 multiply-adds each,
+// independent accumulators); returns iterations (read back from a tile). The peak probe.
+int64_t amx_int8_peak_probe(int64_t iterations);
 
 }  // namespace colibri::kernels::detail

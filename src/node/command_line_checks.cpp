@@ -165,8 +165,8 @@ void check_environment() {
   } catch (const std::invalid_argument& e) {
     fail("{}", e.what());
   }
-  for (const char* name :
-       {"COLIBRI_VNNI", "COLIBRI_TILES", "COLIBRI_BF16_PAIRS", "COLIBRI_SPLIT_HEADS"}) {
+  for (const char* name : {"COLIBRI_VNNI", "COLIBRI_AMX", "COLIBRI_TILES", "COLIBRI_BF16_PAIRS",
+                           "COLIBRI_SPLIT_HEADS"}) {
     const char* value = std::getenv(name);
     if (value && std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0)
       fail("{}='{}' must be 0 (off) or 1 (on)", name, value);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 
 #include "../unit/model_writer.h"
 #include "common/dtype.h"
@@ -391,6 +392,57 @@ TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
     }
   }
   kernels::set_quant_activations(saved);
+  std::filesystem::remove_all(dir);
+}
+
+// AMX computes each block's integer dot product exactly and scales it in fp32 in the VNNI
+// kernel's order (kernels/cpu/quant_int8_detail.h), so prompt chunks of many rows through the
+// quantized projections, shared and routed experts give the logits bit for bit with it on and off.
+TEST(Engine, LogitsBitwiseWithAmxOnAndOff) {
+  if (!kernels::amx_available())
+    GTEST_SKIP() << "AMX not available here (needs x86-64 Linux, a CPU with AMX-TILE and "
+                    "AMX-INT8, and the kernel's permission for the tile state)";
+  if (kernels::quant_isa_selected() != kernels::QuantIsa::kAvx512)
+    GTEST_SKIP() << "COLIBRI_ISA caps the kernels below avx512, which AMX needs";
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("colibri-engine-amx-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  ConvertOptions convert;
+  convert.input_dir = kParityDir / "glm52" / "model";
+  convert.output_dir = dir;
+  convert.dense_bits = 8;
+  convert.io_bits = 8;
+  convert_checkpoint(convert);
+  LocalModel quantized(dir, /*keep_stored=*/true);
+  ASSERT_TRUE(quantized.weights.layers[0].attn.o_proj.quantized());
+
+  // Two prompts of 40 and 37 tokens in one chunk each: 77 rows in the first step, past
+  // kAmxMinRows for every quantized projection.
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int> token(0, quantized.config.vocab_size - 1);
+  std::vector<testing::ScriptedSequence> seqs(2);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (int t = 0; t < 40 - 3 * int(i); ++t) seqs[i].prompt.push_back(token(rng));
+    for (int t = 0; t < 3; ++t) seqs[i].teacher_forced.push_back(token(rng));
+  }
+  ASSERT_GE(int64_t(seqs[0].prompt.size() + seqs[1].prompt.size()), 2 * kernels::kAmxMinRows);
+  EngineOptions options;
+  options.max_rows = 128;
+  options.max_seqs = 2;
+  const kernels::QuantActivations saved_acts = kernels::quant_activations_selected();
+  const bool saved_amx = kernels::amx_enabled();
+  kernels::set_quant_activations(kernels::QuantActivations::kInt8);
+  std::vector<testing::ScheduleRun> runs;
+  for (const bool amx : {true, false}) {
+    kernels::set_amx(amx);
+    runs.push_back(testing::run_schedule(*quantized.engine(options), seqs, 64));
+  }
+  kernels::set_amx(saved_amx);
+  kernels::set_quant_activations(saved_acts);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_FALSE(runs[0].logits[i].empty());
+    EXPECT_EQ(runs[0].logits[i], runs[1].logits[i]) << "sequence " << i;
+  }
   std::filesystem::remove_all(dir);
 }
 

@@ -32,17 +32,27 @@ inline std::vector<QuantIsa> available_isas() {
 }
 
 // f(isa) for every available ISA, and again with VNNI on where the int8 kernels of that ISA use
-// it when enabled (set_vnni; restored after): every int8 kernel this machine can run.
+// it when enabled (set_vnni), and with AMX on where it is available (set_amx; only for batches of
+// kAmxMinRows rows or more): every int8 kernel this machine can run. The switches are restored
+// after; AMX is off in the other runs.
 template <typename F>
 void for_each_int8_kernel(F f) {
   const bool saved = vnni_enabled() || !vnni_available();  // the switch (on where there is no VNNI)
+  const bool saved_amx = amx_enabled() || !amx_available();
+  set_amx(false);
   for (QuantIsa isa : available_isas()) {
     set_vnni(false);
     f(isa);
     set_vnni(true);
     if (int8_activations_vnni(isa)) f(isa);
+    if (isa == QuantIsa::kAvx512 && amx_available()) {
+      set_amx(true);
+      f(isa);
+      set_amx(false);
+    }
   }
   set_vnni(saved);
+  set_amx(saved_amx);
 }
 
 inline std::vector<float> normal(int64_t count, uint32_t seed, float stddev = 1.0f) {

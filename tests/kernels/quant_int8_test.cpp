@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -40,7 +41,8 @@ const Shape kShapes[] = {{96, 384}, {40, 320}, {37, 70}, {5, 130},
 const int64_t kBatches[] = {1, 3, 8, 11, 20};
 
 std::string isa_label(QuantIsa isa) {
-  return std::string(quant_isa_name(isa)) + (int8_activations_vnni(isa) ? "+vnni" : "");
+  return std::string(quant_isa_name(isa)) + (int8_activations_vnni(isa) ? "+vnni" : "") +
+         (int8_activations_amx(isa, kAmxMinRows) ? "+amx" : "");
 }
 
 struct QuantMatrix {
@@ -356,7 +358,7 @@ TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
   const int threads = omp_get_max_threads();
   test::for_each_int8_kernel([&](QuantIsa isa) {
     for (const FormatCase& fc : kFormats)
-      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9)}) {
+      for (int64_t n : {int64_t(1), int64_t(3), int64_t(9), kAmxMinRows + 3}) {
         SCOPED_TRACE(isa_label(isa) + " " + fc.name + " n=" + std::to_string(n));
         const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 21);
         const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 22);
@@ -375,6 +377,133 @@ TEST(QuantExpertFfnInt8, EqualsTheComposedProducts) {
       }
   });
   omp_set_num_threads(threads);
+}
+
+// ---- AMX ----------------------------------------------------------------------------------------
+
+constexpr const char* kNoAmx =
+    "AMX not available here (needs x86-64 Linux, a CPU with AMX-TILE and AMX-INT8, and the "
+    "kernel's "
+    "permission for the tile state)";
+
+// Sets the AMX switch for a scope and restores it.
+struct ScopedAmx {
+  bool saved = amx_enabled() || !amx_available();
+  explicit ScopedAmx(bool on) { set_amx(on); }
+  ~ScopedAmx() { set_amx(saved); }
+};
+
+// The AMX kernel (16 x 16 tiles of outputs, 64-input blocks) on every shape class: rows that are
+// not a multiple of 16 (a last tile of 1..15 live rows, kTiles with an odd tile count), short last
+// blocks and odd cols (kRows), activation rows that leave a partial last tile, in either layout:
+// bit for bit the scalar reference, and so the VNNI kernel.
+TEST(QuantLinearInt8Amx, EqualsTheScalarReferenceOnEveryShapeClass) {
+  if (!amx_available()) GTEST_SKIP() << kNoAmx;
+  const ScopedAmx on(true);
+  const Shape shapes[] = {{96, 384}, {40, 320}, {37, 70},   {5, 130}, {3, 1},
+                          {2, 17},   {9, 200},  {33, 2240}, {16, 64}, {17, 1088},
+                          {8, 128},  {24, 192}, {200, 448}};
+  const int64_t batches[] = {kAmxMinRows, kAmxMinRows + 1, kAmxMinRows + 15, kAmxMinRows + 24,
+                             3 * kAmxMinRows + 5};
+  for (const FormatCase& fc : kFormats)
+    for (const Shape& s : shapes)
+      for (QuantLayout layout : {QuantLayout::kRows, QuantLayout::kTiles}) {
+        if (layout == QuantLayout::kTiles &&
+            !tiles_supported(fc.format, s.rows, s.cols, fc.group_size))
+          continue;
+        QuantMatrix m = quantized_normal(fc, s, uint32_t(s.rows * 5 + s.cols));
+        QuantMatrixView v = m.view();
+        std::vector<uint8_t> tiled(m.data.size());
+        std::vector<float> tiled_scales(m.scales.size());
+        if (layout == QuantLayout::kTiles) {
+          relayout(v, layout, tiled.data(), tiled_scales.data());
+          v = {m.format, m.rows, m.cols, m.group_size, tiled.data(), tiled_scales.data(), layout};
+        }
+        for (int64_t n : batches) {
+          SCOPED_TRACE(std::string(fc.name) + " " + std::to_string(s.rows) + "x" +
+                       std::to_string(s.cols) + (layout == QuantLayout::kTiles ? " tiles" : "") +
+                       " n=" + std::to_string(n));
+          ASSERT_TRUE(int8_activations_amx(QuantIsa::kAvx512, n));
+          const std::vector<float> x = normal(n * s.cols, uint32_t(n + 7));
+          std::vector<float> got(size_t(n * s.rows), std::nanf(""));
+          quant_linear_int8(QuantIsa::kAvx512, v, x.data(), n, got.data());
+          ASSERT_EQ(got, run_int8(QuantIsa::kScalar, m, x, n));
+        }
+      }
+}
+
+// The extreme codes of ExtremeCodesDoNotSaturate at a batch AMX takes: exact int32 sums.
+TEST(QuantLinearInt8Amx, ExtremeCodesAreExact) {
+  if (!amx_available()) GTEST_SKIP() << kNoAmx;
+  const ScopedAmx on(true);
+  const Shape s{20, 256};
+  const int64_t n = kAmxMinRows + 2;
+  for (const FormatCase& fc : {kFormats[1], kFormats[4]}) {
+    SCOPED_TRACE(fc.name);
+    QuantMatrix m(fc, s);
+    for (size_t k = 0; k < m.data.size(); ++k)
+      m.data[k] =
+          fc.format == QuantFormat::kInt8Row ? (k % 3 ? 0x80 : 0x7F) : (k % 2 ? 0x00 : 0xFF);
+    std::fill(m.scales.begin(), m.scales.end(), 0.5f);
+    std::vector<float> x(size_t(n * s.cols));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = (i / 3) % 2 ? -1.0f : 1.0f;
+    const std::vector<float> y = run_int8(QuantIsa::kAvx512, m, x, n);
+    expect_exact_within_bound(m, x, n, y);
+    EXPECT_EQ(y, run_int8(QuantIsa::kScalar, m, x, n));
+  }
+}
+
+// The fused FFN with AMX on and off: bit for bit, at batches on both sides of kAmxMinRows.
+TEST(QuantLinearInt8Amx, ExpertFfnEqualsVnni) {
+  if (!amx_available()) GTEST_SKIP() << kNoAmx;
+  const int64_t hidden = 320, inter = 200;
+  for (const FormatCase& fc : kFormats) {
+    const QuantMatrix gate = quantized_normal(fc, {inter, hidden}, 31);
+    const QuantMatrix up = quantized_normal(fc, {inter, hidden}, 32);
+    const QuantMatrix down = quantized_normal(fc, {hidden, inter}, 33);
+    for (int64_t n : {kAmxMinRows - 1, kAmxMinRows, kAmxMinRows + 29}) {
+      SCOPED_TRACE(std::string(fc.name) + " n=" + std::to_string(n));
+      const std::vector<float> x = normal(n * hidden, 34);
+      std::vector<float> with(size_t(n * hidden)), without(with.size());
+      {
+        const ScopedAmx on(true);
+        quant_expert_ffn_int8(QuantIsa::kAvx512, gate.view(), up.view(), down.view(), x.data(), n,
+                              with.data());
+      }
+      {
+        const ScopedAmx off(false);
+        quant_expert_ffn_int8(QuantIsa::kAvx512, gate.view(), up.view(), down.view(), x.data(), n,
+                              without.data());
+      }
+      EXPECT_EQ(with, without);
+    }
+  }
+}
+
+// set_amx turns it off and on; it serves only AVX-512 and batches of kAmxMinRows rows or more.
+TEST(QuantLinearInt8Amx, SwitchAndThreshold) {
+  {
+    const ScopedAmx off(false);
+    EXPECT_FALSE(amx_enabled());
+    EXPECT_FALSE(int8_activations_amx(QuantIsa::kAvx512, 512));
+  }
+  const ScopedAmx on(true);
+  EXPECT_EQ(amx_enabled(), amx_available());
+  EXPECT_FALSE(int8_activations_amx(QuantIsa::kAvx512, kAmxMinRows - 1));
+  EXPECT_FALSE(int8_activations_amx(QuantIsa::kAvx2, 512));
+  EXPECT_FALSE(int8_activations_amx(QuantIsa::kScalar, 512));
+  EXPECT_EQ(int8_activations_amx(QuantIsa::kAvx512, kAmxMinRows), amx_available());
+  if (!amx_available()) GTEST_SKIP() << kNoAmx;
+}
+
+// COLIBRI_AMX=0 in the environment turns AMX off at start (ctest runs this test once more with it
+// set: QuantLinearInt8Amx.EnvironmentTurnsItOff.COLIBRI_AMX=0).
+TEST(QuantLinearInt8Amx, EnvironmentTurnsItOff) {
+  const char* value = std::getenv("COLIBRI_AMX");
+  if (value == nullptr || std::string(value) != "0")
+    GTEST_SKIP() << "COLIBRI_AMX is not 0 here; the run with it set checks the switch";
+  EXPECT_FALSE(amx_enabled());
+  EXPECT_FALSE(int8_activations_amx(QuantIsa::kAvx512, 512));
 }
 
 }  // namespace
