@@ -305,7 +305,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     fail("{}: output directory is the input directory", o.output_dir.string());
 
   const ModelConfig config = load_model_config(o.input_dir);
-  const Checkpoint checkpoint(o.input_dir, config.fp8_block);
+  const Checkpoint checkpoint(o.input_dir, config.fp8_block, config.int4_group_size);
 
   // Source tensors by shard, shards in path order, tensors in name order.
   std::map<fs::path, std::vector<const TensorView*>> by_shard;
