@@ -317,18 +317,24 @@ bool Checkpoint::is_quantized(const std::string& name) const {
   return (view && view->dtype == Dtype::U8) || is_packed_int4(name);
 }
 
+std::optional<Checkpoint::PackedInt4Shape> Checkpoint::packed_int4_shape(
+    const std::string& name) const {
+  const auto it = packed_int4_.find(name);
+  if (it == packed_int4_.end()) return std::nullopt;
+  const PackedInt4& p = it->second;
+  const kernels::QuantFormat format =
+      p.group_size ? kernels::QuantFormat::kInt4Grouped : kernels::QuantFormat::kInt4Row;
+  return PackedInt4Shape{p.rows, p.cols, {format, p.group_size}};
+}
+
 std::string Checkpoint::quant_scale_name(const std::string& name) const {
   return is_packed_int4(name) ? name + "_scale" : name + kQuantScaleSuffix;
 }
 
 uint64_t Checkpoint::quant_bytes(const std::string& name, int64_t rows, int64_t cols) const {
-  if (const auto it = packed_int4_.find(name); it != packed_int4_.end()) {
-    const PackedInt4& p = it->second;
-    const kernels::QuantFormat format =
-        p.group_size ? kernels::QuantFormat::kInt4Grouped : kernels::QuantFormat::kInt4Row;
-    return uint64_t(kernels::packed_bytes(format, p.rows, p.cols)) +
-           4 * uint64_t(kernels::scale_count(format, p.rows, p.cols, p.group_size));
-  }
+  if (const auto p = packed_int4_shape(name))
+    return uint64_t(kernels::packed_bytes(p->spec.format, p->rows, p->cols)) +
+           4 * uint64_t(kernels::scale_count(p->spec.format, p->rows, p->cols, p->spec.group_size));
   const TensorView* w = find(name);
   const TensorView* qs = find(name + kQuantScaleSuffix);
   if (!w || !qs)

@@ -79,6 +79,12 @@ class Checkpoint {
   bool is_quantized(const std::string& name) const;
   // True when `name` is a compressed-tensors INT4 weight (`<name>_packed` and its companions).
   bool is_packed_int4(const std::string& name) const { return packed_int4_.count(name) != 0; }
+  // The compressed-tensors INT4 weight `name`'s [rows, cols] and the container format it loads as.
+  struct PackedInt4Shape {
+    int64_t rows, cols;
+    QuantSpec spec;
+  };
+  std::optional<PackedInt4Shape> packed_int4_shape(const std::string& name) const;
   // The tensor holding the scales of the quantized weight `name` (`<name>.qs` or `<name>_scale`).
   std::string quant_scale_name(const std::string& name) const;
   // Bytes the quantized weight `name` takes in memory once loaded (QuantMatrix::bytes()).
