@@ -10,7 +10,9 @@ Writes tiny random checkpoints in Hugging Face format plus golden logits compute
 
 Fixtures: glm5 (GlmMoeDsa, DSA selection active), glm52 (GlmMoeDsa with shared-indexer layers),
 dsv3 (DeepseekV3, FP8 block-quantized, YaRN, 4 experts groups, sharded, MTP tensors),
-kimi (DeepseekV3 layout with q_proj, YaRN beta 1/1, BF16).
+kimi (DeepseekV3 layout with q_proj, YaRN beta 1/1, BF16), kimi_w4a16 (kimi's layout with experts 64 wide,
+routed experts in compressed-tensors INT4 as Kimi-K2-Thinking ships them: pack-quantized, symmetric groups
+of 32, quantized and packed by the compressed-tensors package itself; needs `pip install compressed-tensors`).
 
 Weights are generated in fp32, rounded to the storage format (BF16/F16/FP8+scale), and the golden model
 is run on the ROUNDED values in fp32, so the golden logits are exact for what the files contain.
@@ -22,6 +24,7 @@ Usage: python tools/make_parity_fixtures.py [--out tests/data] [--only glm5,dsv3
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -222,6 +225,11 @@ SPECS = {
         norms_f32=False,
     ),
 }
+# Kimi-K2-Thinking's published layout: routed experts INT4 in compressed-tensors pack-quantized
+# (W4A16, symmetric groups of 32, int32 words), everything else BF16. Experts 64 wide so that both
+# of their input widths are whole groups, as the reference quantizer requires.
+SPECS["kimi_w4a16"] = dict(SPECS["kimi"], seed0=4100, w4a16=dict(group_size=32),
+                           config=dict(SPECS["kimi"]["config"], moe_intermediate_size=64))
 
 FP8_QUANT_CONFIG = {
     "activation_scheme": "dynamic",
@@ -344,6 +352,50 @@ def storage_kind(name, spec):
     return "BF16"
 
 
+ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def w4a16_quant_config(group_size):
+    """quantization_config of a compressed-tensors W4A16 checkpoint (as llm-compressor writes it)."""
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                    "group_size": group_size, "dynamic": False, "actorder": None,
+                    "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
+                },
+                "input_activations": None,
+                "output_activations": None,
+            }
+        },
+        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*"],
+        "kv_cache_scheme": None,
+    }
+
+
+def quantize_w4a16(w_bf16, group_size):
+    """compressed-tensors' own quantizer (round to nearest, scale = max|w| / 7.5 per group, in the
+    weight's dtype) and packer. Returns (weight_packed I32, weight_scale BF16, weight_shape I64,
+    dequantized fp32 = q * fp32(scale))."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group", group_size=group_size)
+    rows, cols = w_bf16.shape
+    groups = w_bf16.view(rows, cols // group_size, group_size)
+    scale, zero = calculate_qparams(groups.amin(dim=2), groups.amax(dim=2), args)
+    q = quantize(w_bf16, scale, zero, args, dtype=torch.int8)
+    deq = (q.float().view(rows, -1, group_size) * scale.float().unsqueeze(2)).view(rows, cols)
+    return pack_to_int32(q, 4), scale.contiguous(), torch.tensor([rows, cols], dtype=torch.int64), deq
+
+
 def quantize_fp8_blocks(w):
     """DeepSeek-style 128x128 block FP8: returns (fp8 tensor, scale_inv F32, dequantized fp32)."""
     out, inp = w.shape
@@ -378,7 +430,13 @@ def build_checkpoint(config, spec, seed):
     for name in sorted(values):
         w = values[name]
         kind = storage_kind(name, spec)
-        if kind == "F32":
+        if spec.get("w4a16") and ROUTED_EXPERT.search(name):
+            packed, scale, shape, deq = quantize_w4a16(w.to(torch.bfloat16), spec["w4a16"]["group_size"])
+            stored[name + "_packed"] = packed
+            stored[name + "_scale"] = scale
+            stored[name + "_shape"] = shape
+            effective[name] = deq
+        elif kind == "F32":
             stored[name] = w.float().contiguous()
             effective[name] = stored[name].clone()
         elif kind == "BF16":
@@ -439,6 +497,9 @@ def write_model_dir(config, spec, stored, model_dir):
     if spec.get("fp8"):
         cfg = make_config(spec)
         cfg.quantization_config = dict(FP8_QUANT_CONFIG)
+    if spec.get("w4a16"):
+        cfg = make_config(spec)
+        cfg.quantization_config = w4a16_quant_config(spec["w4a16"]["group_size"])
     cfg.architectures = [model_class(spec).__name__]
     cfg.save_pretrained(str(model_dir))
     gen_cfg = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, do_sample=False)
@@ -449,8 +510,9 @@ def write_model_dir(config, spec, stored, model_dir):
 def load_golden_model(spec, model_dir, effective, config):
     """HF model in fp32/eager with exactly the stored (rounded/dequantized) values."""
     kwargs = dict(dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
-    if spec.get("fp8"):
-        # HF's own FP8 path can't dequantize partial 128-blocks on CPU; load the dequantized values instead.
+    if spec.get("fp8") or spec.get("w4a16"):
+        # HF's own FP8 path can't dequantize partial 128-blocks on CPU, and its compressed-tensors path needs
+        # that package: load the dequantized values instead.
         tmp = Path(tempfile.mkdtemp(prefix="parity_fp32_"))
         try:
             config.architectures = [model_class(spec).__name__]
@@ -725,7 +787,8 @@ def make_fixture(name, spec, out_root, max_tries):
                 transformers=transformers.__version__, torch=torch.__version__.split("+")[0],
                 safetensors=__import__("safetensors").__version__, numpy=np.__version__,
                 dtype="float32", attn_implementation="eager", experts_implementation="eager",
-                weights="golden model runs on the exact stored values (BF16/F16 upcast, FP8 * weight_scale_inv)",
+                weights="golden model runs on the exact stored values (BF16/F16 upcast, FP8 * weight_scale_inv, "
+                        "INT4 q * weight_scale)",
             ),
             tolerance=dict(max_abs_logit=1e-3, greedy="identical tokens"),
         )

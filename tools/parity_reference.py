@@ -32,7 +32,19 @@ def load_tensors(model_dir):
                 raw[k] = h.get_tensor(k)
     out = {}
     for k, t in raw.items():
-        if k.endswith("_scale_inv"):
+        if k.endswith("_scale_inv") or k.endswith(".weight_scale") or k.endswith(".weight_shape"):
+            continue
+        if k.endswith(".weight_packed"):
+            # compressed-tensors pack-quantized INT4: element i of a row at bits 4i of its int32
+            # words (little-endian), stored as q + 8; W = q * weight_scale[row, i / group].
+            base = k[: -len("_packed")]
+            rows, cols = raw[base + "_shape"].tolist()
+            words = t.numpy().astype("<i4").view("u1").reshape(rows, -1)
+            nib = torch.from_numpy(words.copy()).to(torch.int64)
+            q = torch.stack((nib & 15, nib >> 4), dim=-1).reshape(rows, -1)[:, :cols] - 8
+            s = raw[base + "_scale"].to(DT)
+            group = -(-cols // s.shape[1])
+            out[base] = q.to(DT) * s[:, torch.arange(cols) // group]
             continue
         if t.dtype == torch.float8_e4m3fn:
             s = raw[k + "_scale_inv"].to(DT)

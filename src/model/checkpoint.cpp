@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -50,7 +51,8 @@ std::vector<std::filesystem::path> shards_from_index(
 }  // namespace
 
 Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
-                       std::optional<std::array<int, 2>> fp8_block)
+                       std::optional<std::array<int, 2>> fp8_block,
+                       std::optional<int> int4_group_size)
     : dir_(model_dir), fp8_block_(fp8_block) {
   check_readable_directory(dir_, "the model directory");
   std::vector<std::filesystem::path> paths;
@@ -86,6 +88,84 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
       fail("{}: tensor '{}' is in {} but the index says {}", index_path.string(), tensor,
            view->file->string(), file);
   }
+  index_packed_int4(int4_group_size);
+}
+
+void Checkpoint::index_packed_int4(std::optional<int> int4_group_size) {
+  static_assert(std::endian::native == std::endian::little,
+                "compressed-tensors int32 words are read as little-endian bytes");
+  constexpr std::string_view kPacked = "_packed";
+  for (const auto& [packed_name, packed] : tensors_) {
+    if (!packed_name.ends_with(".weight_packed")) continue;
+    const std::string name = packed_name.substr(0, packed_name.size() - kPacked.size());
+    const std::string file = packed->file->string();
+    if (find(name)) fail("{}: tensor '{}' is stored both as it is and packed", file, name);
+    for (const char* refused : {"_zero_point", "_g_idx"})
+      if (find(name + refused))
+        fail(
+            "{}: tensor '{}{}' is not supported: compressed-tensors INT4 weights are read "
+            "symmetric, in stored order (no zero points, no activation order)",
+            find(name + refused)->file->string(), name, refused);
+    if (packed->dtype != Dtype::I32 || packed->shape.size() != 2)
+      fail("{}: tensor '{}' has dtype {} and shape {}, expected I32 [rows, ceil(cols / 8)]", file,
+           packed_name, dtype_name(packed->dtype), shape_string(packed->shape));
+    const std::string scale_name = name + "_scale", shape_name = name + "_shape";
+    const TensorView* scale = find(scale_name);
+    const TensorView* shape = find(shape_name);
+    if (!scale || !shape)
+      fail("{}: tensor '{}' has no '{}'", file, packed_name, scale ? shape_name : scale_name);
+    if (!is_float_dtype(scale->dtype) || scale->dtype == Dtype::F8_E4M3 || scale->shape.size() != 2)
+      fail("{}: tensor '{}' has dtype {} and shape {}, expected BF16, F16 or F32 [rows, groups]",
+           scale->file->string(), scale_name, dtype_name(scale->dtype), shape_string(scale->shape));
+    if ((shape->dtype != Dtype::I64 && shape->dtype != Dtype::I32) ||
+        shape->shape != std::vector<int64_t>{2})
+      fail("{}: tensor '{}' has dtype {} and shape {}, expected I64 [2]", shape->file->string(),
+           shape_name, dtype_name(shape->dtype), shape_string(shape->shape));
+    int64_t dims[2];
+    if (shape->dtype == Dtype::I64) {
+      shard_of(*shape).read(*shape, dims);
+    } else {
+      int32_t d32[2];
+      shard_of(*shape).read(*shape, d32);
+      dims[0] = d32[0], dims[1] = d32[1];
+    }
+    const int64_t rows = dims[0], cols = dims[1];
+    if (rows <= 0 || cols <= 0 || packed->shape[0] != rows || packed->shape[1] != (cols + 7) / 8)
+      fail("{}: tensor '{}' has shape {}, but '{}' says [{}, {}] (expected [{}, {}])", file,
+           packed_name, shape_string(packed->shape), shape_name, rows, cols, rows, (cols + 7) / 8);
+    const int64_t groups = scale->shape[1];
+    if (scale->shape[0] != rows || groups < 1)
+      fail("{}: tensor '{}' has shape {}, expected [{}, groups] for [{}, {}]",
+           scale->file->string(), scale_name, shape_string(scale->shape), rows, rows, cols);
+    // The group size: the config's when given, else the one container size that fits.
+    int group_size = 0;
+    const auto groups_of = [&](int g) { return g == 0 ? 1 : (cols + g - 1) / g; };
+    if (int4_group_size) {
+      if (groups_of(*int4_group_size) != groups)
+        fail(
+            "{}: tensor '{}' has {} groups a row, expected {} for [{}, {}] in groups of {} "
+            "(config.json quantization_config)",
+            scale->file->string(), scale_name, groups, groups_of(*int4_group_size), rows, cols,
+            *int4_group_size);
+      group_size = groups == 1 ? 0 : *int4_group_size;
+    } else if (groups > 1) {
+      std::vector<int> fits;
+      for (int g = 1; g <= 256; ++g)
+        if (kernels::is_valid_group_size(g) && groups_of(g) == groups) fits.push_back(g);
+      // compressed-tensors' quantizer writes only group sizes that divide the columns.
+      if (fits.size() > 1 &&
+          std::count_if(fits.begin(), fits.end(), [&](int g) { return cols % g == 0; }) == 1)
+        fits = {*std::find_if(fits.begin(), fits.end(), [&](int g) { return cols % g == 0; })};
+      if (fits.size() != 1)
+        fail(
+            "{}: tensor '{}' has {} groups a row for [{}, {}]: {} of the container's group sizes "
+            "fit ({})",
+            scale->file->string(), scale_name, groups, rows, cols, fits.size(),
+            fmt::join(fits, ", "));
+      group_size = fits[0];
+    }
+    packed_int4_.emplace(name, PackedInt4{packed, scale, rows, cols, group_size});
+  }
 }
 
 const TensorView* Checkpoint::find(const std::string& name) const {
@@ -116,6 +196,15 @@ void Checkpoint::read_f32(const TensorView& view, float* out) const {
 std::vector<float> Checkpoint::load_f32(const std::string& name,
                                         const std::vector<int64_t>& shape) const {
   const TensorView* view = find(name);
+  if (is_packed_int4(name)) {
+    if (shape.size() != 2)
+      fail("{}: tensor '{}' is quantized (INT4) but a float tensor of shape {} is expected",
+           dir_.string(), name, shape_string(shape));
+    const QuantMatrix q = load_quant(name, shape[0], shape[1]);
+    std::vector<float> out(size_t(shape[0] * shape[1]));
+    kernels::dequantize(q.view(), out.data());
+    return out;
+  }
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
   const std::string file = view->file->string();
   if (view->dtype == Dtype::U8) {
@@ -225,7 +314,32 @@ std::vector<uint16_t> Checkpoint::load_bf16(const std::string& name,
 
 bool Checkpoint::is_quantized(const std::string& name) const {
   const TensorView* view = find(name);
-  return view && view->dtype == Dtype::U8;
+  return (view && view->dtype == Dtype::U8) || is_packed_int4(name);
+}
+
+std::optional<Checkpoint::PackedInt4Shape> Checkpoint::packed_int4_shape(
+    const std::string& name) const {
+  const auto it = packed_int4_.find(name);
+  if (it == packed_int4_.end()) return std::nullopt;
+  const PackedInt4& p = it->second;
+  const kernels::QuantFormat format =
+      p.group_size ? kernels::QuantFormat::kInt4Grouped : kernels::QuantFormat::kInt4Row;
+  return PackedInt4Shape{p.rows, p.cols, {format, p.group_size}};
+}
+
+std::string Checkpoint::quant_scale_name(const std::string& name) const {
+  return is_packed_int4(name) ? name + "_scale" : name + kQuantScaleSuffix;
+}
+
+uint64_t Checkpoint::quant_bytes(const std::string& name, int64_t rows, int64_t cols) const {
+  if (const auto p = packed_int4_shape(name))
+    return uint64_t(kernels::packed_bytes(p->spec.format, p->rows, p->cols)) +
+           4 * uint64_t(kernels::scale_count(p->spec.format, p->rows, p->cols, p->spec.group_size));
+  const TensorView* w = find(name);
+  const TensorView* qs = find(name + kQuantScaleSuffix);
+  if (!w || !qs)
+    fail("{}: tensor '{}' is not a quantized weight [{}, {}]", dir_.string(), name, rows, cols);
+  return w->nbytes + qs->nbytes;
 }
 
 const SafetensorsFile& Checkpoint::shard_of(const TensorView& view) const {
@@ -236,6 +350,8 @@ const SafetensorsFile& Checkpoint::shard_of(const TensorView& view) const {
 
 QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_t cols,
                                    int64_t row_begin, int64_t row_end) const {
+  if (const auto it = packed_int4_.find(name); it != packed_int4_.end())
+    return load_packed_int4(name, it->second, rows, cols, row_begin, row_end);
   const TensorView* view = find(name);
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
   const std::string file = view->file->string();
@@ -274,6 +390,43 @@ QuantMatrix Checkpoint::load_quant(const std::string& name, int64_t rows, int64_
   shard_of(*scale).read(*scale, scale_at(row_begin) * sizeof(float),
                         q.scales.size() * sizeof(float), q.scales.data());
   bytes_loaded_ += q.data.size() + q.scales.size() * sizeof(float);
+  return q;
+}
+
+QuantMatrix Checkpoint::load_packed_int4(const std::string& name, const PackedInt4& p, int64_t rows,
+                                         int64_t cols, int64_t row_begin, int64_t row_end) const {
+  const std::string file = p.packed->file->string();
+  if (p.rows != rows || p.cols != cols)
+    fail("{}: tensor '{}_shape' is [{}, {}], expected [{}, {}]", file, name, p.rows, p.cols, rows,
+         cols);
+  if (row_end < 0) row_end = rows;
+  if (row_begin < 0 || row_end <= row_begin || row_end > rows)
+    fail("{}: rows {}..{} of quantized tensor '{}' [{}, {}]", file, row_begin, row_end, name, rows,
+         cols);
+  QuantMatrix q;
+  q.format = p.group_size ? kernels::QuantFormat::kInt4Grouped : kernels::QuantFormat::kInt4Row;
+  q.rows = row_end - row_begin;
+  q.cols = cols;
+  q.group_size = p.group_size;
+  // A stored row is whole int32 words; the container's row is its first ceil(cols / 2) bytes.
+  const auto stored_row = size_t(p.packed->shape[1]) * 4;
+  const auto row_bytes = size_t(kernels::row_bytes(q.format, cols));
+  std::vector<uint8_t> words(size_t(q.rows) * stored_row);
+  shard_of(*p.packed).read(*p.packed, size_t(row_begin) * stored_row, words.size(), words.data());
+  q.data.resize(size_t(q.rows) * row_bytes);
+  for (int64_t r = 0; r < q.rows; ++r) {
+    uint8_t* row = q.data.data() + size_t(r) * row_bytes;
+    std::copy_n(words.data() + size_t(r) * stored_row, row_bytes, row);
+    if (cols % 2) row[row_bytes - 1] = uint8_t((row[row_bytes - 1] & 0x0F) | 0x80);  // padding
+  }
+  const auto groups = size_t(p.scale->shape[1]);
+  const size_t elem = dtype_size(p.scale->dtype);
+  std::vector<std::byte> scale_bytes(size_t(q.rows) * groups * elem);
+  shard_of(*p.scale).read(*p.scale, size_t(row_begin) * groups * elem, scale_bytes.size(),
+                          scale_bytes.data());
+  q.scales.resize(size_t(q.rows) * groups);
+  convert_to_f32(p.scale->dtype, scale_bytes.data(), q.scales.size(), q.scales.data());
+  bytes_loaded_ += words.size() + scale_bytes.size();
   return q;
 }
 

@@ -1,6 +1,17 @@
 // All safetensors shards of a model directory, memory-mapped, with fp32 loading of single
 // tensors (BF16/F16/F32 converted, F8_E4M3 dequantized with its 128x128 weight_scale_inv, colibri
-// container weights — U8 + `.qs` — dequantized) and loading of container weights as they are.
+// container weights — U8 + `.qs` — and compressed-tensors INT4 weights dequantized) and loading of
+// container and compressed-tensors INT4 weights as they are.
+//
+// compressed-tensors pack-quantized INT4 (W4A16, symmetric): a Linear's weight `<name>` (such as
+// `...down_proj.weight`) is stored as
+//   `<name>_packed`  I32 [rows, ceil(cols / 8)]: element i of a row sits in bits 4(i % 8) of word
+//                    i / 8, stored as q + 8 (q in [-8, 7]); the tail of the last word is zero;
+//   `<name>_scale`   BF16/F16/F32 [rows, ceil(cols / group_size)] (one column: a scale per row);
+//   `<name>_shape`   I64 or I32 [2] = [rows, cols];
+// W[o, i] = q * scale[o, i / group_size]. Read little-endian, those are the int4 container's bytes
+// (element 2j in the low nibble of byte j): they are copied row by row, the scales widened to
+// fp32. A `<name>_zero_point` (asymmetric) or `<name>_g_idx` (activation order) is refused.
 #pragma once
 
 #include <array>
@@ -32,11 +43,18 @@ class Checkpoint {
  public:
   // Opens model.safetensors, or the shards listed in model.safetensors.index.json, or else
   // every *.safetensors file of the directory. Every shard is validated at open.
+  // int4_group_size: config.json's compressed-tensors group size (0: a scale per row), checked
+  // against every `<name>_scale`; without it the group size is told from the shapes (refused when
+  // more than one of the container's fits). Every compressed-tensors weight is checked at open.
   explicit Checkpoint(const std::filesystem::path& model_dir,
-                      std::optional<std::array<int, 2>> fp8_block = std::nullopt);
+                      std::optional<std::array<int, 2>> fp8_block = std::nullopt,
+                      std::optional<int> int4_group_size = std::nullopt);
 
   const TensorView* find(const std::string& name) const;
-  bool contains(const std::string& name) const { return find(name) != nullptr; }
+  // True for a stored tensor and for a compressed-tensors INT4 weight (`<name>_packed`).
+  bool contains(const std::string& name) const {
+    return find(name) != nullptr || is_packed_int4(name);
+  }
   std::vector<std::string> names() const;
   const std::filesystem::path& dir() const { return dir_; }
 
@@ -56,10 +74,24 @@ class Checkpoint {
   // refusing NaN bytes (S.1111.111) and non-finite scales, naming the tensor and its file.
   Fp8Matrix load_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
 
-  // True when `name` exists with dtype U8, i.e. as a quantized container weight.
+  // True when `name` exists with dtype U8, i.e. as a quantized container weight, or as a
+  // compressed-tensors INT4 weight.
   bool is_quantized(const std::string& name) const;
+  // True when `name` is a compressed-tensors INT4 weight (`<name>_packed` and its companions).
+  bool is_packed_int4(const std::string& name) const { return packed_int4_.count(name) != 0; }
+  // The compressed-tensors INT4 weight `name`'s [rows, cols] and the container format it loads as.
+  struct PackedInt4Shape {
+    int64_t rows, cols;
+    QuantSpec spec;
+  };
+  std::optional<PackedInt4Shape> packed_int4_shape(const std::string& name) const;
+  // The tensor holding the scales of the quantized weight `name` (`<name>.qs` or `<name>_scale`).
+  std::string quant_scale_name(const std::string& name) const;
+  // Bytes the quantized weight `name` takes in memory once loaded (QuantMatrix::bytes()).
+  uint64_t quant_bytes(const std::string& name, int64_t rows, int64_t cols) const;
   // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as
-  // [rows, cols], keeping it quantized. The format is inferred from the byte and scale counts (the
+  // [rows, cols], keeping it quantized; a compressed-tensors INT4 weight the same way, in the int4
+  // container format of its group size. The format is inferred from the byte and scale counts (the
   // U8 shape is not used); an inconsistent or ambiguous pair is refused with an error naming the
   // file, the tensor and the sizes.
   // With row_end >= 0, only rows [row_begin, row_end) are read (their bytes and scales): a
@@ -83,6 +115,18 @@ class Checkpoint {
   // The block scales of the F8_E4M3 tensor `name` [rows, cols], checked and read.
   Fp8Matrix fp8_scales(const std::string& name, int64_t rows, int64_t cols) const;
   std::unordered_map<std::string, const TensorView*> tensors_;
+  // A compressed-tensors INT4 weight, checked at open.
+  struct PackedInt4 {
+    const TensorView* packed;
+    const TensorView* scale;
+    int64_t rows, cols;
+    int group_size;  // 0: a scale per row
+  };
+  std::unordered_map<std::string, PackedInt4> packed_int4_;
+  // Finds and checks the compressed-tensors weights (constructor).
+  void index_packed_int4(std::optional<int> int4_group_size);
+  QuantMatrix load_packed_int4(const std::string& name, const PackedInt4& p, int64_t rows,
+                               int64_t cols, int64_t row_begin, int64_t row_end) const;
   mutable std::atomic<uint64_t> bytes_loaded_{0};
 };
 

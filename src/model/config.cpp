@@ -1,11 +1,15 @@
 #include "model/config.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/input_file.h"
 #include "common/json_depth.h"
+#include "cpu/quant.h"
 
 namespace colibri {
 namespace {
@@ -140,6 +144,86 @@ std::vector<bool> parse_layer_kinds(const Fields& config, const char* key, int n
     out.push_back(kind == yes);
   }
   return out;
+}
+
+// quantization_config of a block-scaled FP8 checkpoint: its weight_block_size.
+std::array<int, 2> parse_fp8(const json& q, const std::string& source) {
+  const Fields qf(q, source + " quantization_config");
+  const std::string fmt_name = qf.string_or("fmt", "e4m3");
+  if (fmt_name != "e4m3")
+    fail("{}: quantization_config.fmt '{}' is not supported (e4m3)", source, fmt_name);
+  std::array<int, 2> block{128, 128};
+  if (qf.has("weight_block_size")) {
+    const json& b = q["weight_block_size"];
+    if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() || !b[1].is_number_integer() ||
+        b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1 || b[0].get<int64_t>() > kMaxDim ||
+        b[1].get<int64_t>() > kMaxDim)
+      fail("{}: quantization_config.weight_block_size must be two positive integers", source);
+    block = {b[0].get<int>(), b[1].get<int>()};
+  }
+  return block;
+}
+
+// quantization_config of a compressed-tensors checkpoint: only the pack-quantized INT4 weights the
+// int4 container's kernels run as stored (W4A16, symmetric, groups of a container size or a scale
+// per row). Returns the group size (0: per row).
+int parse_compressed_tensors(const json& q, const std::string& source) {
+  const std::string where = source + ": quantization_config";
+  const Fields qf(q, where);
+  const std::string format = qf.string_or("format", "");
+  if (format != "pack-quantized")
+    fail("{}.format '{}' is not supported (compressed-tensors: pack-quantized)", where, format);
+  if (!qf.has("config_groups") || !q["config_groups"].is_object() || q["config_groups"].empty())
+    fail("{}.config_groups must be an object with at least one group", where);
+  if (qf.has("ignore")) {
+    const json& ignore = q["ignore"];
+    if (!ignore.is_array() ||
+        !std::all_of(ignore.begin(), ignore.end(), [](const json& v) { return v.is_string(); }))
+      fail("{}.ignore must be a list of module names", where);
+  }
+  std::optional<int> group_size;
+  for (const auto& [name, group] : q["config_groups"].items()) {
+    const std::string at = fmt::format("{}.config_groups.{}", where, name);
+    if (!group.is_object()) fail("{} must be an object", at);
+    const Fields gf(group, at);
+    if (gf.has("format") && gf.at("format") != "pack-quantized")
+      fail("{}.format '{}' is not supported (pack-quantized)", at, gf.at("format").dump());
+    if (gf.has("input_activations"))
+      fail("{}.input_activations: quantized activations are not supported (W4A16 only)", at);
+    if (!gf.has("weights") || !gf.at("weights").is_object())
+      fail("{}.weights must be an object", at);
+    const Fields w(gf.at("weights"), at + ".weights");
+    const int bits = w.integer("num_bits", 1, 64);
+    if (bits != 4) fail("{}.weights.num_bits {} is not supported (4)", at, bits);
+    if (const std::string type = w.string_or("type", ""); type != "int")
+      fail("{}.weights.type '{}' is not supported (int)", at, type);
+    if (!w.boolean_or("symmetric", false))
+      fail(
+          "{}.weights.symmetric false is not supported: the int4 container kernels have no zero "
+          "points (symmetric checkpoints only)",
+          at);
+    if (w.boolean_or("dynamic", false)) fail("{}.weights.dynamic true is not supported", at);
+    if (w.has("actorder") && w.at("actorder") != "static")
+      fail("{}.weights.actorder {} is not supported (null or static: no weight_g_idx)", at,
+           w.at("actorder").dump());
+    const std::string strategy = w.string_or("strategy", "");
+    int size = 0;
+    if (strategy == "group") {
+      size = w.integer("group_size", 1, kMaxDim);
+      if (!kernels::is_valid_group_size(size))
+        fail(
+            "{}.weights.group_size {} is not supported (the int4 container's group sizes: 16, 32, "
+            "48, 64, 96, 128, 192, 256)",
+            at, size);
+    } else if (strategy != "channel") {
+      fail("{}.weights.strategy '{}' is not supported (group, channel)", at, strategy);
+    }
+    if (group_size && *group_size != size)
+      fail("{}.weights: group size {} differs from another group's {} (one per checkpoint)", at,
+           size, *group_size);
+    group_size = size;
+  }
+  return *group_size;
 }
 
 }  // namespace
@@ -290,23 +374,18 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
   if (config.has("quantization_config")) {
     const json& q = config.at("quantization_config");
     if (!q.is_object()) fail("{}: field 'quantization_config' must be an object", source);
-    const Fields qf(q, source + " quantization_config");
-    const std::string method = qf.string_or("quant_method", "");
-    if (method != "fp8")
-      fail("{}: quantization_config.quant_method '{}' is not supported (fp8)", source, method);
-    const std::string fmt_name = qf.string_or("fmt", "e4m3");
-    if (fmt_name != "e4m3")
-      fail("{}: quantization_config.fmt '{}' is not supported (e4m3)", source, fmt_name);
-    std::array<int, 2> block{128, 128};
-    if (qf.has("weight_block_size")) {
-      const json& b = q["weight_block_size"];
-      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
-          !b[1].is_number_integer() || b[0].get<int64_t>() < 1 || b[1].get<int64_t>() < 1 ||
-          b[0].get<int64_t>() > kMaxDim || b[1].get<int64_t>() > kMaxDim)
-        fail("{}: quantization_config.weight_block_size must be two positive integers", source);
-      block = {b[0].get<int>(), b[1].get<int>()};
+    const std::string method =
+        Fields(q, source + " quantization_config").string_or("quant_method", "");
+    if (method == "fp8") {
+      c.fp8_block = parse_fp8(q, source);
+    } else if (method == "compressed-tensors") {
+      c.int4_group_size = parse_compressed_tensors(q, source);
+    } else {
+      fail(
+          "{}: quantization_config.quant_method '{}' is not supported (fp8, compressed-tensors; "
+          "NVFP4 (modelopt) checkpoints are not read yet)",
+          source, method);
     }
-    c.fp8_block = block;
   }
 
   c.generation.eos_token_ids = config.int_or_list("eos_token_id");

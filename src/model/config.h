@@ -73,6 +73,9 @@ struct ModelConfig {
 
   int num_nextn_predict_layers = 0;             // MTP layers stored after the main layers
   std::optional<std::array<int, 2>> fp8_block;  // weight_block_size of fp8 checkpoints
+  // compressed-tensors pack-quantized INT4 checkpoints (quantization_config): the group size of
+  // their weight_scale, 0 for a scale per row.
+  std::optional<int> int4_group_size;
 
   GenerationDefaults generation;
 

@@ -26,6 +26,9 @@ enum class WeightFormat : uint8_t {
   kInt8Row,      // container int8, fp32 scale per row (QuantMatrix, kernels/cpu/quant.h)
   kInt4Row,      // container int4, fp32 scale per row
   kInt4Grouped,  // container int4, fp32 scale per row and group of group_size columns
+  // compressed-tensors pack-quantized INT4 (I32 `_packed` + `_scale` + `_shape`, symmetric) is
+  // held as kInt4Grouped, or kInt4Row for one group a row: the same nibbles, its scales widened to
+  // fp32 at load (model/checkpoint.h).
 };
 
 // Which scale an element is multiplied by.

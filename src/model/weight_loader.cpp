@@ -39,12 +39,24 @@ class Loader {
   // format's (FP8 only with column blocks its kernels take), else fp32. For U8 that is a container
   // format, which one Checkpoint::load_quant tells from the sizes.
   WeightFormat kept_format(const std::string& name) const {
+    if (checkpoint_.is_packed_int4(name)) {
+      check_declared(name);
+      return keep_stored_ ? WeightFormat::kInt4Row : WeightFormat::kF32;
+    }
     const TensorView* view = checkpoint_.find(name);
     if (!keep_stored_ || view == nullptr) return WeightFormat::kF32;
     const std::optional<WeightFormat> stored = stored_format(view->dtype);
     if (!stored || (*stored == WeightFormat::kFp8Block && !fp8_kept_as_stored(c_)))
       return WeightFormat::kF32;
     return *stored;
+  }
+  // A compressed-tensors weight is read only with config.json's quantization_config saying so.
+  void check_declared(const std::string& name) const {
+    if (!c_.int4_group_size)
+      fail(
+          "{}: tensor '{}_packed' is a compressed-tensors INT4 weight, but config.json has no "
+          "quantization_config with quant_method 'compressed-tensors'",
+          checkpoint_.dir().string(), name);
   }
   // A projection, in kept_format(name).
   // by_rows: the caller reads the matrix row by row itself, so a container weight keeps its rows;
@@ -71,7 +83,7 @@ class Loader {
       case WeightFormat::kInt4Row:
       case WeightFormat::kInt4Grouped:
         m.quant = checkpoint_.load_quant(name, rows, cols);
-        check_finite(m.quant.scales, where(name + kQuantScaleSuffix));
+        check_finite(m.quant.scales, where(checkpoint_.quant_scale_name(name)));
         if (!by_rows) use_cpu_layout(m.quant);
         break;
     }
@@ -116,7 +128,10 @@ class Loader {
     const std::string names[3] = {prefix + "gate_proj.weight", prefix + "up_proj.weight",
                                   prefix + "down_proj.weight"};
     int quantized = 0;
-    for (const auto& name : names) quantized += checkpoint_.is_quantized(name);
+    for (const auto& name : names) {
+      quantized += checkpoint_.is_quantized(name);
+      if (checkpoint_.is_packed_int4(name)) check_declared(name);
+    }
     if (quantized == 0) {
       MlpWeights w = mlp(prefix, intermediate);
       if (!slice.whole()) return naming(prefix, [&] { return slice_expert(w, slice); });
@@ -141,9 +156,9 @@ class Loader {
     w.quant.gate = checkpoint_.load_quant(names[0], intermediate, h, b, e);
     w.quant.up = checkpoint_.load_quant(names[1], intermediate, h, b, e);
     w.quant.down = checkpoint_.load_quant(names[2], h, intermediate);
-    check_finite(w.quant.gate.scales, where(names[0] + kQuantScaleSuffix));
-    check_finite(w.quant.up.scales, where(names[1] + kQuantScaleSuffix));
-    check_finite(w.quant.down.scales, where(names[2] + kQuantScaleSuffix));
+    check_finite(w.quant.gate.scales, where(checkpoint_.quant_scale_name(names[0])));
+    check_finite(w.quant.up.scales, where(checkpoint_.quant_scale_name(names[1])));
+    check_finite(w.quant.down.scales, where(checkpoint_.quant_scale_name(names[2])));
     if (!slice.whole())
       w.quant.down = naming(prefix, [&] { return quant_cols(w.quant.down, b, e); });
     for (QuantMatrix* q : {&w.quant.gate, &w.quant.up, &w.quant.down}) use_cpu_layout(*q);

@@ -81,7 +81,8 @@ void Node::agree_on_plan(Startup& startup) {
   // it instead of waiting.
   try {
     config_ = load_model_config(options_.model_dir);
-    checkpoint_ = std::make_unique<Checkpoint>(options_.model_dir, config_.fp8_block);
+    checkpoint_ = std::make_unique<Checkpoint>(options_.model_dir, config_.fp8_block,
+                                               config_.int4_group_size);
     input.expert_bytes = expert_bytes();
   } catch (const Error& e) {
     input.open_error = e.what();
@@ -338,8 +339,9 @@ void Node::open_expert_store() {
 uint64_t Node::expert_bytes() const {
   const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) *
                         uint64_t(config_.hidden_size) * sizeof(float);
-  // Routed experts stay as stored (load_routed_expert): a container's packed bytes and scales,
-  // BF16, FP8 with its scales; other dtypes become fp32.
+  // Routed experts stay as stored (load_routed_expert): a container's packed bytes and scales
+  // (compressed-tensors INT4: its packed bytes, scales widened to fp32), BF16, FP8 with its scales;
+  // other dtypes become fp32.
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
   if (!checkpoint_ || layer == config_.num_layers) return fp32;
@@ -347,6 +349,12 @@ uint64_t Node::expert_bytes() const {
   uint64_t bytes = 0;
   for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
     const std::string name = fmt::format("model.layers.{}.mlp.experts.0.{}.weight", layer, proj);
+    if (checkpoint_->is_packed_int4(name)) {  // compressed-tensors INT4: as the container holds it
+      const bool down = std::string_view(proj) == "down_proj";
+      const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
+      bytes += checkpoint_->quant_bytes(name, down ? h : inter, down ? inter : h);
+      continue;
+    }
     const TensorView* w = checkpoint_->find(name);
     if (!w) return fp32;
     const TensorView* qs = checkpoint_->find(name + kQuantScaleSuffix);

@@ -264,7 +264,7 @@ int plan_main(int argc, char** argv) {
     std::unique_ptr<Checkpoint> checkpoint;
     if (std::filesystem::exists(std::filesystem::path(a.model) / "model.safetensors") ||
         std::filesystem::exists(std::filesystem::path(a.model) / "model.safetensors.index.json"))
-      checkpoint = std::make_unique<Checkpoint>(a.model, config.fp8_block);
+      checkpoint = std::make_unique<Checkpoint>(a.model, config.fp8_block, config.int4_group_size);
     if (a.weights.empty())
       a.weights = checkpoint ? stored_expert_format(config, *checkpoint)
                              : (config.fp8_block ? "fp8" : "bf16");

@@ -187,7 +187,7 @@ std::string file_hash(const fs::path& path) {
 json fingerprint(const std::string& model, int np, const std::string& layout,
                  const std::string& hostfile) {
   const ModelConfig config = load_model_config(model);
-  const Checkpoint checkpoint(model, config.fp8_block);
+  const Checkpoint checkpoint(model, config.fp8_block, config.int4_group_size);
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   return {{"binary", file_hash("/proc/self/exe")},
           {"model", fmt::format("{:016x}", model_hash(model, checkpoint))},

@@ -47,7 +47,8 @@ struct Plan {
   std::vector<int64_t> shape;  // source shape
   Storage storage = Storage::kF32;
   QuantSpec spec{QuantFormat::kInt8Row, 0};
-  std::string expert;  // "model.layers.L.mlp.experts.E." for routed experts, else empty
+  std::string expert;      // "model.layers.L.mlp.experts.E." for routed experts, else empty
+  bool as_stored = false;  // a compressed-tensors INT4 weight, written with its own numbers
 
   int64_t numel() const {
     int64_t n = 1;
@@ -79,9 +80,47 @@ QuantSpec spec_for_bits(int bits, int group_size, int64_t cols) {
   return {QuantFormat::kInt4Grouped, group_size};
 }
 
+// "model.layers.L.mlp.experts.E." for a routed expert's tensor, else empty.
+std::string expert_of(const std::string& name) {
+  const size_t at = name.find(".mlp.experts.");
+  if (at == std::string::npos) return {};
+  const size_t end = name.find('.', at + std::string_view(".mlp.experts.").size());
+  return name.substr(0, end + 1);
+}
+
+// The planned output of a resolvable spec, else an Error naming the tensor.
+void check_resolvable(const Plan& p, const TensorView& view) {
+  const QuantResolution back = resolve_quant_format(
+      int64_t(p.data_bytes()), int64_t(p.scale_bytes() / 4), p.shape[0], p.shape[1]);
+  if (!back.ok() || back.spec.format != p.spec.format || back.spec.group_size != p.spec.group_size)
+    fail("{}: tensor '{}' {}: {} would not be readable unambiguously ({}); {}", view.file->string(),
+         p.name, shape_string(p.shape), quant_spec_name(p.spec),
+         back.ok() ? "reads as " + quant_spec_name(back.spec) : back.error,
+         p.as_stored ? "the container cannot hold its stored grouping"
+                     : "choose another --group-size");
+}
+
 std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o,
                                 const TensorView& view) {
   const std::string& name = view.name;
+  // compressed-tensors INT4: `<weight>_packed` stands for the weight, its `_scale` and `_shape`
+  // are read with it. Its numbers are the container's: written as they are, in its group size.
+  for (const std::string_view suffix : {"_packed", "_scale", "_shape"}) {
+    if (!ends_with(name, suffix)) continue;
+    const std::string weight = name.substr(0, name.size() - suffix.size());
+    const auto packed = checkpoint.packed_int4_shape(weight);
+    if (!packed) continue;
+    if (suffix != "_packed") return std::nullopt;
+    Plan p;
+    p.name = weight;
+    p.shape = {packed->rows, packed->cols};
+    p.storage = Storage::kQuant;
+    p.spec = packed->spec;
+    p.expert = expert_of(weight);
+    p.as_stored = true;
+    check_resolvable(p, view);
+    return p;
+  }
   if (ends_with(name, "_scale_inv")) {
     const TensorView* base =
         checkpoint.find(name.substr(0, name.size() - std::string_view("_scale_inv").size()));
@@ -102,22 +141,13 @@ std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptio
   int bits = o.dense_bits;
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
     bits = o.io_bits;
-  } else if (const size_t at = name.find(".mlp.experts."); at != std::string::npos) {
+  } else if (p.expert = expert_of(name); !p.expert.empty()) {
     bits = o.expert_bits;
-    const size_t end = name.find('.', at + std::string_view(".mlp.experts.").size());
-    p.expert = name.substr(0, end + 1);
   }
   p.storage = storage_for_bits(bits);
   if (p.storage != Storage::kQuant) return p;
   p.spec = spec_for_bits(bits, o.group_size, view.shape[1]);
-  const QuantResolution back = resolve_quant_format(
-      int64_t(p.data_bytes()), int64_t(p.scale_bytes() / 4), view.shape[0], view.shape[1]);
-  if (!back.ok() || back.spec.format != p.spec.format || back.spec.group_size != p.spec.group_size)
-    fail(
-        "{}: tensor '{}' {}: {} would not be readable unambiguously ({}); choose another "
-        "--group-size",
-        view.file->string(), name, shape_string(view.shape), quant_spec_name(p.spec),
-        back.ok() ? "reads as " + quant_spec_name(back.spec) : back.error);
+  check_resolvable(p, view);
   return p;
 }
 
@@ -305,7 +335,7 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
     fail("{}: output directory is the input directory", o.output_dir.string());
 
   const ModelConfig config = load_model_config(o.input_dir);
-  const Checkpoint checkpoint(o.input_dir, config.fp8_block);
+  const Checkpoint checkpoint(o.input_dir, config.fp8_block, config.int4_group_size);
 
   // Source tensors by shard, shards in path order, tensors in name order.
   std::map<fs::path, std::vector<const TensorView*>> by_shard;
@@ -405,6 +435,13 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       for (const Plan& p : unit) {
         if (o.stop_after_tensors >= 0 && written_tensors >= o.stop_after_tensors)
           fail("{}: stopped after {} tensors as asked", partial.string(), written_tensors);
+        if (p.as_stored) {
+          quantized.push_back(checkpoint.load_quant(p.name, p.shape[0], p.shape[1]));
+          out.write(quantized.back().data.data(), quantized.back().data.size());
+          ++written_tensors;
+          ++done_tensors;
+          continue;
+        }
         const std::vector<float> w =
             checkpoint.load_f32(p.name, p.shape);  // [shape], one tensor at a time
         if (p.storage == Storage::kF32) {

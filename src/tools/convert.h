@@ -1,5 +1,6 @@
-// colibri-convert: a Hugging Face checkpoint (BF16/F16/F32, or FP8 with 128x128 block scales)
-// to colibri's int4/int8 container (model/container.h). One output shard per input shard,
+// colibri-convert: a Hugging Face checkpoint (BF16/F16/F32, FP8 with 128x128 block scales, or
+// compressed-tensors pack-quantized INT4, whose weights keep their numbers and group size) to
+// colibri's int4/int8 container (model/container.h). One output shard per input shard,
 // written one tensor at a time; every shard is written as `<name>.partial` and renamed when
 // complete, so an interrupted run leaves nothing loadable, and a rerun with the same parameters
 // keeps the shards already complete.

@@ -12,8 +12,8 @@ int main(int argc, char** argv) {
   colibri::ConvertOptions options;
   std::string input, output;
   CLI::App app{
-      "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, or FP8 with block "
-      "scales) to "
+      "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, FP8 with block "
+      "scales, or compressed-tensors INT4, whose weights keep their numbers and group size) to "
       "colibri's int4/int8 container: U8 packed weights with F32 '.qs' scales, HF tensor names, "
       "one output "
       "shard per input shard. Interrupted runs resume: shards are written as '.partial' and "

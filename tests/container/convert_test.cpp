@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -211,6 +212,76 @@ TEST(Convert, RefusesAGroupSizeTheReaderCouldNotResolve) {
     EXPECT_THAT(e.what(), HasSubstr("down_proj"));
   }
   EXPECT_FALSE(fs::exists(out.path() / "c"));  // refused before anything was written
+}
+
+// compressed-tensors pack-quantized INT4 in: the weights keep their numbers and their group size
+// (the tiny model's values are multiples of 1/8 in [-7/8, 7/8]: q = 8 w, scale 1/8 in BF16).
+TEST(Convert, CompressedTensorsInt4KeepsItsNumbers) {
+  TinyModel m({.arch = test::TinyArch::kDeepseekV3});
+  test::set_moe_intermediate(m, 32);  // down_proj [16, 32]: two groups of 16
+  const size_t n = m.tensors.size();
+  int packed = 0;
+  for (size_t i = 0; i < n; ++i) {
+    test::Tensor& t = m.tensors[i];
+    if (t.name.find(".mlp.experts.") == std::string::npos) continue;
+    const int64_t rows = t.shape[0], cols = t.shape[1], words = (cols + 7) / 8;
+    const int64_t groups = (cols + 15) / 16;
+    std::vector<uint32_t> w(size_t(rows * words), 0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const int q = int(std::lround(t.values[size_t(r * cols + c)] * 8));
+        w[size_t(r * words + c / 8)] |= uint32_t(q + 8) << (4 * (c % 8));
+      }
+    test::Tensor scale{t.name + "_scale", "BF16", {rows, groups}, {}, {}};
+    for (int64_t k = 0; k < rows * groups; ++k) scale.bytes.insert(scale.bytes.end(), {0x00, 0x3e});
+    test::Tensor shape{t.name + "_shape", "I64", {2}, std::vector<uint8_t>(16, 0), {}};
+    std::memcpy(shape.bytes.data(), &rows, 8);
+    std::memcpy(shape.bytes.data() + 8, &cols, 8);
+    t = {t.name + "_packed", "I32", {rows, words}, std::vector<uint8_t>(w.size() * 4), t.values};
+    std::memcpy(t.bytes.data(), w.data(), t.bytes.size());
+    m.tensors.push_back(scale);
+    m.tensors.push_back(shape);
+    ++packed;
+  }
+  ASSERT_EQ(packed % (3 * test::TinyModel::kExperts), 0);
+  ASSERT_GT(packed, 0);
+  m.config["quantization_config"] = {{"quant_method", "compressed-tensors"},
+                                     {"format", "pack-quantized"},
+                                     {"config_groups",
+                                      {{"group_0",
+                                        {{"targets", {"Linear"}},
+                                         {"weights",
+                                          {{"num_bits", 4},
+                                           {"type", "int"},
+                                           {"symmetric", true},
+                                           {"strategy", "group"},
+                                           {"group_size", 16}}}}}}}};
+  TempDir source, out;
+  m.write(source.path());
+  convert_checkpoint(options_for(source.path(), out.path() / "c"));
+  const auto from = load(source.path()), to = load(out.path() / "c");
+  int layer = 0;
+  while (!from->config.layer_is_moe[size_t(layer)]) ++layer;
+  for (int e = 0; e < test::TinyModel::kExperts; ++e) {
+    const MlpWeights& a = from->weights.layers[size_t(layer)].experts[size_t(e)];
+    const MlpWeights& b = to->weights.layers[size_t(layer)].experts[size_t(e)];
+    ASSERT_TRUE(a.quantized() && b.quantized());
+    EXPECT_EQ(b.quant.down.format, QuantFormat::kInt4Grouped);
+    EXPECT_EQ(b.quant.down.group_size, 16);
+    EXPECT_EQ(b.quant.gate.format, QuantFormat::kInt4Row);  // one group a row
+    for (const auto& [qa, qb] :
+         {std::pair{&a.quant.gate, &b.quant.gate}, std::pair{&a.quant.up, &b.quant.up},
+          std::pair{&a.quant.down, &b.quant.down}}) {
+      EXPECT_EQ(qa->data, qb->data);
+      EXPECT_EQ(qa->scales, qb->scales);
+    }
+    // And they are the source's values.
+    const std::string name = "model.layers." + std::to_string(layer) + ".mlp.experts." +
+                             std::to_string(e) + ".down_proj.weight";
+    std::vector<float> down(size_t(b.quant.down.rows * b.quant.down.cols));
+    kernels::dequantize(b.quant.down.view(), down.data());
+    EXPECT_EQ(down, m.tensor(name + "_packed").values) << name;
+  }
 }
 
 // A weight the quantizer cannot take is named with its tensor; an output that is a file is

@@ -28,7 +28,7 @@ struct LocalModel {
   // them.
   explicit LocalModel(const std::filesystem::path& dir, bool keep_stored = false) {
     config = load_model_config(dir);
-    checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block);
+    checkpoint = std::make_unique<Checkpoint>(dir, config.fp8_block, config.int4_group_size);
     LoadOptions load;
     load.keep_stored = keep_stored;
     weights = load_model_weights(config, *checkpoint, load);

@@ -37,7 +37,8 @@ const Fixture& load_fixture(const std::string& name) {
   const auto dir = kParityDir / name;
   auto f = std::make_unique<Fixture>();
   f->config = load_model_config(dir / "model");
-  f->checkpoint = std::make_unique<Checkpoint>(dir / "model", f->config.fp8_block);
+  f->checkpoint =
+      std::make_unique<Checkpoint>(dir / "model", f->config.fp8_block, f->config.int4_group_size);
   f->weights = load_model_weights(f->config, *f->checkpoint);
   std::ifstream meta_file(dir / "golden" / "meta.json");
   const auto meta = nlohmann::json::parse(meta_file);
