@@ -213,9 +213,10 @@ bool valid_tool_name(const std::string& name) {
 }
 
 // "tools" and "tool_choice" of a chat request: the functions offered, their objects in the order
-// the client wrote them (`ordered`: the same body parsed keeping key order). tool_choice "none"
-// offers none; a forced call ("required", a named function) needs constrained decoding.
-std::vector<Tool> parse_tools(const json& j, const nlohmann::ordered_json& ordered) {
+// the client wrote them (the body parsed again keeping key order, only when tools are offered).
+// tool_choice "none" offers none; a forced call ("required", a named function) needs constrained
+// decoding.
+std::vector<Tool> parse_tools(const json& j, std::string_view body) {
   const json* tools = find_field(j, "tools");
   const json* choice = find_field(j, "tool_choice");
   if (!tools || (tools->is_array() && tools->empty())) {
@@ -230,6 +231,7 @@ std::vector<Tool> parse_tools(const json& j, const nlohmann::ordered_json& order
       not_supported("tool_choice",
                     "only \"none\" and \"auto\" (a forced call needs constrained decoding)");
   }
+  const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
   std::vector<Tool> out;
   for (size_t i = 0; i < tools->size(); ++i) {
     const std::string f = fmt::format("tools[{}]", i);
@@ -350,7 +352,7 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
         message.tool_call_id = get_string(*id, f + ".tool_call_id");
       r.messages.push_back(std::move(message));
     }
-    r.tools = parse_tools(j, nlohmann::ordered_json::parse(body.begin(), body.end()));
+    r.tools = parse_tools(j, body);
     if (const json* v = field("parallel_tool_calls"))
       r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
   } else {
