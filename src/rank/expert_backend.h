@@ -10,8 +10,8 @@
 
 #include "model/config.h"
 #include "model/weights.h"
-#include "rank/expert_store.h"
 #include "moe/dispatch_plan.h"
+#include "rank/expert_store.h"
 
 namespace colibri {
 

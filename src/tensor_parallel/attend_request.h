@@ -1,6 +1,7 @@
-// The payload of an attention request (wire::Opcode::kAttendRequest, tensor_parallel/split_linear.h):
-// what a rank attending for some heads of an MLA layer is sent, read and checked against its
-// limits before any of it is used, and the cache slots its rows attend to.
+// The payload of an attention request (wire::Opcode::kAttendRequest,
+// tensor_parallel/split_linear.h): what a rank attending for some heads of an MLA layer is sent,
+// read and checked against its limits before any of it is used, and the cache slots its rows attend
+// to.
 #pragma once
 
 #include <cstddef>

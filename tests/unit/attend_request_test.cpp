@@ -1,6 +1,6 @@
-// The payload of an attention request (tensor_parallel/attend_request.h): a well-formed one is read in
-// place and its rows' key slots come from their KV tables; each field out of range, and a payload
-// too short or too long, is refused with what is wrong, before anything is read past it.
+// The payload of an attention request (tensor_parallel/attend_request.h): a well-formed one is read
+// in place and its rows' key slots come from their KV tables; each field out of range, and a
+// payload too short or too long, is refused with what is wrong, before anything is read past it.
 #include <gtest/gtest.h>
 
 #include <cstring>
