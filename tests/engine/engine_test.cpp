@@ -342,9 +342,11 @@ TEST(Engine, Fp8NanByteIsRefusedWithTheTensorNamed) {
   EXPECT_NE(dequantized.find(name), std::string::npos) << dequantized;
 }
 
-TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
+// The glm52 fixture converted to a colibri container with int8 projections, in a fresh temporary
+// directory named by `tag` (the caller removes it).
+std::filesystem::path glm52_int8_container(const std::string& tag) {
   const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / fmt::format("colibri-engine-int-{}", ::getpid());
+      std::filesystem::temp_directory_path() / fmt::format("colibri-engine-{}-{}", tag, ::getpid());
   std::filesystem::remove_all(dir);
   ConvertOptions convert;
   convert.input_dir = kParityDir / "glm52" / "model";
@@ -352,6 +354,11 @@ TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
   convert.dense_bits = 8;
   convert.io_bits = 8;
   convert_checkpoint(convert);
+  return dir;
+}
+
+TEST(Engine, QuantizedContainerWeightsMatchTheirDequantizedOracle) {
+  const std::filesystem::path dir = glm52_int8_container("int");
 
   LocalModel quantized(dir, /*keep_stored=*/true);
   LocalModel dequantized(dir, /*keep_stored=*/false);
@@ -409,15 +416,7 @@ TEST(Engine, LogitsBitwiseWithAmxOnAndOff) {
                     "AMX-INT8, and the kernel's permission for the tile state)";
   if (kernels::quant_isa_selected() != kernels::QuantIsa::kAvx512)
     GTEST_SKIP() << "COLIBRI_ISA caps the kernels below avx512, which AMX needs";
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / fmt::format("colibri-engine-amx-{}", ::getpid());
-  std::filesystem::remove_all(dir);
-  ConvertOptions convert;
-  convert.input_dir = kParityDir / "glm52" / "model";
-  convert.output_dir = dir;
-  convert.dense_bits = 8;
-  convert.io_bits = 8;
-  convert_checkpoint(convert);
+  const std::filesystem::path dir = glm52_int8_container("amx");
   LocalModel quantized(dir, /*keep_stored=*/true);
   ASSERT_TRUE(quantized.weights.layers[0].attn.o_proj.quantized());
 
