@@ -2,8 +2,9 @@
 // C in --clients, C threads each send --requests streamed /v1/completions requests one after
 // another (greedy, --max-tokens tokens, ignore_eos); the bench measures aggregate generated
 // tokens per second over the round, time to first token, and the inter-token latency (gap
-// between consecutive content chunks of one stream) at p50 / p99. One table row and one JSON
-// line per concurrency, with the machine.
+// between consecutive chunks of one stream) at p50 / p99. With --response-format every request
+// carries it (structured output). One table row and one JSON line per concurrency, with the
+// machine.
 #include <httplib.h>
 
 #include <CLI/CLI.hpp>
@@ -37,7 +38,7 @@ struct StreamResult {
 };
 
 StreamResult stream_once(const std::string& host, int port, const std::string& prompt,
-                         int max_tokens) {
+                         int max_tokens, const json& response_format) {
   StreamResult r;
   httplib::Client c(host, port);
   c.set_connection_timeout(10);
@@ -45,13 +46,10 @@ StreamResult stream_once(const std::string& host, int port, const std::string& p
   httplib::Request req;
   req.method = "POST";
   req.path = "/v1/completions";
-  req.body = json{
-      {"prompt", prompt},
-      {"max_tokens", max_tokens},
-      {"temperature", 0},
-      {"ignore_eos", true},
-      {"stream",
-       true}}.dump();
+  json body = {{"prompt", prompt},   {"max_tokens", max_tokens}, {"temperature", 0},
+               {"ignore_eos", true}, {"return_token_ids", true}, {"stream", true}};
+  if (!response_format.is_null()) body["response_format"] = response_format;
+  req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   const auto start = Clock::now();
   Clock::time_point last;
@@ -65,7 +63,7 @@ StreamResult stream_once(const std::string& host, int port, const std::string& p
       if (event.rfind("data: {", 0) != 0) continue;
       const json j = json::parse(event.substr(6), nullptr, false);
       if (!j.contains("choices") || j["choices"].empty() ||
-          !j["choices"][0]["finish_reason"].is_null())
+          !j["choices"][0].contains("token_ids") || j["choices"][0]["token_ids"].empty())
         continue;
       const auto now = Clock::now();
       if (r.tokens == 0)
@@ -73,7 +71,7 @@ StreamResult stream_once(const std::string& host, int port, const std::string& p
       else
         r.gaps_s.push_back(std::chrono::duration<double>(now - last).count());
       last = now;
-      ++r.tokens;  // one chunk per token (greedy, no stop strings)
+      r.tokens += int(j["choices"][0]["token_ids"].size());
     }
     return true;
   };
@@ -96,7 +94,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-tokens", max_tokens)->capture_default_str();
   app.add_option("--label", label, "free text printed with the results (model, np, flags)");
+  std::string format_text;
+  app.add_option("--response-format", format_text,
+                 "a response_format object every request carries (JSON text)");
   CLI11_PARSE(app, argc, argv);
+  const json response_format = format_text.empty() ? json() : json::parse(format_text);
 
   const std::vector<std::string> prompts = {
       "And God said,",       "In the beginning",     "The LORD is my shepherd;",
@@ -105,7 +107,7 @@ int main(int argc, char** argv) {
               colibri::bench::cpu_model().c_str(), std::thread::hardware_concurrency(),
               colibri::bench::load_average().c_str());
   // Warm-up: one request.
-  stream_once(host, port, prompts[0], 4);
+  stream_once(host, port, prompts[0], 4, response_format);
   std::printf("%8s %10s %12s %10s %10s %10s %8s\n", "clients", "tokens", "agg tok/s", "TTFT p50",
               "ITL p50", "ITL p99", "failed");
   for (int c : clients) {
@@ -115,8 +117,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < c; ++i)
       threads.emplace_back([&, i] {
         for (int k = 0; k < requests; ++k)
-          results[size_t(i) * size_t(requests) + size_t(k)] =
-              stream_once(host, port, prompts[size_t(i + k) % prompts.size()], max_tokens);
+          results[size_t(i) * size_t(requests) + size_t(k)] = stream_once(
+              host, port, prompts[size_t(i + k) % prompts.size()], max_tokens, response_format);
       });
     for (auto& t : threads) t.join();
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();

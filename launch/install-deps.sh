@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that colibri-node needs to build and test, if any is missing.
+# Installs the Debian 12 packages that colibri-node needs to build and test, if any is missing,
+# then xgrammar's C++ core from its source release (install-xgrammar.sh; skipped when present).
 # Uses sudo only when not run as root. The CUDA toolkit is optional and not installed here:
 # the build enables the CUDA kernels when nvcc is found (COLIBRI_CUDA=AUTO).
 set -euo pipefail
@@ -17,20 +18,21 @@ packages=(
   libnuma-dev                   # a rank's NUMA node (layout numa column)
   libxxhash-dev                 # the wire checksum (XXH3, header only)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
+  curl ca-certificates          # fetches xgrammar's source release
 )
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]} == 0)); then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
-fi
-
 sudo=()
 if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
-echo "install-deps: installing ${missing[*]}"
-"${sudo[@]}" apt-get update
-"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
-  apt-get install -y --no-install-recommends "${missing[@]}"
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+"${sudo[@]}" bash "$(dirname "${BASH_SOURCE[0]}")/install-xgrammar.sh"

@@ -12,6 +12,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Every id that may end a reply: the chat format's stop ids and the model's end-of-sequence.
+std::vector<int> reply_end_ids(const ModelConfig& config, std::vector<int> chat_stops) {
+  for (int id : config.generation.eos_token_ids)
+    if (std::find(chat_stops.begin(), chat_stops.end(), id) == chat_stops.end())
+      chat_stops.push_back(id);
+  return chat_stops;
+}
+
 }  // namespace
 
 void reply_error(httplib::Response& res, const ApiError& e) {
@@ -29,7 +37,8 @@ ServeApi::ServeApi(Scheduler& scheduler, ServeMetrics& metrics, const Tokenizer&
       format_(chat_format_for(config)),
       chat_stop_ids_(chat_stop_ids(format_, config, tokenizer)),
       think_open_(tokenizer.token_to_id("<think>")),
-      think_close_(tokenizer.token_to_id("</think>")) {}
+      think_close_(tokenizer.token_to_id("</think>")),
+      grammars_(tokenizer, config.vocab_size, format_, reply_end_ids(config, chat_stop_ids_)) {}
 
 void ServeApi::completions(const std::string& body, httplib::Response& res, bool chat) {
   try {
@@ -125,6 +134,15 @@ ServeRequest ServeApi::serve_request_of(const CompletionRequest& r, bool chat) {
   }
   if (r.ignore_eos) s.stop_ids.clear();
   s.stop_ids.insert(s.stop_ids.end(), r.stop_token_ids.begin(), r.stop_token_ids.end());
+  if (!r.output.free()) {
+    const char* field = r.output.kind == OutputRule::Kind::kToolCalls ? "tools" : "response_format";
+    try {
+      s.grammar = grammars_.compile(r.output);
+    } catch (const Error& e) {
+      throw ApiError(400, fmt::format("'{}' cannot be enforced: {}", field, e.what()), field);
+    }
+    s.grammar_logits = grammars_.logits();
+  }
   if (s.prompt.empty())
     throw ApiError(400, "the prompt has no tokens", chat ? "messages" : "prompt");
   const int64_t context = config_.max_position_embeddings;

@@ -77,6 +77,7 @@ class ServeApi {
   ChatFormat format_;
   std::vector<int> chat_stop_ids_;
   std::optional<int> think_open_, think_close_;  // the thinking block's markers, when tokens
+  OutputGrammars grammars_;  // response_format and forced tool calls, compiled per request
   std::atomic<uint64_t> ids_{0};
 };
 

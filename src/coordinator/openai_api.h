@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "coordinator/chat.h"
+#include "coordinator/output_grammar.h"
 #include "coordinator/scheduler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -64,12 +65,13 @@ struct CompletionRequest {
   // and whether a reply may make more than one call (the first only when false).
   std::vector<Tool> tools;
   bool parallel_tool_calls = true;
+  // What the reply must be: free, response_format's JSON, or tool_choice's forced calls.
+  OutputRule output;
 };
 
 // Parses a request body; throws ApiError (400) naming the field at fault. `vocab` bounds token
 // ids (of a prompt given as ids, logit_bias, stop_token_ids). A field that would change the
-// response and is not supported (a forced tool_choice, response_format other than text, echo,
-// ...) is refused, never ignored.
+// response and is not supported (echo, suffix, best_of, ...) is refused, never ignored.
 CompletionRequest parse_completion_request(std::string_view body, bool chat, int vocab);
 
 // Most choices (n) one request may ask for.

@@ -187,12 +187,6 @@ void refuse_unsupported(const json& j, bool chat) {
   }
   for (const char* legacy : {"functions", "function_call"})
     if (find_field(j, legacy)) not_supported(legacy, "this server does not parse function calls");
-  if (const json* v = find_field(j, "response_format")) {
-    if (!v->is_object()) wrong_type("response_format", "an object", *v);
-    const auto type = v->find("type");
-    if (type == v->end() || !type->is_string() || *type != "text")
-      not_supported("response_format", "only {\"type\": \"text\"} (no structured output)");
-  }
   if (chat) return;
   if (const json* v = find_field(j, "echo"); v && get_bool(*v, "echo"))
     not_supported("echo", "the prompt is not returned");
@@ -212,11 +206,49 @@ bool valid_tool_name(const std::string& name) {
   });
 }
 
+// response_format: {"type": "text"} (free), {"type": "json_object"}, or {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"}}.
+OutputRule parse_response_format(const json& j) {
+  OutputRule rule;
+  const json* v = find_field(j, "response_format");
+  if (!v) return rule;
+  if (!v->is_object()) wrong_type("response_format", "an object", *v);
+  const auto type = v->find("type");
+  if (type == v->end())
+    throw ApiError(400, "'response_format.type' is missing", "response_format.type",
+                   "missing_field");
+  const std::string kind = get_string(*type, "response_format.type");
+  if (kind == "text") return rule;
+  if (kind == "json_object") {
+    rule.kind = OutputRule::Kind::kJsonObject;
+    return rule;
+  }
+  if (kind != "json_schema")
+    throw ApiError(400,
+                   fmt::format("'response_format.type' is '{}'; supported are text, json_object "
+                               "and json_schema",
+                               kind),
+                   "response_format.type");
+  const auto spec = v->find("json_schema");
+  if (spec == v->end() || !spec->is_object())
+    throw ApiError(400, "'response_format.json_schema' must be an object with a 'schema'",
+                   "response_format.json_schema");
+  const auto schema = spec->find("schema");
+  if (schema == spec->end() || !(schema->is_object() || schema->is_boolean()))
+    throw ApiError(400, "'response_format.json_schema.schema' must be a JSON Schema (an object)",
+                   "response_format.json_schema.schema");
+  rule.kind = OutputRule::Kind::kJsonSchema;
+  rule.schema = schema->dump();
+  if (const auto strict = spec->find("strict"); strict != spec->end() && !strict->is_null())
+    rule.strict = get_bool(*strict, "response_format.json_schema.strict");
+  return rule;
+}
+
 // "tools" and "tool_choice" of a chat request: the functions offered, their objects in the order
 // the client wrote them (the body parsed again keeping key order, only when tools are offered).
-// tool_choice "none" offers none; a forced call ("required", a named function) needs constrained
-// decoding.
-std::vector<Tool> parse_tools(const json& j, std::string_view body) {
+// tool_choice "none" offers none; "required" and a named function ({"type": "function",
+// "function": {"name"}}) set `forced` to a tool-call rule, enforced by constrained decoding.
+std::vector<Tool> parse_tools(const json& j, std::string_view body, OutputRule& forced) {
   const json* tools = find_field(j, "tools");
   const json* choice = find_field(j, "tool_choice");
   if (!tools || (tools->is_array() && tools->empty())) {
@@ -225,11 +257,31 @@ std::vector<Tool> parse_tools(const json& j, std::string_view body) {
     return {};
   }
   if (!tools->is_array()) wrong_type("tools", "an array", *tools);
+  std::string named;  // the function tool_choice names
   if (choice) {
     if (choice->is_string() && *choice == "none") return {};
-    if (!(choice->is_string() && *choice == "auto"))
-      not_supported("tool_choice",
-                    "only \"none\" and \"auto\" (a forced call needs constrained decoding)");
+    if (choice->is_object()) {
+      const auto function = choice->find("function");
+      const json* name = function != choice->end() && function->is_object()
+                             ? find_field(*function, "name")
+                             : nullptr;
+      if (choice->value("type", std::string()) != "function" || !name || !name->is_string())
+        throw ApiError(400,
+                       "'tool_choice' as an object must be {\"type\": \"function\", "
+                       "\"function\": {\"name\": ...}}",
+                       "tool_choice");
+      named = name->get<std::string>();
+      forced.kind = OutputRule::Kind::kToolCalls;
+      forced.named = true;
+    } else if (choice->is_string() && *choice == "required") {
+      forced.kind = OutputRule::Kind::kToolCalls;
+    } else if (!(choice->is_string() && *choice == "auto")) {
+      throw ApiError(400,
+                     fmt::format("'tool_choice' is {}; supported are \"none\", \"auto\", "
+                                 "\"required\" and a named function",
+                                 choice->dump()),
+                     "tool_choice");
+    }
   }
   const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end());
   std::vector<Tool> out;
@@ -259,6 +311,17 @@ std::vector<Tool> parse_tools(const json& j, std::string_view body) {
         throw ApiError(400, fmt::format("'{}.function.name' '{}' is offered twice", f, n),
                        f + ".function.name");
     out.push_back({n, ordered["tools"][i]});
+  }
+  if (forced.named) {
+    const auto it =
+        std::find_if(out.begin(), out.end(), [&](const Tool& t) { return t.name == named; });
+    if (it == out.end())
+      throw ApiError(400,
+                     fmt::format("'tool_choice' names '{}', which 'tools' does not offer", named),
+                     "tool_choice.function.name");
+    forced.tools = {*it};
+  } else if (forced.kind == OutputRule::Kind::kToolCalls) {
+    forced.tools = out;
   }
   return out;
 }
@@ -352,9 +415,10 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
         message.tool_call_id = get_string(*id, f + ".tool_call_id");
       r.messages.push_back(std::move(message));
     }
-    r.tools = parse_tools(j, body);
+    r.tools = parse_tools(j, body, r.output);
     if (const json* v = field("parallel_tool_calls"))
       r.parallel_tool_calls = get_bool(*v, "parallel_tool_calls");
+    r.output.parallel = r.parallel_tool_calls;
   } else {
     const json* prompt = field("prompt");
     if (!prompt) throw ApiError(400, "'prompt' is missing", "prompt", "missing_field");
@@ -382,6 +446,14 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat, int
     }
     if (!r.prompt_is_ids && r.prompt_text.empty())
       throw ApiError(400, "'prompt' is empty", "prompt");
+  }
+  if (OutputRule format = parse_response_format(j); !format.free()) {
+    if (!r.output.free() || !r.tools.empty())
+      throw ApiError(400,
+                     "'response_format' other than text cannot go with tools offered (send "
+                     "tool_choice \"none\" for a structured reply)",
+                     "response_format");
+    r.output = std::move(format);
   }
 
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {

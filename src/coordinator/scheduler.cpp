@@ -94,12 +94,16 @@ struct Scheduler::Active {
   std::string reasoning;      // the thinking block's text (bytes)
   size_t reasoning_sent = 0;  // bytes of it sent
   Sampler sampler;
+  std::optional<OutputConstraint> constraint;  // the reply's grammar, past the thinking block
   Clock::time_point admitted, last_token;
 
   Active(std::shared_ptr<ServeJob> j, const SamplingParams& sampling)
       : job(std::move(j)),
         thinking(job->request.thinking_open && job->request.think_close >= 0),
-        sampler(sampling, job->request.prompt) {}
+        sampler(sampling, job->request.prompt) {
+    const ServeRequest& r = job->request;
+    if (r.grammar) constraint.emplace(r.grammar, r.stop_ids, r.grammar_logits);
+  }
 };
 
 Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, ServeMetrics& metrics,
@@ -332,6 +336,13 @@ void Scheduler::admit() {
   }
 }
 
+int Scheduler::sample(Active& a, std::span<const float> logits) {
+  if (!a.constraint || a.thinking) return a.sampler.sample(logits);
+  masked_.assign(logits.begin(), logits.end());
+  a.constraint->mask(masked_);
+  return a.sampler.sample(masked_);
+}
+
 bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logprob) {
   const ServeRequest& request = a.job->request;
   const auto now = Clock::now();
@@ -346,6 +357,19 @@ bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logpr
 
   bool finished = false;
   FinishReason reason = FinishReason::kLength;
+  if (a.constraint && !a.thinking) {
+    if (!a.constraint->accept(token)) {
+      ServeEvent error;
+      error.kind = ServeEvent::Kind::kError;
+      error.status = 500;
+      error.text = fmt::format("token {} was sampled against the reply's grammar", token);
+      a.job->channel.push(std::move(error));
+      metrics_.count_finished("error");
+      return true;
+    }
+  }
+  // The grammar complete: its stop id accepted, or the last token of a reply that has none.
+  const bool grammar_ended = a.constraint && !a.thinking && a.constraint->ended();
   const bool opens = request.think_close >= 0 && token == request.think_open && !a.thinking &&
                      a.generated.size() == 1;
   const bool closes = a.thinking && token == request.think_close;
@@ -373,6 +397,10 @@ bool Scheduler::on_token(Active& a, int token, std::optional<TokenLogprob> logpr
       finished = true;
       reason = FinishReason::kStop;
     }
+  }
+  if (!finished && grammar_ended) {
+    finished = true;
+    reason = FinishReason::kStop;
   }
   if (!finished && int(a.generated.size()) >= request.max_tokens) finished = true;
 
@@ -478,7 +506,7 @@ void Scheduler::step() {
     std::optional<TokenLogprob> logprob;
     {
       OptionalScope scope(engine_.profiler(), Phase::kSampling);
-      token = a.sampler.sample(row_logits);
+      token = sample(a, row_logits);
       if (a.job->request.logprobs >= 0)
         logprob = token_logprob(row_logits, token, a.job->request.logprobs);
     }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "coordinator/engine.h"
+#include "coordinator/output_grammar.h"
 #include "coordinator/serve_metrics.h"
 #include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -43,6 +44,10 @@ struct ServeRequest {
   // opening marker opens it.
   int think_open = -1, think_close = -1;
   bool thinking_open = false;
+  // What the reply must be (response_format, a forced tool call): enforced on every token after
+  // the thinking block; null: free.
+  std::shared_ptr<const CompiledOutput> grammar;
+  int grammar_logits = 0;  // the grammar's logits row length
 };
 
 enum class FinishReason { kStop, kLength };
@@ -139,6 +144,8 @@ class Scheduler {
   void admit();
   void evict(size_t cache_index);
   void step();
+  // Samples the next token of `a` from its logits row (its grammar's mask applied).
+  int sample(Active& a, std::span<const float> logits);
   // Handles a sampled token; true when the request is finished.
   bool on_token(Active& a, int token, std::optional<TokenLogprob> logprob);
   void finish(size_t active_index, const char* reason);
@@ -162,6 +169,7 @@ class Scheduler {
   uint64_t tick_ = 0;
   Batch batch_;
   std::vector<Active*> logit_owner_;
+  std::vector<float> masked_;  // a constrained row's logits
 
   std::atomic<int64_t> step_started_ns_{0};
   std::atomic<double> longest_step_s_{0};

@@ -79,10 +79,12 @@ bool read_glm_call(std::string_view body, const std::vector<Tool>& tools, ToolCa
     if (value_end == std::string_view::npos) return false;
     const std::string value(rest.substr(kGlmValueOpen.size(), value_end - kGlmValueOpen.size()));
     rest = rest.substr(value_end + kGlmValueClose.size());
+    // A "string" parameter keeps its text; any other is JSON where it reads as JSON, else its
+    // text, without the whitespace around it.
     ojson typed = value;
     if (parameter_type(tools, call.name, key) != "string") {
       const ojson parsed = ojson::parse(value, nullptr, false);
-      if (!parsed.is_discarded()) typed = parsed;
+      typed = parsed.is_discarded() ? ojson(std::string(trim(value))) : parsed;
     }
     arguments[key] = typed;
   }

@@ -107,7 +107,8 @@ int Sampler::sample(std::span<const float> raw) {
     double total = 0.0;
     for (size_t i = 0; i < candidates; ++i) {
       probs[i] = std::exp(double(logits[size_t(order[i])] - max) / params_.temperature);
-      if (i > 0 && probs[i] < params_.min_p) {
+      // A token of probability 0 (a grammar's -inf) is never a candidate.
+      if (i > 0 && (probs[i] < params_.min_p || probs[i] == 0.0)) {
         candidates = i;
         break;
       }

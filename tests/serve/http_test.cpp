@@ -209,8 +209,8 @@ Reply post(int port, const std::string& path, const std::string& body, const std
   r.body = json::parse(res->body, nullptr, false);
   if (r.status == 200 && r.body.is_object() && r.body.contains("choices")) {
     const json& choice = r.body["choices"][0];
-    r.text = choice.contains("message") ? choice["message"]["content"].get<std::string>()
-                                        : choice["text"].get<std::string>();
+    const json& text = choice.contains("message") ? choice["message"]["content"] : choice["text"];
+    r.text = text.is_string() ? text.get<std::string>() : std::string();
     if (choice.contains("token_ids")) r.tokens = choice["token_ids"].get<std::vector<int>>();
     r.finish_reason = choice["finish_reason"].get<std::string>();
     r.usage = r.body["usage"];
@@ -698,16 +698,128 @@ TEST(Serve, SamplingFieldsActAndUnsupportedFieldsAreRefusedByName) {
                                                 .get<size_t>());
   EXPECT_EQ(post(port, "/detokenize", json{{"tokens", {-1}}}.dump()).status, 400);
   EXPECT_EQ(post(port, "/tokenize", "{}").status, 400);
-  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"tool_choice", "required"}, {"response_format", {{"type", "json_schema"}}}}) {
-    json refused = informational;
-    refused[field] = value;
-    if (field == "tool_choice")
-      refused["tools"] = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+}
+
+// response_format and a forced tool_choice hold whatever the model prefers: the embedded model
+// writes scripture, yet its replies are instances of the schema and calls of the tools.
+TEST(Serve, StructuredOutputAndForcedToolCallsFollowTheirGrammar) {
+  ServerProcess server(1, {"--think", "off"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "answer": {"enum": ["yes", "no"]}, "verse": {"type": "integer", "minimum": 1,
+      "maximum": 176}, "word": {"type": "string", "maxLength": 12}},
+      "required": ["answer", "verse", "word"], "additionalProperties": false})");
+  const auto expect_instance = [](const std::string& text) {
+    const json j = json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    EXPECT_EQ(j.size(), 3u) << text;
+    EXPECT_TRUE(j["answer"] == "yes" || j["answer"] == "no") << text;
+    ASSERT_TRUE(j["verse"].is_number_integer()) << text;
+    EXPECT_GE(j["verse"].get<int>(), 1);
+    EXPECT_LE(j["verse"].get<int>(), 176);
+    ASSERT_TRUE(j["word"].is_string()) << text;
+    EXPECT_LE(j["word"].get<std::string>().size(), 12u * 4) << text;
+  };
+  json chat = {{"messages", {{{"role", "user"}, {"content", "Is the Lord my shepherd?"}}}},
+               {"max_tokens", 120},
+               {"temperature", 0},
+               {"response_format",
+                {{"type", "json_schema"},
+                 {"json_schema", {{"name", "a"}, {"schema", schema}, {"strict", true}}}}}};
+  const Reply whole = post(port, "/v1/chat/completions", chat.dump());
+  ASSERT_EQ(whole.status, 200) << whole.raw;
+  EXPECT_EQ(whole.finish_reason, "stop") << whole.raw;
+  expect_instance(whole.text);
+  const Reply streamed = post_stream(port, "/v1/chat/completions", chat);
+  EXPECT_EQ(streamed.text, whole.text);
+  json sampled = chat;  // sampling, with several choices
+  sampled["temperature"] = 1.0;
+  sampled["seed"] = 3;
+  sampled["n"] = 3;
+  const Reply three = post(port, "/v1/chat/completions", sampled.dump());
+  ASSERT_EQ(three.status, 200) << three.raw;
+  for (const json& choice : three.body["choices"])
+    expect_instance(choice["message"]["content"].get<std::string>());
+
+  json object = completion("And God said,", 120);  // completions too; json_object is an object
+  object.erase("ignore_eos");
+  object["response_format"] = {{"type", "json_object"}};
+  const Reply any = post(port, "/v1/completions", object.dump());
+  ASSERT_EQ(any.status, 200) << any.raw;
+  if (any.finish_reason == "stop") {
+    EXPECT_TRUE(json::parse(any.text).is_object()) << any.text;
+  }
+  EXPECT_EQ(any.text.substr(0, 1), "{") << any.text;
+
+  const json weather = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_weather"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties",
+                             {{"city", {{"enum", {"Jerusalem", "Babylon"}}}},
+                              {"days", {{"type", "integer"}, {"minimum", 1}, {"maximum", 7}}}}},
+                            {"required", {"city", "days"}},
+                            {"additionalProperties", false}}}}}};
+  const json psalm = {
+      {"type", "function"},
+      {"function",
+       {{"name", "read_psalm"},
+        {"parameters",
+         {{"type", "object"},
+          {"properties", {{"number", {{"type", "integer"}, {"minimum", 1}, {"maximum", 150}}}}},
+          {"required", {"number"}}}}}}};
+  json tooled = {{"messages", {{{"role", "user"}, {"content", "What weather in Babylon?"}}}},
+                 {"max_tokens", 120},
+                 {"temperature", 0},
+                 {"tools", {weather, psalm}},
+                 {"tool_choice", "required"}};
+  const Reply called = post(port, "/v1/chat/completions", tooled.dump());
+  ASSERT_EQ(called.status, 200) << called.raw;
+  EXPECT_EQ(called.finish_reason, "tool_calls") << called.raw;
+  const json& message = called.body["choices"][0]["message"];
+  ASSERT_TRUE(message.contains("tool_calls")) << called.raw;
+  for (const json& call : message["tool_calls"]) {
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    if (call["function"]["name"] == "get_weather") {
+      EXPECT_TRUE(args["city"] == "Jerusalem" || args["city"] == "Babylon") << called.raw;
+      EXPECT_TRUE(args["days"].is_number_integer()) << called.raw;
+    } else {
+      EXPECT_EQ(call["function"]["name"], "read_psalm") << called.raw;
+      EXPECT_TRUE(args["number"].is_number_integer()) << called.raw;
+    }
+  }
+  json named = tooled;
+  named["tool_choice"] = {{"type", "function"}, {"function", {{"name", "read_psalm"}}}};
+  const Reply psalm_call = post(port, "/v1/chat/completions", named.dump());
+  ASSERT_EQ(psalm_call.status, 200) << psalm_call.raw;
+  EXPECT_EQ(psalm_call.finish_reason, "tool_calls") << psalm_call.raw;
+  const json& calls = psalm_call.body["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << psalm_call.raw;
+  EXPECT_EQ(calls[0]["function"]["name"], "read_psalm");
+  const Reply psalm_stream = post_stream(port, "/v1/chat/completions", named);
+  EXPECT_EQ(psalm_stream.finish_reason, "tool_calls") << psalm_stream.raw;
+  EXPECT_NE(psalm_stream.raw.find("read_psalm"), std::string::npos) << psalm_stream.raw;
+
+  // Refused by the field at fault.
+  for (const auto& [field, change] : std::vector<std::pair<std::string, json>>{
+           {"response_format.json_schema", {{"response_format", {{"type", "json_schema"}}}}},
+           {"response_format.type", {{"response_format", {{"type", "xml"}}}}},
+           {"response_format",
+            {{"response_format",
+              {{"type", "json_schema"},
+               {"json_schema", {{"schema", {{"type", "no-such-type"}}}}}}}}},
+           {"tool_choice.function.name",
+            {{"tools", {weather}},
+             {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}},
+           {"response_format",
+            {{"tools", {weather}}, {"response_format", {{"type", "json_object"}}}}}}) {
+    json refused = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2}};
+    refused.update(change);
     const Reply r = post(port, "/v1/chat/completions", refused.dump());
-    EXPECT_EQ(r.status, 400) << field;
+    EXPECT_EQ(r.status, 400) << field << ": " << r.raw;
     EXPECT_EQ(r.body["error"]["param"], field) << r.raw;
-    EXPECT_EQ(r.body["error"]["code"], "not_supported") << r.raw;
   }
 }
 
@@ -893,7 +1005,11 @@ std::vector<std::pair<std::string, std::string>> hostile_requests() {
       {{"messages", user}, {"tools", {{{"type", "function"}}}}},
       {{"messages", user}, {"tool_choice", "auto"}},
       {{"messages", user}, {"functions", json::array()}},
-      {{"messages", user}, {"response_format", {{"type", "json_object"}}}},
+      {{"messages", user}, {"response_format", {{"type", "json_object"}}}, {"tools", 1}},
+      {{"messages", user}, {"response_format", {{"type", "json_schema"}, {"json_schema", 1}}}},
+      {{"messages", user},
+       {"response_format",
+        {{"type", "json_schema"}, {"json_schema", {{"schema", {{"$ref", 5}}}}}}}},
       {{"messages", user}, {"logit_bias", {{"abc", 1}}}},
       {{"messages", user}, {"logit_bias", {{"5", 500}}}},
       {{"messages", user}, {"logit_bias", {{"99999", 1}}}},

@@ -185,7 +185,7 @@ TEST(ToolCalls, AStreamedReplySendsItsTextAtOnceAndEachCallWhole) {
   EXPECT_TRUE(cut.calls.empty());
 }
 
-TEST(ToolCalls, RequestsCarryToolsToolMessagesAndCallsAndRefuseAForcedChoice) {
+TEST(ToolCalls, RequestsCarryToolsToolMessagesCallsAndForcedChoices) {
   const std::string body = R"({"messages": [
       {"role": "user", "content": "Paris?"},
       {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
@@ -217,10 +217,37 @@ TEST(ToolCalls, RequestsCarryToolsToolMessagesAndCallsAndRefuseAForcedChoice) {
   };
   const std::string user = R"("messages": [{"role": "user", "content": "x"}])";
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f"}}])";
-  refused("{" + user + ", " + tools + R"(, "tool_choice": "required"})", "tool_choice");
   refused("{" + user + ", " + tools +
-              R"(, "tool_choice": {"type": "function", "function": {"name": "f"}}})",
-          "tool_choice");
+              R"(, "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+          "tool_choice.function.name");
+  refused("{" + user + ", " + tools + R"(, "tool_choice": {"type": "function"}})", "tool_choice");
+  refused("{" + user + ", " + tools + R"(, "tool_choice": "always"})", "tool_choice");
+  refused("{" + user + ", " + tools +
+              R"(, "tool_choice": "required", "response_format": {"type": "json_object"}})",
+          "response_format");
+  // Forced calls: "required" any of the tools, a named function that one alone.
+  const CompletionRequest required = parse_completion_request(
+      "{" + user + ", " + tools + R"(, "tool_choice": "required"})", true, 100);
+  EXPECT_EQ(required.output.kind, OutputRule::Kind::kToolCalls);
+  EXPECT_FALSE(required.output.named);
+  EXPECT_EQ(required.output.tools.size(), 1u);
+  const CompletionRequest named = parse_completion_request(
+      "{" + user + R"(, "tools": [{"type": "function", "function": {"name": "f"}},
+          {"type": "function", "function": {"name": "g"}}], "parallel_tool_calls": false,
+          "tool_choice": {"type": "function", "function": {"name": "g"}}})",
+      true, 100);
+  EXPECT_TRUE(named.output.named);
+  ASSERT_EQ(named.output.tools.size(), 1u);
+  EXPECT_EQ(named.output.tools[0].name, "g");
+  EXPECT_FALSE(named.output.parallel);
+  EXPECT_EQ(named.tools.size(), 2u) << "every tool stays in the prompt";
+  const CompletionRequest schema = parse_completion_request(
+      "{" + user + R"(, "response_format": {"type": "json_schema", "json_schema":
+          {"name": "x", "strict": true, "schema": {"type": "object"}}}})",
+      true, 100);
+  EXPECT_EQ(schema.output.kind, OutputRule::Kind::kJsonSchema);
+  EXPECT_TRUE(schema.output.strict);
+  EXPECT_EQ(json::parse(schema.output.schema), json::parse(R"({"type": "object"})"));
   refused("{" + user + R"(, "tool_choice": "auto"})", "tool_choice");
   refused("{" + user + R"(, "tools": [{"type": "function", "function": {"name": "a b"}}]})",
           "tools[0].function.name");
