@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages that colibri-node needs to build and test, if any is missing,
-# then xgrammar's C++ core from its source release (install-xgrammar.sh; skipped when present).
+# then xgrammar's C++ core from its source release (install-xgrammar.sh; skipped when present)
+# and the Python clients the server is tested with (a virtual environment in
+# /opt/colibri-node/client-venv from tests/serve/client-requirements.txt; skipped when current).
 # Uses sudo only when not run as root. The CUDA toolkit is optional and not installed here:
 # the build enables the CUDA kernels when nvcc is found (COLIBRI_CUDA=AUTO).
 set -euo pipefail
@@ -19,6 +21,7 @@ packages=(
   libxxhash-dev                 # the wire checksum (XXH3, header only)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
   curl ca-certificates          # fetches xgrammar's source release
+  python3-venv                  # the openai client tests' virtual environment
 )
 
 missing=()
@@ -36,3 +39,12 @@ else
     apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 "${sudo[@]}" bash "$(dirname "${BASH_SOURCE[0]}")/install-xgrammar.sh"
+requirements=$(dirname "${BASH_SOURCE[0]}")/../tests/serve/client-requirements.txt
+venv=/opt/colibri-node/client-venv
+if ! cmp -s "$requirements" "$venv/requirements.txt"; then
+  echo "install-deps: the client test environment in $venv"
+  "${sudo[@]}" rm -rf "$venv"
+  "${sudo[@]}" /usr/bin/python3 -m venv "$venv"
+  "${sudo[@]}" "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+  "${sudo[@]}" cp "$requirements" "$venv/requirements.txt"
+fi
