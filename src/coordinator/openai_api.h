@@ -61,8 +61,9 @@ struct CompletionRequest {
   // Chat: the thinking block on or off (chat_template_kwargs.enable_thinking or .thinking,
   // reasoning_effort "none" or not); unset: the server's --think.
   std::optional<bool> thinking;
-  // Chat: the functions the model may call (tools, with tool_choice "auto"; none with "none"),
-  // and whether a reply may make more than one call (the first only when false).
+  // Chat: the functions the model may call (tools, with tool_choice "auto", "required" or a
+  // named function; none with "none"), and whether a reply may make more than one call (the
+  // first only when false).
   std::vector<Tool> tools;
   bool parallel_tool_calls = true;
   // What the reply must be: free, response_format's JSON, or tool_choice's forced calls.
