@@ -167,6 +167,8 @@ struct OutputConstraint::Impl {
   std::vector<int32_t> bitmask;
   int logits;
   std::shared_ptr<const std::vector<int>> banned;
+  bool prepared = false;   // bitmask is the current state's
+  bool restricts = false;  // ... and does not allow every token
 };
 
 OutputConstraint::OutputConstraint(std::shared_ptr<const CompiledOutput> grammar,
@@ -184,7 +186,7 @@ OutputConstraint::~OutputConstraint() = default;
 OutputConstraint::OutputConstraint(OutputConstraint&&) noexcept = default;
 OutputConstraint& OutputConstraint::operator=(OutputConstraint&&) noexcept = default;
 
-void OutputConstraint::mask(std::span<float> logits) {
+void OutputConstraint::prepare() {
   int64_t shape[] = {int64_t(impl_->bitmask.size())};
   DLTensor tensor{};
   tensor.data = impl_->bitmask.data();
@@ -192,8 +194,14 @@ void OutputConstraint::mask(std::span<float> logits) {
   tensor.ndim = 1;
   tensor.dtype = xgrammar::GetBitmaskDLType();
   tensor.shape = shape;
+  impl_->restricts = impl_->matcher.FillNextTokenBitmask(&tensor);  // false: every token allowed
+  impl_->prepared = true;
+}
+
+void OutputConstraint::mask(std::span<float> logits) {
+  if (!impl_->prepared) prepare();
   constexpr float kNever = -std::numeric_limits<float>::infinity();
-  if (impl_->matcher.FillNextTokenBitmask(&tensor)) {  // false: the grammar allows every token
+  if (impl_->restricts) {
     const size_t n = std::min(logits.size(), size_t(impl_->logits));
     for (size_t i = 0; i < logits.size(); ++i)
       if (i >= n || !((uint32_t(impl_->bitmask[i / 32]) >> (i % 32)) & 1u)) logits[i] = kNever;
@@ -204,7 +212,9 @@ void OutputConstraint::mask(std::span<float> logits) {
 
 bool OutputConstraint::accept(int token) {
   if (std::binary_search(impl_->banned->begin(), impl_->banned->end(), token)) return false;
-  return impl_->matcher.AcceptToken(token);
+  if (!impl_->matcher.AcceptToken(token)) return false;
+  impl_->prepared = false;
+  return true;
 }
 
 bool OutputConstraint::ended() const {

@@ -79,7 +79,11 @@ class OutputConstraint {
   OutputConstraint(OutputConstraint&&) noexcept;
   OutputConstraint& operator=(OutputConstraint&&) noexcept;
 
-  // Sets the logits of the tokens not allowed next to -inf (`logits` one row).
+  // Computes which tokens the grammar allows next (the costly part: it may run on another
+  // thread, e.g. while the forward call that makes the logits runs).
+  void prepare();
+  // Sets the logits of the tokens not allowed next to -inf (`logits` one row); prepares first
+  // unless prepare() ran since the last accept().
   void mask(std::span<float> logits);
   // Advances past a sampled token; false (and no change) when the grammar does not allow it.
   bool accept(int token);

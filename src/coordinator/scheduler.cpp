@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <future>
 
 #include "common/error.h"
 
@@ -483,9 +484,20 @@ void Scheduler::step() {
   }
   if (batch_.size() == 0) return;
 
+  // The grammars' masks of this step's constrained rows, computed while the forward call runs.
+  std::vector<OutputConstraint*> constrained;
+  for (Active* a : logit_owner_)
+    if (a->constraint && !a->thinking) constrained.push_back(&*a->constraint);
+  std::future<void> masks;
+  if (!constrained.empty())
+    masks = std::async(std::launch::async, [&constrained] {
+      for (OutputConstraint* c : constrained) c->prepare();
+    });
+
   const auto start = Clock::now();
   step_started_ns_ = now_ns();
   const std::vector<float> logits = engine_.forward(batch_);
+  if (masks.valid()) masks.get();
   step_started_ns_ = 0;
   const double took = seconds(start, Clock::now());
   if (took > longest_step_s_) longest_step_s_ = took;

@@ -76,7 +76,8 @@ Sampled sample_reply(OutputConstraint& constraint, int logits, uint64_t seed, bo
     for (int id : end_ids) row[size_t(id)] = 40.0f;
     for (int id = 0; id < int(tokenizer.vocab_size()); ++id)
       if (tokenizer.is_special(id)) row[size_t(id)] = 30.0f;
-    row[size_t(logits - 1)] = 50.0f;  // a padded id
+    row[size_t(logits - 1)] = 50.0f;     // a padded id
+    if (step % 2) constraint.prepare();  // as the server does, while the forward call runs
     constraint.mask(row);
     EXPECT_EQ(row[size_t(logits - 1)], -std::numeric_limits<float>::infinity());
     const int token = sampler.sample(row);
