@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 
 #include "common/error.h"
@@ -104,6 +105,27 @@ TEST(Sampler, PenaltiesLowerWhatWasGeneratedOrPrompted) {
   const int none[] = {1};
   Sampler n(repetition, none);
   EXPECT_EQ(n.sample(negative), 0);  // -1.5 * 2 = -3
+}
+
+// A grammar's mask: tokens at -inf are never sampled, whatever the temperature and nucleus, even
+// when a single token is left.
+TEST(Sampler, MaskedTokensAreNeverSampled) {
+  constexpr float kNever = -std::numeric_limits<float>::infinity();
+  std::vector<float> logits(1000, kNever);
+  logits[17] = -5.0f;
+  logits[900] = -5.0f;
+  for (float temperature : {0.0f, 0.7f, 1.0f, 2.0f})
+    for (float top_p : {0.5f, 1.0f}) {
+      Sampler sampler(sampling(temperature, 9, top_p));
+      for (int i = 0; i < 200; ++i) {
+        const int token = sampler.sample(logits);
+        EXPECT_TRUE(token == 17 || token == 900) << token;
+      }
+    }
+  std::vector<float> one(1000, kNever);
+  one[999] = 3.0f;
+  Sampler sampler(sampling(1.0f, 3, 1.0f));
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(sampler.sample(one), 999);
 }
 
 TEST(Sampler, RejectsBadParameters) {
