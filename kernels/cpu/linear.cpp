@@ -1,6 +1,8 @@
 #include "cpu/linear.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -93,7 +95,14 @@ inline float value(detail::Fp8Row p) {  // exact for every E4M3 value but NaN, t
          p.scales[p.block_shift >= 0 ? p.col >> p.block_shift : p.col / p.block_cols];
 }
 
-template <typename B>  // B: a pointer to the operand type, or an Fp8Row
+inline detail::Nvfp4Row operator+(detail::Nvfp4Row p, int64_t i) {
+  return {p.codes, p.scales, p.global, p.col + i};
+}
+inline float value(detail::Nvfp4Row p) {
+  return detail::nvfp4_value(p);
+}
+
+template <typename B>  // B: a pointer to the operand type, an Fp8Row or an Nvfp4Row
 float dot_scalar(const float* a, B b, int64_t n) {
   float partial[8] = {};
   int64_t i = 0;
@@ -385,6 +394,123 @@ void linear_fp8(const float* x, int64_t n, const Fp8Weights& w, float* y) {
           dot(x + t * cols,
               fp8_row(w.bits + r * cols, w.scales + (r / w.block_rows) * scale_cols, w.block_cols),
               cols);
+}
+
+// ---- NVFP4 ------------------------------------------------------------------------------------
+
+namespace {
+
+using DotNvfp4Fn = float (*)(const float*, detail::Nvfp4Row, int64_t);
+float dot_nvfp4_row_scalar(const float* a, detail::Nvfp4Row b, int64_t n) {
+  return dot_scalar(a, b, n);
+}
+DotNvfp4Fn dot_nvfp4_kernel(QuantIsa isa) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return detail::dot_nvfp4_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::dot_nvfp4_avx2;
+#endif
+  return dot_nvfp4_row_scalar;
+}
+DotNvfp4Fn selected_dot_nvfp4() {
+  static const DotNvfp4Fn fn = dot_nvfp4_kernel(quant_isa_selected());
+  return fn;
+}
+void require_nvfp4(const Nvfp4Weights& w) {
+  if (w.cols <= 0 || w.cols % 16 != 0 || w.rows < 0)
+    throw std::invalid_argument("NVFP4 kernels: cols " + std::to_string(w.cols) +
+                                " is not a positive multiple of 16 (or rows " +
+                                std::to_string(w.rows) + " < 0)");
+  if (w.rows > 0 && (!w.codes || !w.scales))
+    throw std::invalid_argument("NVFP4 kernels: null codes or scales");
+}
+detail::Nvfp4Row nvfp4_row(const Nvfp4Weights& w, int64_t row) {
+  return {w.codes + row * (w.cols / 2), w.scales + row * (w.cols / 16), w.global, 0};
+}
+
+// The nearest of `values` (ascending, non-negative) to x >= 0, ties to the even index; the last
+// when beyond it.
+int nearest(const float* values, size_t N, float x) {
+  size_t i = 0;
+  while (i + 1 < N && values[i + 1] <= x) ++i;
+  if (i + 1 == N) return int(i);
+  const float below = x - values[i], above = values[i + 1] - x;
+  if (below < above) return int(i);
+  if (above < below) return int(i + 1);
+  return int(i % 2 == 0 ? i : i + 1);
+}
+
+}  // namespace
+
+float dot_nvfp4(const float* a, const Nvfp4Weights& w, int64_t row) {
+  require_nvfp4(w);
+  return selected_dot_nvfp4()(a, nvfp4_row(w, row), w.cols);
+}
+float dot_nvfp4(QuantIsa isa, const float* a, const Nvfp4Weights& w, int64_t row) {
+  require_available(isa);
+  require_nvfp4(w);
+  return dot_nvfp4_kernel(isa)(a, nvfp4_row(w, row), w.cols);
+}
+float dot_nvfp4_scalar(const float* a, const Nvfp4Weights& w, int64_t row) {
+  require_nvfp4(w);
+  return dot_nvfp4_row_scalar(a, nvfp4_row(w, row), w.cols);
+}
+
+void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
+  require_nvfp4(w);
+  const DotNvfp4Fn dot = selected_dot_nvfp4();
+  const int64_t rows = w.rows, cols = w.cols;
+#pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, nvfp4_row(w, r), cols);
+}
+
+void dequantize_nvfp4(const Nvfp4Weights& w, float* out) {
+  require_nvfp4(w);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    detail::Nvfp4Row p = nvfp4_row(w, r);
+    for (int64_t c = 0; c < w.cols; ++c) out[r * w.cols + c] = value(p + c);
+  }
+}
+
+uint8_t f32_to_e4m3(float x) {
+  // Every finite non-negative E4M3 value in code order (0x00 .. 0x7E), ascending.
+  static const auto values = [] {
+    std::array<float, 127> v{};
+    for (int b = 0; b < 127; ++b) v[size_t(b)] = detail::e4m3_value(uint8_t(b));
+    return v;
+  }();
+  return uint8_t(nearest(values.data(), values.size(), std::max(x, 0.0f)));
+}
+
+uint8_t f32_to_e2m1(float x) {
+  static constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const uint8_t code = uint8_t(nearest(kMagnitudes, 8, std::abs(x)));
+  return std::signbit(x) && code != 0 ? uint8_t(code | 8) : code;
+}
+
+float quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales) {
+  if (cols <= 0 || cols % 16 != 0)
+    throw std::invalid_argument("quantize_nvfp4: cols " + std::to_string(cols) +
+                                " is not a positive multiple of 16");
+  float amax = 0.0f;
+  for (int64_t i = 0; i < rows * cols; ++i) amax = std::max(amax, std::abs(w[i]));
+  const float global = amax / (6.0f * 448.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 16; ++b) {
+      const float* block = w + r * cols + b * 16;
+      float block_amax = 0.0f;
+      for (int k = 0; k < 16; ++k) block_amax = std::max(block_amax, std::abs(block[k]));
+      const uint8_t scale = global > 0 ? f32_to_e4m3(block_amax / 6.0f / global) : 0;
+      scales[r * (cols / 16) + b] = scale;
+      const float step = detail::e4m3_value(scale) * global;
+      uint8_t* out = codes + r * (cols / 2) + b * 8;
+      for (int k = 0; k < 16; k += 2) {
+        const uint8_t low = step > 0 ? f32_to_e2m1(block[k] / step) : 0;
+        const uint8_t high = step > 0 ? f32_to_e2m1(block[k + 1] / step) : 0;
+        out[k / 2] = uint8_t(low | (high << 4));
+      }
+    }
+  return global;
 }
 
 }  // namespace colibri::kernels

@@ -46,6 +46,37 @@ float dot_fp8_scalar(const float* a, const uint8_t* b, const float* scales, int6
 float dot_fp8(QuantIsa isa, const float* a, const uint8_t* b, const float* scales,
               int64_t block_cols, int64_t n);
 
+// NVFP4 weights as stored (NVIDIA ModelOpt checkpoints): `codes` [rows, cols / 2], two E2M1 codes
+// a byte (column 2j in the low nibble of byte j, 2j + 1 in the high one; bit 3 the sign, the low
+// three bits 0, 0.5, 1, 1.5, 2, 3, 4, 6), `scales` [rows, cols / 16] FP8 E4M3 bytes (none a NaN),
+// one a block of 16 columns, and `global` the tensor's fp32 second-level scale (weight_scale_2):
+// w[i, j] = (e2m1 * e4m3, exact in fp32) * global, rounded once, widened in registers; then
+// linear_f32's products and summation order, so bit for bit the fp32 kernels on the dequantized
+// matrix, at 4.5 bits a weight. cols must be a positive multiple of 16 (else
+// std::invalid_argument).
+struct Nvfp4Weights {
+  const uint8_t* codes;
+  const uint8_t* scales;
+  float global;
+  int64_t rows, cols;
+};
+void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
+// dot_f32(a, row `row` of w dequantized, w.cols); on an explicit ISA, and the scalar reference.
+float dot_nvfp4(const float* a, const Nvfp4Weights& w, int64_t row);
+float dot_nvfp4(QuantIsa isa, const float* a, const Nvfp4Weights& w, int64_t row);
+float dot_nvfp4_scalar(const float* a, const Nvfp4Weights& w, int64_t row);
+// out [rows, cols] = w, each element as the kernels widen it.
+void dequantize_nvfp4(const Nvfp4Weights& w, float* out);
+// The ModelOpt recipe, from w [rows, cols] (fp32): global = amax(|w|) / (6 * 448); each block's
+// scale = its amax / 6 / global, rounded to the nearest E4M3 (ties to even; at most 448, a zero
+// block's scale 0); each code the nearest E2M1 (ties to even) of w / (scale * global), 0 where
+// the scale is 0. `codes` [rows * cols / 2], `scales` [rows * cols / 16]; returns global.
+float quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales);
+// The nearest E4M3 byte (ties to even, saturating at 448; x >= 0) and E2M1 code (ties to even,
+// saturating at 6) of a float: the rounding the recipe uses.
+uint8_t f32_to_e4m3(float x);
+uint8_t f32_to_e2m1(float x);
+
 // Rows of MLA's kv_b_proj kept as stored (the absorbed attention reads them one row at a time):
 // y[i] += alpha * widen(x[i]) for BF16 and alpha * float(x[i]) for int8, with the fp32 axpy's
 // rounding (one fused multiply-add per element); dot_i8 = sum of float(a[i]) * b[i] in dot_f32's

@@ -64,7 +64,35 @@ inline float value(Fp8Row p) {
   return v * 0x1p120f * block_scale(p);
 }
 
-template <typename B>  // B: a pointer to the operand type, or an Fp8Row
+inline Nvfp4Row operator+(Nvfp4Row p, int64_t i) {
+  return {p.codes, p.scales, p.global, p.col + i};
+}
+// 8 columns of one scale block (p.col a multiple of 8) from 4 bytes of codes: each nibble's
+// magnitude from the low three bits (a permute of the 8 magnitudes), its sign from bit 3, times
+// the block's scale (exact), times the second-level scale (rounded once).
+inline __m256 load(Nvfp4Row p) {
+  int32_t word;
+  __builtin_memcpy(&word, p.codes + (p.col >> 1), 4);
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(word));
+  // Column 2j: byte j's low nibble; column 2j + 1: its high nibble.
+  const __m256i spread =
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+  const __m256i code =
+      _mm256_and_si256(_mm256_srlv_epi32(spread, _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4)),
+                       _mm256_set1_epi32(0x0F));
+  const __m256 magnitude = _mm256_permutevar8x32_ps(_mm256_loadu_ps(kE2m1Values),
+                                                    _mm256_and_si256(code, _mm256_set1_epi32(7)));
+  const __m256 e2m1 = _mm256_xor_ps(
+      magnitude,
+      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28)));
+  const __m256 scaled = _mm256_mul_ps(e2m1, _mm256_set1_ps(e4m3_value(p.scales[p.col >> 4])));
+  return _mm256_mul_ps(scaled, _mm256_set1_ps(p.global));
+}
+inline float value(Nvfp4Row p) {
+  return nvfp4_value(p);
+}
+
+template <typename B>  // B: a pointer to the operand type, an Fp8Row or an Nvfp4Row
 float dot(const float* a, B b, int64_t n) {
   // Four independent accumulators hide the FMA latency.
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
@@ -138,6 +166,10 @@ float dot_bf16_avx2(const float* a, const uint16_t* b, int64_t n) {
 }
 
 float dot_fp8_avx2(const float* a, Fp8Row b, int64_t n) {
+  return dot(a, b, n);
+}
+
+float dot_nvfp4_avx2(const float* a, Nvfp4Row b, int64_t n) {
   return dot(a, b, n);
 }
 

@@ -59,7 +59,30 @@ inline __m512 load_masked(__mmask16 m, Fp8Row p) {
   return widen_fp8(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p.bits)), p);
 }
 
-template <typename B>  // B: a pointer to the operand type, or an Fp8Row
+inline Nvfp4Row operator+(Nvfp4Row p, int64_t i) {
+  return {p.codes, p.scales, p.global, p.col + i};
+}
+// 16 columns of one scale block (p.col a multiple of 16) from 8 bytes of codes: the nibbles in
+// column order as indices into the E2M1 values, times the block's scale (exact), times the
+// second-level scale (rounded once). `bytes` masks the codes read (a tail).
+inline __m512 load_nvfp4(const Nvfp4Row& p, __mmask16 bytes) {
+  const __m128i packed = _mm_maskz_loadu_epi8(bytes, p.codes + (p.col >> 1));
+  const __m128i low = _mm_and_si128(packed, _mm_set1_epi8(0x0F));
+  const __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F));
+  const __m512i index = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(low, high));
+  const __m512 e2m1 = _mm512_permutexvar_ps(index, _mm512_loadu_ps(kE2m1Values));
+  const __m512 scaled = _mm512_mul_ps(e2m1, _mm512_set1_ps(e4m3_value(p.scales[p.col >> 4])));
+  return _mm512_mul_ps(scaled, _mm512_set1_ps(p.global));
+}
+inline __m512 load(Nvfp4Row p) {
+  return load_nvfp4(p, 0xFF);
+}
+inline __m512 load_masked(__mmask16 m, Nvfp4Row p) {  // m: the first k columns
+  const int columns = __builtin_popcount(m);
+  return _mm512_maskz_mov_ps(m, load_nvfp4(p, __mmask16((1u << ((columns + 1) / 2)) - 1)));
+}
+
+template <typename B>  // B: a pointer to the operand type, an Fp8Row or an Nvfp4Row
 float dot(const float* a, B b, int64_t n) {
   // Four independent accumulators hide the FMA latency; the tail uses a masked load.
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -93,6 +116,10 @@ float dot_avx512(const float* a, const float* b, int64_t n) {
 }
 
 float dot_bf16_avx512(const float* a, const uint16_t* b, int64_t n) {
+  return dot(a, b, n);
+}
+
+float dot_nvfp4_avx512(const float* a, Nvfp4Row b, int64_t n) {
   return dot(a, b, n);
 }
 

@@ -1,0 +1,144 @@
+// NVFP4 weights as stored (ModelOpt): every E2M1 code under every E4M3 scale byte decodes to
+// code * scale * global, checked against an independent decoder; the dot and linear kernels on
+// every ISA this machine has are bit for bit the fp32 kernels on the dequantized matrix; the
+// ModelOpt recipe rounds to nearest (ties to even) and its error stays within half a step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "common/dtype.h"
+#include "cpu/linear.h"
+
+namespace colibri::kernels {
+namespace {
+
+std::vector<QuantIsa> available_isas() {
+  std::vector<QuantIsa> out;
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
+    if (quant_isa_available(isa)) out.push_back(isa);
+  return out;
+}
+
+// E2M1 by its definition: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is
+// subnormal (0 or 0.5).
+double e2m1_by_definition(int code) {
+  const int e = (code >> 1) & 3, m = code & 1;
+  const double magnitude = e == 0 ? 0.5 * m : std::ldexp(1.0 + 0.5 * m, e - 1);
+  return (code & 8) ? -magnitude : magnitude;
+}
+
+TEST(Nvfp4, EveryCodeUnderEveryScaleByteDecodesToCodeTimesScaleTimesGlobal) {
+  const float global = 0.0123f;
+  std::vector<uint8_t> scale_bytes;
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7F) != 0x7F) scale_bytes.push_back(uint8_t(b));  // not a NaN
+  // One row per scale byte; its 16 columns are the 16 codes.
+  const int64_t rows = int64_t(scale_bytes.size()), cols = 16;
+  std::vector<uint8_t> codes(size_t(rows * cols / 2));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < 16; c += 2) codes[size_t(r * 8 + c / 2)] = uint8_t(c | ((c + 1) << 4));
+  std::vector<float> out(size_t(rows * cols));
+  dequantize_nvfp4({codes.data(), scale_bytes.data(), global, rows, cols}, out.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int c = 0; c < 16; ++c) {
+      // (code * scale) is exact in fp32 (2 x 4 significant bits); times global rounds once.
+      const float want =
+          float(e2m1_by_definition(c) * double(fp8_e4m3_to_f32(scale_bytes[size_t(r)]))) * global;
+      EXPECT_EQ(out[size_t(r * cols + c)], want)
+          << "code " << c << " scale byte " << int(scale_bytes[size_t(r)]);
+    }
+}
+
+TEST(Nvfp4, DotAndLinearEqualFp32OnTheDequantizedWeightsOnEveryIsa) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto scale_byte = [&] {
+    for (;;) {
+      const auto b = uint8_t(rng() & 0x7F);  // positive, as the recipe writes them
+      if (b != 0x7F) return b;
+    }
+  };
+  int checked = 0;
+  for (int64_t cols : {16, 32, 48, 64, 80, 272, 1024}) {
+    const int64_t rows = 7;
+    std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
+    for (uint8_t& c : codes) c = uint8_t(rng());
+    for (uint8_t& s : scales) s = scale_byte();
+    const Nvfp4Weights w{codes.data(), scales.data(), 0.037f, rows, cols};
+    std::vector<float> wide(static_cast<size_t>(rows * cols)), a(static_cast<size_t>(cols));
+    dequantize_nvfp4(w, wide.data());
+    for (float& v : a) v = normal(rng);
+    for (QuantIsa isa : available_isas())
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(dot_nvfp4(isa, a.data(), w, r),
+                  dot_f32(isa, a.data(), wide.data() + r * cols, cols))
+            << quant_isa_name(isa) << " cols " << cols << " row " << r;
+        ++checked;
+      }
+    EXPECT_EQ(dot_nvfp4_scalar(a.data(), w, 0), dot_f32_scalar(a.data(), wide.data(), cols));
+    for (int64_t n : {1, 3, 8}) {
+      std::vector<float> x(size_t(n * cols)), y(size_t(n * rows)), want(y.size());
+      for (float& v : x) v = normal(rng);
+      linear_nvfp4(x.data(), n, w, y.data());
+      linear_f32(x.data(), n, wide.data(), rows, cols, want.data());
+      EXPECT_EQ(y, want) << "cols " << cols << " n " << n;
+    }
+  }
+  EXPECT_GE(checked, 49);
+  const Nvfp4Weights odd{nullptr, nullptr, 1.0f, 1, 24};
+  EXPECT_THROW(dot_nvfp4_scalar(nullptr, odd, 0), std::invalid_argument);
+  std::vector<float> y(1);
+  EXPECT_THROW(linear_nvfp4(nullptr, 1, odd, y.data()), std::invalid_argument);
+}
+
+TEST(Nvfp4, RoundingIsToNearestWithTiesToEven) {
+  EXPECT_EQ(f32_to_e2m1(0.25f), 0);      // tie between 0 and 0.5: 0 (even)
+  EXPECT_EQ(f32_to_e2m1(0.75f), 2);      // tie between 0.5 and 1: 1 (even)
+  EXPECT_EQ(f32_to_e2m1(1.25f), 2);      // tie between 1 and 1.5: 1
+  EXPECT_EQ(f32_to_e2m1(2.5f), 4);       // tie between 2 and 3: 2
+  EXPECT_EQ(f32_to_e2m1(5.0f), 6);       // tie between 4 and 6: 4
+  EXPECT_EQ(f32_to_e2m1(5.01f), 7);      // 6
+  EXPECT_EQ(f32_to_e2m1(100.0f), 7);     // saturates at 6
+  EXPECT_EQ(f32_to_e2m1(-1.4f), 8 | 3);  // -1.5
+  EXPECT_EQ(f32_to_e2m1(-0.1f), 0);      // to zero, without a sign
+  for (int b = 0; b < 127; ++b)
+    EXPECT_EQ(f32_to_e4m3(fp8_e4m3_to_f32(uint8_t(b))), b) << "an E4M3 value is its own byte";
+  EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7E);  // saturates at 448
+  // Halfway between 1 (0x38) and 1.125 (0x39): the even byte.
+  EXPECT_EQ(f32_to_e4m3(1.0625f), 0x38);
+  EXPECT_EQ(f32_to_e4m3(1.1875f), 0x3A);
+}
+
+TEST(Nvfp4, TheRecipesErrorIsWithinHalfAStepOfEachBlock) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const int64_t rows = 33, cols = 96;
+  std::vector<float> w(size_t(rows * cols)), back(w.size());
+  for (float& v : w) v = normal(rng);
+  for (int64_t c = 0; c < 16; ++c) w[size_t(5 * cols + c)] = 0.0f;  // a zero block
+  std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
+  const float global = quantize_nvfp4(w.data(), rows, cols, codes.data(), scales.data());
+  float amax = 0;
+  for (float v : w) amax = std::max(amax, std::abs(v));
+  EXPECT_EQ(global, amax / (6.0f * 448.0f));
+  dequantize_nvfp4({codes.data(), scales.data(), global, rows, cols}, back.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 16; ++b) {
+      const float step = fp8_e4m3_to_f32(scales[size_t(r * cols / 16 + b)]) * global;
+      for (int64_t k = 0; k < 16; ++k) {
+        const size_t i = size_t(r * cols + b * 16 + k);
+        // Half the widest gap between E2M1 values (2, at 4..6) times the step, and the scale's
+        // own rounding (at most 1/16 relative) on the largest values.
+        EXPECT_LE(std::abs(back[i] - w[i]), step * 1.0f + std::abs(w[i]) * 0.07f)
+            << "row " << r << " column " << b * 16 + k;
+      }
+    }
+  for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(back[size_t(5 * cols + c)], 0.0f);
+  EXPECT_EQ(scales[size_t(5 * cols / 16)], 0);
+}
+
+}  // namespace
+}  // namespace colibri::kernels
