@@ -62,7 +62,8 @@ std::string read_file(const fs::path& path) {
 class ServerProcess {
  public:
   ServerProcess(int np, const std::vector<std::string>& extra_args,
-                const std::map<std::string, std::string>& extra_env = {}) {
+                const std::map<std::string, std::string>& extra_env = {},
+                const std::string& model = kModel) {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
     static int instance = 0;
     dir_ = fs::path(::testing::TempDir()) /
@@ -76,7 +77,7 @@ class ServerProcess {
       args.insert(args.end(), {"-np", std::to_string(np)});
     }
     args.insert(args.end(),
-                {COLIBRI_NODE_BINARY, "--model", kModel, "--serve", "--port", "0", "--quiet"});
+                {COLIBRI_NODE_BINARY, "--model", model, "--serve", "--port", "0", "--quiet"});
     if (std::find(extra_args.begin(), extra_args.end(), "--kv-tokens") == extra_args.end())
       args.insert(args.end(), {"--kv-tokens", "16384"});
     args.insert(args.end(), extra_args.begin(), extra_args.end());
@@ -821,6 +822,62 @@ TEST(Serve, StructuredOutputAndForcedToolCallsFollowTheirGrammar) {
     EXPECT_EQ(r.status, 400) << field << ": " << r.raw;
     EXPECT_EQ(r.body["error"]["param"], field) << r.raw;
   }
+}
+
+// DeepSeek-V3's chat format end to end: the parity model of that architecture (vocab 256) with a
+// byte-level tokenizer of its special tokens (tools/make_dsv3_chat_tokenizer.py). Its random
+// weights never close a thinking block, so with thinking on the reply is all reasoning; a forced
+// call comes out in DeepSeek's syntax (its markers spelled in bytes, as this vocabulary has no
+// tokens for them) and back as tool_calls.
+TEST(Serve, DeepseekFormatSplitsReasoningAndForcesToolCalls) {
+  const fs::path model =
+      fs::path(::testing::TempDir()) / ("colibri_dsv3_chat_" + std::to_string(::getpid()));
+  fs::remove_all(model);
+  fs::create_directories(model);
+  const fs::path parity = fs::path(COLIBRI_TEST_DATA) / "parity/dsv3/model";
+  for (const auto& entry : fs::directory_iterator(parity))
+    fs::create_symlink(entry.path(), model / entry.path().filename());
+  fs::create_symlink(fs::path(COLIBRI_TEST_DATA) / "serve/dsv3_chat_tokenizer.json",
+                     model / "tokenizer.json");
+  ServerProcess server(1, {"--think", "on"}, {}, model.string());
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  const int port = server.port();
+  const json question = {{{"role", "user"}, {"content", "Who made the heaven?"}}};
+  const Reply thought =
+      post(port, "/v1/chat/completions",
+           json{{"messages", question}, {"max_tokens", 8}, {"temperature", 0}}.dump());
+  ASSERT_EQ(thought.status, 200) << thought.raw;
+  const json& message = thought.body["choices"][0]["message"];
+  EXPECT_TRUE(message["reasoning_content"].is_string()) << thought.raw;
+  EXPECT_FALSE(message["reasoning_content"].get<std::string>().empty()) << thought.raw;
+  EXPECT_EQ(message["content"], "") << thought.raw;
+
+  const json weather = {{"type", "function"},
+                        {"function",
+                         {{"name", "get_weather"},
+                          {"parameters",
+                           {{"type", "object"},
+                            {"properties", {{"city", {{"enum", {"Paris", "Rome"}}}}}},
+                            {"required", {"city"}}}}}}};
+  const json forced = {
+      {"messages", question},
+      {"max_tokens", 300},
+      {"temperature", 0},
+      {"chat_template_kwargs", {{"thinking", false}}},
+      {"tools", {weather}},
+      {"parallel_tool_calls", false},
+      {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  const Reply called = post(port, "/v1/chat/completions", forced.dump());
+  ASSERT_EQ(called.status, 200) << called.raw;
+  EXPECT_EQ(called.finish_reason, "tool_calls") << called.raw;
+  const json& calls = called.body["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 1u) << called.raw;
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
+  EXPECT_TRUE(args["city"] == "Paris" || args["city"] == "Rome") << called.raw;
+  const Reply streamed = post_stream(port, "/v1/chat/completions", forced);
+  EXPECT_EQ(streamed.finish_reason, "tool_calls") << streamed.raw;
+  fs::remove_all(model);
 }
 
 // The thinking block comes back as reasoning_content, apart from the answer: on per request
