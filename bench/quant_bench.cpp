@@ -20,6 +20,9 @@
 // avx512 (below, amx runs VNNI too and is labelled so). Each configuration also reports int8 TOPS
 // (two operations per multiply-add of the three products), next to the tile-multiply peak of one
 // thread measured at the start (a loop of tdpbssd on resident tiles) where the CPU has AMX.
+//
+// --format nvfp4: NVFP4 experts as stored (E2M1 codes, E4M3 scales a 16 columns, a second-level
+// scale; kernels::linear_nvfp4), fp32 activations, the three products and the gating between them.
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -39,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/linear.h"
 #include "cpu/quant.h"
 #include "cpu/read_bandwidth.h"
 
@@ -137,9 +141,11 @@ uint64_t read_sum(const uint8_t* p, size_t bytes) {
 struct FormatChoice {
   QuantFormat format;
   int group_size;
+  bool nvfp4 = false;  // NVFP4 as stored (kernels::linear_nvfp4), fp32 activations, rows
 };
 
 FormatChoice parse_format(const std::string& name) {
+  if (name == "nvfp4") return {QuantFormat::kInt4Grouped, 16, true};
   if (name == "int4-row") return {QuantFormat::kInt4Row, 0};
   if (name == "int8-row") return {QuantFormat::kInt8Row, 0};
   if (name.rfind("int4-g", 0) == 0) {
@@ -147,13 +153,14 @@ FormatChoice parse_format(const std::string& name) {
     if (kernels::is_valid_group_size(gs)) return {QuantFormat::kInt4Grouped, gs};
   }
   throw std::invalid_argument(
-      "--format: expected int4-row, int8-row or int4-gN (N a valid group "
+      "--format: expected nvfp4, int4-row, int8-row or int4-gN (N a valid group "
       "size), got " +
       name);
 }
 
 struct Expert {
   QuantMatrixView gate, up, down;
+  kernels::Nvfp4Weights nv_gate{}, nv_up{}, nv_down{};  // --format nvfp4
 };
 
 // `count` experts; each one's three packed matrices adjacent (as in the container), the scales
@@ -164,6 +171,10 @@ struct ExpertSet {
   size_t bytes_per_expert = 0;  // packed + scales: what one FFN call must read
 
   ExpertSet(int count, int64_t hidden, int64_t inter, FormatChoice fc) {
+    if (fc.nvfp4) {
+      nvfp4(count, hidden, inter);
+      return;
+    }
     const size_t gate_bytes = size_t(kernels::packed_bytes(fc.format, inter, hidden));
     const size_t down_bytes = size_t(kernels::packed_bytes(fc.format, hidden, inter));
     const size_t gate_scales =
@@ -192,6 +203,30 @@ struct ExpertSet {
       experts.push_back(ex);
     }
   }
+
+  // NVFP4: each matrix's codes (rows x cols / 2) then its E4M3 scales (rows x cols / 16, bytes
+  // 0x30-0x3F: 0.5 to 0.94), random codes, a second-level scale of 0.02.
+  void nvfp4(int count, int64_t hidden, int64_t inter) {
+    const size_t gate_codes = size_t(inter * hidden / 2), gate_scales = size_t(inter * hidden / 16);
+    const size_t per = 3 * (gate_codes + gate_scales);
+    bytes_per_expert = per + 3 * sizeof(float);
+    packed = std::make_unique<Buffer>(per * size_t(count));
+    fill_random(packed->data, packed->bytes, 1);
+    for (int e = 0; e < count; ++e) {
+      uint8_t* p = packed->data + per * size_t(e);
+      Expert ex;
+      kernels::Nvfp4Weights* m[3] = {&ex.nv_gate, &ex.nv_up, &ex.nv_down};
+      for (int k = 0; k < 3; ++k) {
+        uint8_t* codes = p + size_t(k) * (gate_codes + gate_scales);
+        uint8_t* scale_bytes = codes + gate_codes;
+        for (size_t i = 0; i < gate_scales; ++i)
+          scale_bytes[i] = uint8_t(0x30 | (scale_bytes[i] & 15));
+        const bool down = k == 2;
+        *m[k] = {codes, scale_bytes, 0.02f, down ? hidden : inter, down ? inter : hidden};
+      }
+      experts.push_back(ex);
+    }
+  }
 };
 
 // ---- one configuration -----------------------------------------------------------------------
@@ -216,9 +251,18 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   std::vector<float> x(size_t(batch * hidden)), y(x.size());  // [batch, hidden]
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 17) - 8) * 0.125f;
   const int count = int(set.experts.size());
+  std::vector<float> gate(size_t(batch * options.inter)), up(gate.size());
   const auto call = [&] {
     Expert e = set.experts[cursor];
     cursor = (cursor + 1) % size_t(count);
+    if (e.nv_gate.codes != nullptr) {  // NVFP4: three products and the gating between them
+      kernels::linear_nvfp4(isa, x.data(), batch, e.nv_gate, gate.data());
+      kernels::linear_nvfp4(isa, x.data(), batch, e.nv_up, up.data());
+      for (size_t i = 0; i < gate.size(); ++i)
+        gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+      kernels::linear_nvfp4(isa, gate.data(), batch, e.nv_down, y.data());
+      return;
+    }
     e.gate.layout = e.up.layout = e.down.layout = layout;
     if (acts == kernels::QuantActivations::kInt8)
       kernels::quant_expert_ffn_int8(isa, e.gate, e.up, e.down, x.data(), batch, y.data());
@@ -353,6 +397,9 @@ int run(BenchOptions options) {
               const kernels::QuantActivations acts =
                   kernels::quant_activations_resolve(act_name.c_str());
               if (choice.amx && acts != kernels::QuantActivations::kInt8) continue;  // int8 only
+              if (fc.nvfp4 && (choice.amx || pairs || acts != kernels::QuantActivations::kF32 ||
+                               layout_name != "rows"))
+                continue;  // NVFP4: fp32 activations, rows
               if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
                              batch == 1 && kernels::bf16_pairs_available()))
                 continue;

@@ -455,13 +455,24 @@ float dot_nvfp4_scalar(const float* a, const Nvfp4Weights& w, int64_t row) {
   return dot_nvfp4_row_scalar(a, nvfp4_row(w, row), w.cols);
 }
 
-void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
+namespace {
+
+void linear_nvfp4_with(DotNvfp4Fn dot, const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
   require_nvfp4(w);
-  const DotNvfp4Fn dot = selected_dot_nvfp4();
   const int64_t rows = w.rows, cols = w.cols;
 #pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, nvfp4_row(w, r), cols);
+}
+
+}  // namespace
+
+void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
+  linear_nvfp4_with(selected_dot_nvfp4(), x, n, w, y);
+}
+void linear_nvfp4(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
+  require_available(isa);
+  linear_nvfp4_with(dot_nvfp4_kernel(isa), x, n, w, y);
 }
 
 void dequantize_nvfp4(const Nvfp4Weights& w, float* out) {

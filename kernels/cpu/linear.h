@@ -61,6 +61,7 @@ struct Nvfp4Weights {
   int64_t rows, cols;
 };
 void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
+void linear_nvfp4(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y);
 // dot_f32(a, row `row` of w dequantized, w.cols); on an explicit ISA, and the scalar reference.
 float dot_nvfp4(const float* a, const Nvfp4Weights& w, int64_t row);
 float dot_nvfp4(QuantIsa isa, const float* a, const Nvfp4Weights& w, int64_t row);

@@ -85,6 +85,12 @@ TEST(Nvfp4, DotAndLinearEqualFp32OnTheDequantizedWeightsOnEveryIsa) {
       linear_nvfp4(x.data(), n, w, y.data());
       linear_f32(x.data(), n, wide.data(), rows, cols, want.data());
       EXPECT_EQ(y, want) << "cols " << cols << " n " << n;
+      for (QuantIsa isa : available_isas()) {  // on an explicit ISA: its dot a row
+        linear_nvfp4(isa, x.data(), n, w, y.data());
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = 0; r < rows; ++r)
+            EXPECT_EQ(y[size_t(t * rows + r)], dot_nvfp4(isa, x.data() + t * cols, w, r));
+      }
     }
   }
   EXPECT_GE(checked, 49);
