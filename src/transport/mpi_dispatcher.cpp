@@ -263,7 +263,7 @@ void MpiDispatcher::wait_partials() {
         heartbeat_.heard(size_t(h));
         heartbeat_.set_busy(size_t(h), false);
       }
-      profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
+      profiler_.add_reply(layer_, ranks[i], profiler_.now_us() - dispatched_us_);
       last = int(i);
       --remaining;
     }
