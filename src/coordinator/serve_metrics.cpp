@@ -25,7 +25,30 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
                      sum_, name, count_);
 }
 
+double Histogram::quantile(const std::vector<uint64_t>& counts, double q) const {
+  uint64_t total = 0;
+  for (uint64_t c : counts) total += c;
+  if (total == 0 || counts.size() != counts_.size()) return 0;
+  const double rank = q * double(total);
+  uint64_t below = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (double(below + counts[i]) >= rank && counts[i] > 0) {
+      if (i == bounds_.size()) return bounds_.empty() ? 0 : bounds_.back();  // +Inf bucket
+      const double lower = i == 0 ? 0 : bounds_[i - 1];
+      return lower + (bounds_[i] - lower) * (rank - double(below)) / double(counts[i]);
+    }
+    below += counts[i];
+  }
+  return bounds_.empty() ? 0 : bounds_.back();
+}
+
 namespace {
+
+std::vector<uint64_t> minus(const std::vector<uint64_t>& now, const std::vector<uint64_t>& then) {
+  std::vector<uint64_t> d(now);
+  for (size_t i = 0; i < d.size() && i < then.size(); ++i) d[i] -= then[i];
+  return d;
+}
 
 std::vector<double> latency_bounds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.15, 0.2,
@@ -89,6 +112,37 @@ void ServeMetrics::observe_step(int rows, double s) {
 void ServeMetrics::set_gauges(const ServeGauges& gauges) {
   std::lock_guard lock(mutex_);
   gauges_ = gauges;
+  sample_series();
+}
+
+void ServeMetrics::sample_series() {
+  const auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - last_sample_).count();
+  if (dt < 1.0) return;
+  SeriesPoint p;
+  p.t_s = std::chrono::duration<double>(now - started_).count();
+  p.generated_tok_per_s = double(generated_tokens_ - last_generated_) / dt;
+  p.prompt_tok_per_s = double(prompt_tokens_ - last_prompt_) / dt;
+  p.running = gauges_.running;
+  p.waiting = gauges_.waiting;
+  p.kv_usage = gauges_.kv_blocks_total ? double(gauges_.kv_blocks_total - gauges_.kv_blocks_free) /
+                                             gauges_.kv_blocks_total
+                                       : 0.0;
+  const std::vector<uint64_t> ttft = minus(ttft_.counts(), last_ttft_);
+  const std::vector<uint64_t> itl = minus(itl_.counts(), last_itl_);
+  p.ttft_p50_s = ttft_.quantile(ttft, 0.5);
+  p.ttft_p95_s = ttft_.quantile(ttft, 0.95);
+  p.itl_p50_s = itl_.quantile(itl, 0.5);
+  p.itl_p95_s = itl_.quantile(itl, 0.95);
+  p.itl_p99_s = itl_.quantile(itl, 0.99);
+  for (uint64_t c : itl) p.itl_count += c;
+  series_.push_back(p);
+  if (series_.size() > kSeriesPoints) series_.pop_front();
+  last_sample_ = now;
+  last_generated_ = generated_tokens_;
+  last_prompt_ = prompt_tokens_;
+  last_ttft_ = ttft_.counts();
+  last_itl_ = itl_.counts();
 }
 void ServeMetrics::set_phases(const std::array<double, kPhaseCount>& phase_us) {
   std::lock_guard lock(mutex_);
@@ -101,6 +155,16 @@ void ServeMetrics::set_rank_replies(const std::map<int, double>& reply_us) {
 void ServeMetrics::set_placement(const PlacementMetrics& placement) {
   std::lock_guard lock(mutex_);
   placement_ = placement;
+}
+
+void ServeMetrics::set_engine_view(EngineView view) {
+  std::lock_guard lock(mutex_);
+  view_ = std::move(view);
+}
+void ServeMetrics::set_cluster(std::string model, std::vector<RankInfo> ranks) {
+  std::lock_guard lock(mutex_);
+  model_ = std::move(model);
+  ranks_ = std::move(ranks);
 }
 
 ServeGauges ServeMetrics::gauges() const {
@@ -175,6 +239,29 @@ std::string ServeMetrics::render() const {
   for (const auto& [rank, us] : reply_us_)
     out +=
         fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
+  out +=
+      "# HELP colibri_layer_exchanges_total per MoE layer, exchanges with the expert ranks\n"
+      "# TYPE colibri_layer_exchanges_total counter\n";
+  for (size_t l = 0; l < view_.layer_exchanges.size(); ++l)
+    if (view_.layer_exchanges[l].exchanges > 0)
+      out += fmt::format("colibri_layer_exchanges_total{{layer=\"{}\"}} {}\n", l,
+                         view_.layer_exchanges[l].exchanges);
+  out +=
+      "# HELP colibri_layer_last_reply_total per MoE layer and owner rank, exchanges whose last "
+      "partial was that rank's (the layer's critical path)\n"
+      "# TYPE colibri_layer_last_reply_total counter\n";
+  for (size_t l = 0; l < view_.layer_exchanges.size(); ++l)
+    for (const auto& [rank, n] : view_.layer_exchanges[l].last)
+      out += fmt::format("colibri_layer_last_reply_total{{layer=\"{}\",rank=\"{}\"}} {}\n", l, rank,
+                         n);
+  out +=
+      "# HELP colibri_layer_last_margin_seconds_total per MoE layer, how much later the last "
+      "partial arrived than the one before it, summed over exchanges\n"
+      "# TYPE colibri_layer_last_margin_seconds_total counter\n";
+  for (size_t l = 0; l < view_.layer_exchanges.size(); ++l)
+    if (view_.layer_exchanges[l].exchanges > 0)
+      out += fmt::format("colibri_layer_last_margin_seconds_total{{layer=\"{}\"}} {}\n", l,
+                         view_.layer_exchanges[l].last_margin_us * 1e-6);
   const PlacementMetrics& p = placement_;
   metric("colibri_placement_epoch", "gauge", "changes of placement committed while running",
          p.epoch);
