@@ -17,6 +17,7 @@ packages=(
   libnuma-dev                   # a rank's NUMA node (layout numa column)
   libxxhash-dev                 # the wire checksum (XXH3, header only)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
+  chromium                      # headless browser of the dashboard test (tests/serve)
 )
 
 missing=()
