@@ -93,9 +93,13 @@ void Profiler::end_exchange(int layer) {
   std::sort(arrivals_.begin(), arrivals_.end());
   LayerExchange& e = exchange_of(layer);
   ++e.exchanges;
-  ++e.last[arrivals_.back().second];
-  if (arrivals_.size() > 1)
-    e.last_margin_us += arrivals_.back().first - arrivals_[arrivals_.size() - 2].first;
+  const size_t n = arrivals_.size();
+  if (n > 1 && arrivals_[n - 1].first == arrivals_[n - 2].first) {
+    ++e.ties;
+  } else {
+    ++e.last[arrivals_.back().second];
+    if (n > 1) e.last_margin_us += arrivals_[n - 1].first - arrivals_[n - 2].first;
+  }
   arrivals_.clear();
 }
 
@@ -283,6 +287,7 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
         for (const auto& [peer, n] : e.rows) rows[std::to_string(peer)] = n;
         layer["exchanges"] = e.exchanges;
         layer["last_reply_count"] = std::move(last);
+        layer["tied_exchanges"] = e.ties;
         layer["last_margin_us"] = e.last_margin_us;
         layer["reply_us"] = std::move(reply);
         layer["rows_to_rank"] = std::move(rows);

@@ -96,16 +96,19 @@ struct DeviceCounters {
 // Coordinator: one MoE layer's exchanges as the coordinator saw them (the critical path of the
 // layer): per owner rank, the time from the end of dispatch until its partial arrived and the rows
 // sent to it; which owner's partial arrived last, and by how much after the one before it.
+// Partials the coordinator finds in the same look at its pending receives arrived together: an
+// exchange whose last two did is a tie, counted apart (no owner was the slowest).
 struct LayerExchange {
   uint64_t exchanges = 0;
   std::map<int, double> reply_us;  // per owner rank, summed over exchanges
   std::map<int, uint64_t> rows;    // per owner rank, rows sent
-  std::map<int, uint64_t> last;    // per owner rank, exchanges whose last partial was its
-  double last_margin_us = 0;       // summed: last arrival minus the one before (0 alone)
+  std::map<int, uint64_t> last;    // per owner rank, exchanges whose last partial was its alone
+  uint64_t ties = 0;               // exchanges whose last partials arrived together
+  double last_margin_us = 0;       // summed: last arrival minus the one before (0 alone or tied)
 
   template <class Archive>
   void serialize(Archive& ar) {
-    ar(exchanges, reply_us, rows, last, last_margin_us);
+    ar(exchanges, reply_us, rows, last, ties, last_margin_us);
   }
 };
 

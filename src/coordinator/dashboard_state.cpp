@@ -33,47 +33,48 @@ Json seconds_by_rank(const std::map<int, double>& us) {
 }  // namespace
 
 std::string ServeMetrics::dashboard_state() const {
-  std::lock_guard lock(mutex_);
+  const Data d = snapshot();
+  const EngineView& view = *d.view_;
   Json doc;
   doc["schema"] = "colibri-dashboard";
   doc["version"] = kDashboardVersion;
   doc["uptime_s"] =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  doc["model"] = model_;
-  doc["ready"] = gauges_.ready;
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - d.started_).count();
+  doc["model"] = d.model_;
+  doc["ready"] = d.gauges_.ready;
 
   Json responses = Json::object(), finished = Json::object();
-  for (const auto& [status, n] : responses_) responses[std::to_string(status)] = n;
+  for (const auto& [status, n] : d.responses_) responses[std::to_string(status)] = n;
   for (const char* reason : {"stop", "length", "error", "cancelled"}) {
-    const auto it = finished_.find(reason);
-    finished[reason] = it == finished_.end() ? 0 : it->second;
+    const auto it = d.finished_.find(reason);
+    finished[reason] = it == d.finished_.end() ? 0 : it->second;
   }
-  doc["requests"] = {{"running", gauges_.running},
-                     {"waiting", gauges_.waiting},
+  doc["requests"] = {{"running", d.gauges_.running},
+                     {"waiting", d.gauges_.waiting},
                      {"finished", std::move(finished)},
                      {"responses", std::move(responses)}};
-  doc["tokens"] = {{"prompt", prompt_tokens_},
-                   {"prompt_cached", cached_prompt_tokens_},
-                   {"generated", generated_tokens_}};
-  doc["kv"] = {
-      {"blocks_total", gauges_.kv_blocks_total},
-      {"blocks_free", gauges_.kv_blocks_free},
-      {"blocks_running", gauges_.kv_blocks_running},
-      {"blocks_cached", gauges_.kv_blocks_cached},
-      {"cached_sequences", gauges_.cached_sequences},
-      {"usage", gauges_.kv_blocks_total ? double(gauges_.kv_blocks_total - gauges_.kv_blocks_free) /
-                                              gauges_.kv_blocks_total
-                                        : 0.0}};
-  doc["prefix_cache"] = {{"queries", prefix_queries_}, {"hits", prefix_hits_}};
-  doc["engine"] = {{"steps", steps_},
-                   {"step_seconds", histogram_json(step_seconds_)},
-                   {"step_rows_sum", step_rows_.sum()}};
-  doc["latency"] = {{"ttft", histogram_json(ttft_)},
-                    {"itl", histogram_json(itl_)},
-                    {"e2e", histogram_json(e2e_)},
-                    {"queue", histogram_json(queue_)}};
+  doc["tokens"] = {{"prompt", d.prompt_tokens_},
+                   {"prompt_cached", d.cached_prompt_tokens_},
+                   {"generated", d.generated_tokens_}};
+  doc["kv"] = {{"blocks_total", d.gauges_.kv_blocks_total},
+               {"blocks_free", d.gauges_.kv_blocks_free},
+               {"blocks_running", d.gauges_.kv_blocks_running},
+               {"blocks_cached", d.gauges_.kv_blocks_cached},
+               {"cached_sequences", d.gauges_.cached_sequences},
+               {"usage", d.gauges_.kv_blocks_total
+                             ? double(d.gauges_.kv_blocks_total - d.gauges_.kv_blocks_free) /
+                                   d.gauges_.kv_blocks_total
+                             : 0.0}};
+  doc["prefix_cache"] = {{"queries", d.prefix_queries_}, {"hits", d.prefix_hits_}};
+  doc["engine"] = {{"steps", d.steps_},
+                   {"step_seconds", histogram_json(d.step_seconds_)},
+                   {"step_rows_sum", d.step_rows_.sum()}};
+  doc["latency"] = {{"ttft", histogram_json(d.ttft_)},
+                    {"itl", histogram_json(d.itl_)},
+                    {"e2e", histogram_json(d.e2e_)},
+                    {"queue", histogram_json(d.queue_)}};
   Json series = Json::array();
-  for (const SeriesPoint& p : series_)
+  for (const SeriesPoint& p : d.series_)
     series.push_back({{"t_s", p.t_s},
                       {"generated_tok_per_s", p.generated_tok_per_s},
                       {"prompt_tok_per_s", p.prompt_tok_per_s},
@@ -91,56 +92,57 @@ std::string ServeMetrics::dashboard_state() const {
   // The coordinator: its phases (per step, live) and the engine view's busy and wait.
   Json phases = Json::object();
   for (int p = 0; p < kPhaseCount; ++p)
-    if (phase_us_[size_t(p)] != 0) phases[phase_name(Phase(p))] = phase_us_[size_t(p)] * 1e-6;
-  doc["coordinator"] = {{"wall_s", view_.wall_us * 1e-6},    {"busy_s", view_.busy_us * 1e-6},
-                        {"wait_s", view_.wait_us * 1e-6},    {"rows_dispatched", view_.rows},
-                        {"pairs_dispatched", view_.experts}, {"bytes_out", view_.bytes_out},
-                        {"bytes_in", view_.bytes_in},        {"phases_s", std::move(phases)}};
+    if (d.phase_us_[size_t(p)] != 0) phases[phase_name(Phase(p))] = d.phase_us_[size_t(p)] * 1e-6;
+  doc["coordinator"] = {{"wall_s", view.wall_us * 1e-6},    {"busy_s", view.busy_us * 1e-6},
+                        {"wait_s", view.wait_us * 1e-6},    {"rows_dispatched", view.rows},
+                        {"pairs_dispatched", view.experts}, {"bytes_out", view.bytes_out},
+                        {"bytes_in", view.bytes_in},        {"phases_s", std::move(phases)}};
 
   // Every rank of the layout, with what the coordinator saw of it.
   std::map<int, uint64_t> last_total, rows_total;
-  for (const LayerExchange& e : view_.layer_exchanges) {
+  for (const LayerExchange& e : view.layer_exchanges) {
     for (const auto& [rank, n] : e.last) last_total[rank] += n;
     for (const auto& [rank, n] : e.rows) rows_total[rank] += n;
   }
   Json ranks = Json::array();
-  for (const RankInfo& info : ranks_) {
+  for (const RankInfo& info : d.ranks_) {
     const auto get = [&](const auto& map) -> Json {
       const auto it = map.find(info.rank);
       return it == map.end() ? Json(0) : Json(it->second);
     };
-    const auto reply = reply_us_.find(info.rank);
+    const auto reply = d.reply_us_.find(info.rank);
     ranks.push_back(
         {{"rank", info.rank},
          {"host", info.host},
          {"role", info.role},
          {"tier", info.tier},
-         {"reply_s", reply == reply_us_.end() ? 0.0 : reply->second * 1e-6},
+         {"reply_s", reply == d.reply_us_.end() ? 0.0 : reply->second * 1e-6},
          {"rows", get(rows_total)},
-         {"pairs", get(placement_.pairs_to_rank)},
-         {"bytes_to", get(view_.bytes_to_rank)},
+         {"pairs", get(d.placement_.pairs_to_rank)},
+         {"bytes_to", get(view.bytes_to_rank)},
          {"last_replies", get(last_total)},
-         {"experts_owned", view_.placement ? view_.placement->count_owned(info.rank) : 0}});
+         {"experts_owned", view.placement ? view.placement->count_owned(info.rank) : 0}});
   }
   doc["ranks"] = std::move(ranks);
 
   // Per layer: the coordinator's time in it and, for MoE layers, the exchange's critical path.
   Json layers = Json::array();
-  for (size_t l = 0; l < view_.layer_phase_us.size(); ++l) {
-    const auto& phase = view_.layer_phase_us[l];
+  for (size_t l = 0; l < view.layer_phase_us.size(); ++l) {
+    const auto& phase = view.layer_phase_us[l];
     Json layer = {{"layer", l},
                   {"attention_s", phase[size_t(Phase::kAttention)] * 1e-6},
                   {"dispatch_s", phase[size_t(Phase::kDispatch)] * 1e-6},
                   {"wait_s", phase[size_t(Phase::kWaitSlowest)] * 1e-6},
                   {"combine_s", phase[size_t(Phase::kCombine)] * 1e-6}};
-    if (l < view_.layer_exchanges.size() && view_.layer_exchanges[l].exchanges > 0) {
-      const LayerExchange& e = view_.layer_exchanges[l];
+    if (l < view.layer_exchanges.size() && view.layer_exchanges[l].exchanges > 0) {
+      const LayerExchange& e = view.layer_exchanges[l];
       int slowest = -1;
       uint64_t most = 0;
       for (const auto& [rank, n] : e.last)
         if (n > most) most = n, slowest = rank;
       layer["exchanges"] = e.exchanges;
       layer["slowest_rank"] = slowest;
+      layer["tied"] = e.ties;
       layer["last_margin_s"] = e.last_margin_us * 1e-6;
       layer["last_replies"] = by_rank(e.last);
       layer["reply_s"] = seconds_by_rank(e.reply_us);
@@ -151,8 +153,8 @@ std::string ServeMetrics::dashboard_state() const {
   doc["layers"] = std::move(layers);
 
   // The heat map: owner and replicas from the placement, routed rows from the engine's routes.
-  Json experts = {{"layers", view_.routes.num_layers}, {"experts", view_.routes.num_experts}};
-  if (const PlacementTable* t = view_.placement.get()) {
+  Json experts = {{"layers", view.routes.num_layers}, {"experts", view.routes.num_experts}};
+  if (const PlacementTable* t = view.placement.get()) {
     experts["policy"] = t->policy;
     experts["epoch"] = t->epoch;
     Json owner = Json::array(), replicas = Json::array();
@@ -169,16 +171,16 @@ std::string ServeMetrics::dashboard_state() const {
     experts["replicas"] = t->replicas.empty() ? Json(nullptr) : std::move(replicas);
   }
   Json routed = Json::array();
-  for (int l = 0; l < view_.routes.num_layers; ++l) {
+  for (int l = 0; l < view.routes.num_layers; ++l) {
     Json row = Json::array();
-    for (int e = 0; e < view_.routes.num_experts; ++e) row.push_back(view_.routes.at(l, e));
+    for (int e = 0; e < view.routes.num_experts; ++e) row.push_back(view.routes.at(l, e));
     routed.push_back(std::move(row));
   }
   experts["routed_rows"] = std::move(routed);
-  experts["tokens"] = view_.routes.tokens;
+  experts["tokens"] = view.routes.tokens;
   doc["experts"] = std::move(experts);
 
-  const PlacementMetrics& p = placement_;
+  const PlacementMetrics& p = d.placement_;
   doc["placement"] = {{"epoch", p.epoch},
                       {"pairs_to_rank", by_rank(p.pairs_to_rank)},
                       {"replica_pairs", p.replica_pairs},

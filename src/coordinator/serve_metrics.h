@@ -135,26 +135,34 @@ class ServeMetrics {
   static constexpr int kDashboardVersion = 1;
 
  private:
+  // Everything /metrics and the dashboard show: a reader copies it under the lock and writes it
+  // out after, so that it holds the scheduler thread (which sets it every step) for the copy only.
+  struct Data {
+    Data();
+    std::map<int, uint64_t> responses_;
+    std::map<std::string, uint64_t> finished_;
+    uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
+    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0;
+    Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
+    ServeGauges gauges_;
+    std::array<double, kPhaseCount> phase_us_{};
+    std::map<int, double> reply_us_;
+    PlacementMetrics placement_;
+    std::shared_ptr<const EngineView> view_;  // replaced whole; copies share it
+    std::string model_;
+    std::vector<RankInfo> ranks_;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    std::deque<SeriesPoint> series_;  // a point a second at most, the last kSeriesPoints
+  };
+  Data snapshot() const;
+
   mutable std::mutex mutex_;
-  std::map<int, uint64_t> responses_;
-  std::map<std::string, uint64_t> finished_;
-  uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
-  uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0;
-  Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
-  ServeGauges gauges_;
-  std::array<double, kPhaseCount> phase_us_{};
-  std::map<int, double> reply_us_;
-  PlacementMetrics placement_;
-  EngineView view_;
-  std::string model_;
-  std::vector<RankInfo> ranks_;
-  // The time series: a point a second at most, taken as the gauges are set (every step).
+  Data d_;
+  // The time series: a point taken as the gauges are set (every step), a second apart at least.
   void sample_series();
-  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point last_sample_ = started_;
+  std::chrono::steady_clock::time_point last_sample_ = d_.started_;
   uint64_t last_generated_ = 0, last_prompt_ = 0;
   std::vector<uint64_t> last_ttft_, last_itl_;
-  std::deque<SeriesPoint> series_;
 };
 
 }  // namespace colibri

@@ -230,15 +230,19 @@ TEST(Profiler, LayerExchangeNamesTheLastOwnerAndItsMargin) {
   p.end_exchange(1);  // rank 2 last, 5 after rank 1
   p.add_reply(1, 2, 7);
   p.end_exchange(1);  // one owner: no margin
+  p.add_reply(1, 1, 20);
+  p.add_reply(1, 2, 20);
+  p.end_exchange(1);  // seen together: a tie, no owner last
   p.end_exchange(2);  // nothing arrived: no exchange
   const RankReport& r = p.counters();
   ASSERT_EQ(r.layer_exchanges.size(), 2u);
   const LayerExchange& e = r.layer_exchanges[1];
-  EXPECT_EQ(e.exchanges, 3u);
+  EXPECT_EQ(e.exchanges, 4u);
+  EXPECT_EQ(e.ties, 1u);
   EXPECT_EQ(e.last, (std::map<int, uint64_t>{{1, 1}, {2, 2}}));
   EXPECT_EQ(e.last_margin_us, 65.0);
   EXPECT_EQ(e.rows, (std::map<int, uint64_t>{{1, 5}, {2, 3}}));
-  EXPECT_EQ(e.reply_us, (std::map<int, double>{{1, 110}, {2, 62}}));
+  EXPECT_EQ(e.reply_us, (std::map<int, double>{{1, 130}, {2, 82}}));
   EXPECT_EQ(r.reply_us, e.reply_us);  // the per-rank totals of the profile table
   EXPECT_EQ(r.layer_exchanges[0].exchanges, 0u);
 }
@@ -273,6 +277,7 @@ TEST(RankReport, CerealBinaryRoundTripKeepsEveryField) {
   in.layer_exchanges[1].rows = {{1, 9}};
   in.layer_exchanges[1].last = {{3, 7}};
   in.layer_exchanges[1].last_margin_us = 1.75;
+  in.layer_exchanges[1].ties = 3;
 
   std::stringstream buffer;
   {
@@ -304,6 +309,7 @@ TEST(RankReport, CerealBinaryRoundTripKeepsEveryField) {
   EXPECT_EQ(out.layer_exchanges[1].rows, in.layer_exchanges[1].rows);
   EXPECT_EQ(out.layer_exchanges[1].last, in.layer_exchanges[1].last);
   EXPECT_EQ(out.layer_exchanges[1].last_margin_us, 1.75);
+  EXPECT_EQ(out.layer_exchanges[1].ties, 3u);
   ASSERT_EQ(out.events.size(), in.events.size());
   for (size_t i = 0; i < in.events.size(); ++i) {
     EXPECT_EQ(out.events[i].phase, in.events[i].phase) << i;
