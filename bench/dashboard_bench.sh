@@ -11,7 +11,9 @@
 # and one JSON line.
 #
 #   bench/dashboard_bench.sh [MODEL_DIR]   (default: models/glm5-tiny-kjv)
-#   NP (3), ROUNDS (10), MAX_TOKENS (1000), POLL_S (0.1), POLLER (client, or browser)
+#   NP (3), ROUNDS (10), MAX_TOKENS (1000), POLL_S (0.1), POLLER (client, or browser),
+#   BROWSER_SETTLE_S (5: seconds between the browser's start and the request), BROWSER_PAGE
+#   (blank: the browser on about:blank, the control)
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,7 +35,10 @@ import json, os, signal, statistics, subprocess, sys, tempfile, threading, time,
 
 port, rounds, max_tokens, poll_s = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 np, model, poller_kind = int(sys.argv[5]), sys.argv[6], sys.argv[7]
+settle_s = float(os.environ.get("BROWSER_SETTLE_S", "5"))
 base = f"http://127.0.0.1:{port}"
+# BROWSER_PAGE=blank: the same browser on about:blank, the control for what the page itself costs.
+page_url = "about:blank" if os.environ.get("BROWSER_PAGE") == "blank" else base + "/dashboard"
 
 def get(path):
     with urllib.request.urlopen(base + path, timeout=30) as r:
@@ -58,7 +63,7 @@ def browser():
     profile = tempfile.mkdtemp(prefix="dashboard-bench-")
     return subprocess.Popen(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
                              "--no-first-run", "--user-data-dir=" + profile,
-                             "--remote-debugging-port=0", base + "/dashboard"],
+                             "--remote-debugging-port=0", page_url],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
 
@@ -73,7 +78,7 @@ def run(poll):
     thread = threading.Thread(target=poller) if poll and poller_kind == "client" else None
     page = browser() if poll and poller_kind == "browser" else None
     if page:
-        time.sleep(2)  # started and showing the page before the request
+        time.sleep(settle_s)  # started, and past its start-up, before the request
     s0, c0 = step_counters()
     if thread:
         thread.start()
@@ -102,7 +107,7 @@ for r in range(rounds):
     alone.append(pair[False]); polled.append(pair[True]); diffs.append(pair[True] - pair[False])
 state_bytes = len(get("/dashboard/state"))
 m_alone, m_polled, m_diff = statistics.median(alone), statistics.median(polled), statistics.median(diffs)
-how = f"polled every {poll_s} s" if poller_kind == "client" else "with the page in Chromium"
+how = f"polled every {poll_s} s" if poller_kind == "client" else f"with Chromium on {page_url}"
 print(f"median step: alone {m_alone:.1f} us, {how} {m_polled:.1f} us; "
       f"median paired difference {m_diff:+.1f} us ({100 * m_diff / m_alone:+.2f} %); "
       f"spread of alone (min-max) {min(alone):.1f}-{max(alone):.1f} us; state {state_bytes} bytes")
