@@ -72,12 +72,12 @@ struct PlacementMetrics {
            prefetch_hinted_hits = 0;
 };
 
-// One expert-owning rank as the layout describes it (for the dashboard; set once at start-up).
+// One rank of the job as the layout describes it (for the dashboard; set once at start-up).
 struct RankInfo {
   int rank = 0;
   std::string host;
   std::string role;  // layout role name: coordinator, cpu-expert, gpu-expert
-  std::string tier;  // where it keeps its experts: vram, ram, ram+disk
+  std::string tier;  // where it keeps its routed experts: vram, ram, ram+disk; none: owns none
 };
 
 // The engine's counters that the dashboard reads and /metrics' per-layer lines render, copied by
