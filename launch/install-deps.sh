@@ -22,6 +22,7 @@ packages=(
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
   curl ca-certificates          # fetches xgrammar's source release
   python3-venv                  # the openai client tests' virtual environment
+  chromium                      # headless browser of the dashboard test (tests/serve)
 )
 
 missing=()

@@ -66,6 +66,43 @@ void Profiler::add(Phase phase, int layer, double start_us, double duration_us) 
   }
 }
 
+LayerExchange& Profiler::exchange_of(int layer) {
+  if (size_t(layer) >= report_.layer_exchanges.size())
+    report_.layer_exchanges.resize(size_t(layer) + 1);
+  return report_.layer_exchanges[size_t(layer)];
+}
+
+void Profiler::add_rows(int layer, int rank, uint64_t rows) {
+  if (layer < 0) return;
+  exchange_of(layer).rows[rank] += rows;
+}
+
+void Profiler::add_reply(int layer, int rank, double reply_us) {
+  report_.reply_us[rank] += reply_us;
+  if (layer < 0) return;
+  exchange_of(layer).reply_us[rank] += reply_us;
+  arrivals_.emplace_back(reply_us, rank);
+}
+
+void Profiler::end_exchange(int layer) {
+  if (layer < 0 || arrivals_.empty()) {
+    arrivals_.clear();
+    return;
+  }
+  // Several transports (a composite) each add their partials' arrivals: the last of all counts.
+  std::sort(arrivals_.begin(), arrivals_.end());
+  LayerExchange& e = exchange_of(layer);
+  ++e.exchanges;
+  const size_t n = arrivals_.size();
+  if (n > 1 && arrivals_[n - 1].first == arrivals_[n - 2].first) {
+    ++e.ties;
+  } else {
+    ++e.last[arrivals_.back().second];
+    if (n > 1) e.last_margin_us += arrivals_[n - 1].first - arrivals_[n - 2].first;
+  }
+  arrivals_.clear();
+}
+
 RankReport Profiler::report() const {
   RankReport out = report_;
   out.wall_us = now_us();
@@ -84,8 +121,8 @@ double phase(const RankReport& r, Phase p) {
   return r.phase_us[size_t(p)];
 }
 
-// Coordinator: everything it does between the exchanges (dispatch included, as an expert rank's
-// send is). Expert ranks: compute + send.
+}  // namespace
+
 double busy_us(const RankReport& r) {
   if (!is_coordinator(r)) return phase(r, Phase::kCompute) + phase(r, Phase::kSend);
   double sum = 0;
@@ -97,6 +134,8 @@ double busy_us(const RankReport& r) {
 double wait_us(const RankReport& r) {
   return phase(r, is_coordinator(r) ? Phase::kWaitSlowest : Phase::kRecvWait);
 }
+
+namespace {
 
 double percent(double part, double whole) {
   return whole > 0 ? 100.0 * part / whole : 0.0;
@@ -239,6 +278,19 @@ void write_profile_json(const std::filesystem::path& path, const std::vector<Ran
       for (int p = 0; p < kPhaseCount; ++p) {
         const double us = r.layer_phase_us[l][size_t(p)];
         if (us != 0) layer[phase_name(Phase(p))] = us;
+      }
+      if (l < r.layer_exchanges.size() && r.layer_exchanges[l].exchanges > 0) {
+        const LayerExchange& e = r.layer_exchanges[l];
+        Json last = Json::object(), reply = Json::object(), rows = Json::object();
+        for (const auto& [peer, n] : e.last) last[std::to_string(peer)] = n;
+        for (const auto& [peer, us] : e.reply_us) reply[std::to_string(peer)] = us;
+        for (const auto& [peer, n] : e.rows) rows[std::to_string(peer)] = n;
+        layer["exchanges"] = e.exchanges;
+        layer["last_reply_count"] = std::move(last);
+        layer["tied_exchanges"] = e.ties;
+        layer["last_margin_us"] = e.last_margin_us;
+        layer["reply_us"] = std::move(reply);
+        layer["rows_to_rank"] = std::move(rows);
       }
       layers.push_back(std::move(layer));
     }

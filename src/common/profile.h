@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace colibri {
@@ -92,6 +93,25 @@ struct DeviceCounters {
   }
 };
 
+// Coordinator: one MoE layer's exchanges as the coordinator saw them (the critical path of the
+// layer): per owner rank, the time from the end of dispatch until its partial arrived and the rows
+// sent to it; which owner's partial arrived last, and by how much after the one before it.
+// Partials the coordinator finds in the same look at its pending receives arrived together: an
+// exchange whose last two did is a tie, counted apart (no owner was the slowest).
+struct LayerExchange {
+  uint64_t exchanges = 0;
+  std::map<int, double> reply_us;  // per owner rank, summed over exchanges
+  std::map<int, uint64_t> rows;    // per owner rank, rows sent
+  std::map<int, uint64_t> last;    // per owner rank, exchanges whose last partial was its alone
+  uint64_t ties = 0;               // exchanges whose last partials arrived together
+  double last_margin_us = 0;       // summed: last arrival minus the one before (0 alone or tied)
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(exchanges, reply_us, rows, last, ties, last_margin_us);
+  }
+};
+
 struct RankReport {
   int rank = 0;
   std::string host;
@@ -118,14 +138,21 @@ struct RankReport {
   // Coordinator: bytes of rows and partials (of bytes_in and bytes_out) that went through the
   // shared segments of expert ranks on its host instead of MPI messages.
   uint64_t bytes_shared = 0;
+  std::vector<LayerExchange> layer_exchanges;  // coordinator: [layer]; empty on dense layers
 
   template <class Archive>
   void serialize(Archive& ar) {
     ar(rank, host, role, wall_us, phase_us, layer_phase_us, rows, experts, bytes_in, bytes_out,
        bytes_to_rank, reply_us, slowest_count, weight_bytes_read, events, dropped_events, store,
-       device, bytes_cross_host, bytes_shared);
+       device, bytes_cross_host, bytes_shared, layer_exchanges);
   }
 };
+
+// Coordinator: everything it does between the exchanges (dispatch included, as an expert rank's
+// send is). Expert ranks: compute + send. What the profile table's busy and wait columns show.
+double busy_us(const RankReport& r);
+// Coordinator: waiting for the owners' partials; expert ranks: waiting for a request.
+double wait_us(const RankReport& r);
 
 struct RunSummary {
   int prefill_tokens = 0;
@@ -167,6 +194,14 @@ class Profiler {
   Scope scope(Phase phase, int layer = -1) { return Scope(*this, phase, layer); }
 
   RankReport& counters() { return report_; }
+
+  // Coordinator, one MoE layer's exchange: `rows` sent to owner `rank` (at dispatch), its partial
+  // arrived `reply_us` after the end of dispatch (adds to reply_us and the layer's share of it),
+  // and end_exchange() once every partial of the layer arrived: the last of them is the layer's
+  // critical path.
+  void add_rows(int layer, int rank, uint64_t rows);
+  void add_reply(int layer, int rank, double reply_us);
+  void end_exchange(int layer);
   // Final report with wall time filled in.
   RankReport report() const;
 
@@ -174,6 +209,9 @@ class Profiler {
   std::chrono::steady_clock::time_point epoch_;
   bool keep_trace_;
   RankReport report_;
+  LayerExchange& exchange_of(int layer);
+  // The exchange in progress: its partials' arrivals, (reply_us, rank).
+  std::vector<std::pair<double, int>> arrivals_;
 };
 
 // A Profiler::Scope that costs nothing without a profiler.

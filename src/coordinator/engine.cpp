@@ -165,6 +165,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
         routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
         for (const OwnerShare& share : plan_.owners) {
           placement_counters_.pairs_to_rank[share.rank] += share.pairs.size();
+          if (profiler_) profiler_->add_rows(l, share.rank, share.rows.size());
           if (placement.replicas.empty()) continue;
           for (const RoutedPair& p : share.pairs)
             placement_counters_.replica_pairs += placement.owner_of(l, int(p.expert)) != share.rank;
@@ -185,6 +186,7 @@ std::vector<float> Engine::forward(const Batch& batch) {
         compute_->shared_expert(l);
       }
       dispatcher_.combine(compute_->routed(rows_on));
+      if (profiler_) profiler_->end_exchange(l);
       compute_->add_moe(l);
     } else {
       OptionalScope scope(profiler_, Phase::kDenseMlp, l);

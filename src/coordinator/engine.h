@@ -90,6 +90,7 @@ class Engine {
   const PrefetchStats& prefetch_stats() const { return prefetch_; }
   const PlacementCounters& placement_counters() const { return placement_counters_; }
   const PlacementTable& placement() const { return placement_.current(); }
+  std::shared_ptr<const PlacementTable> shared_placement() const { return placement_.share(); }
   // Live re-placement's counters (--repin-every), read by /metrics; null without it.
   void set_repin_stats(const RepinStats* stats) { repin_stats_ = stats; }
   const RepinStats* repin_stats() const { return repin_stats_; }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "coordinator/dashboard.h"
 #include "coordinator/http_connections.h"
 #include "coordinator/http_routes.h"
 #include "coordinator/openai_api.h"
@@ -88,6 +89,11 @@ void set_handlers(ConnectionServer& server, ServeMetrics& metrics, const ServeOp
     const auto [first, last] = req.headers.equal_range("Authorization");
     const bool one = first != last && std::next(first) == last;
     if (!one || !constant_time_equal(first->second, "Bearer " + options.api_key)) {
+      // The page holds no numbers: a browser gets it with the 401, and it asks for the key.
+      if (req.path == "/dashboard" && req.method == "GET") {
+        reply_dashboard_page(res, 401);
+        return httplib::Server::HandlerResponse::Handled;
+      }
       res.set_header("WWW-Authenticate", "Bearer");
       reply_error(res, ApiError(401, "missing or wrong API key (Authorization: Bearer <key>)", {},
                                 "invalid_api_key", "authentication_error"));
@@ -166,7 +172,7 @@ void answer_post(Route route, const httplib::ContentReader& reader, httplib::Res
   }
 }
 
-// GET /health, /metrics and /v1/models; the POST routes of the API.
+// GET /health, /metrics, /v1/models and the dashboard; the POST routes of the API.
 void add_routes(ConnectionServer& server, ServeApi& api, Scheduler& scheduler,
                 ServeMetrics& metrics, const ModelConfig& config, const ServeOptions& options) {
   server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
@@ -180,6 +186,7 @@ void add_routes(ConnectionServer& server, ServeApi& api, Scheduler& scheduler,
   server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(), "text/plain; version=0.0.4");
   });
+  add_dashboard_routes(server, metrics);
   server.Get("/v1/models", [&](const httplib::Request&, httplib::Response& res) {
     const json body = {
         {"object", "list"},
@@ -220,10 +227,10 @@ void announce(const ServeOptions& options, int port) {
   const std::string base = fmt::format("http://{}:{}", options.host, port);
   std::fprintf(stderr,
                "colibri-node: serving %s on %s (OpenAI API: /v1/chat/completions, /v1/completions, "
-               "/v1/models, /health, /metrics)\n"
+               "/v1/models, /health, /metrics; dashboard: %s/dashboard)\n"
                "  try: curl %s/v1/chat/completions -H 'Content-Type: application/json'%s -d "
                "'{\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":32}'\n",
-               options.model_name.c_str(), base.c_str(), base.c_str(),
+               options.model_name.c_str(), base.c_str(), base.c_str(), base.c_str(),
                options.api_key.empty() ? "" : " -H \"Authorization: Bearer $COLIBRI_API_KEY\"");
   const bool loopback =
       options.host == "127.0.0.1" || options.host == "localhost" || options.host == "::1";
@@ -328,6 +335,7 @@ void watch_signals(Scheduler& scheduler, const ServeOptions& options,
 
 int serve(Engine& engine, const Tokenizer& tokenizer, const ServeOptions& options) {
   ServeMetrics metrics;
+  metrics.set_cluster(options.model_name, options.ranks);
   Scheduler scheduler(engine, tokenizer, metrics, options.scheduler);
   ServeApi api(scheduler, metrics, tokenizer, engine.config(), options);
   ConnectionServer server(options.connections);

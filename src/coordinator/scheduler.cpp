@@ -222,6 +222,28 @@ void Scheduler::update_gauges() {
   placement.prefetch_hinted_hits = f.set_hits;
   placement.prefetch = placement.prefetch_pairs > 0;
   metrics_.set_placement(placement);
+  if (Clock::now() - last_view_ >= kViewPeriod) update_engine_view();
+}
+
+void Scheduler::update_engine_view() {
+  last_view_ = Clock::now();
+  EngineView view;
+  if (Profiler* p = engine_.profiler()) {
+    const RankReport& r = p->counters();  // not report(): that copies the trace events
+    view.wall_us = p->now_us();
+    view.busy_us = busy_us(r);
+    view.wait_us = wait_us(r);
+    view.rows = r.rows;
+    view.experts = r.experts;
+    view.bytes_in = r.bytes_in;
+    view.bytes_out = r.bytes_out;
+    view.bytes_to_rank = r.bytes_to_rank;
+    view.layer_phase_us = r.layer_phase_us;
+    view.layer_exchanges = r.layer_exchanges;
+  }
+  view.routes = engine_.routes();
+  view.placement = engine_.shared_placement();
+  metrics_.set_engine_view(std::move(view));
 }
 
 void Scheduler::evict(size_t i) {

@@ -150,6 +150,10 @@ class Scheduler {
   bool on_token(Active& a, int token, std::optional<TokenLogprob> logprob);
   void finish(size_t active_index, const char* reason);
   void update_gauges();
+  // The engine's counters for the dashboard and /metrics' per-layer lines (EngineView): copied
+  // at most every kViewPeriod, so that a step of a large model does not copy its routes each time.
+  void update_engine_view();
+  static constexpr std::chrono::milliseconds kViewPeriod{250};
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
@@ -171,6 +175,7 @@ class Scheduler {
   std::vector<Active*> logit_owner_;
   std::vector<float> masked_;  // a constrained row's logits
 
+  std::chrono::steady_clock::time_point last_view_{};
   std::atomic<int64_t> step_started_ns_{0};
   std::atomic<double> longest_step_s_{0};
   std::atomic<double> typical_step_s_{0};

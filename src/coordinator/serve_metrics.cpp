@@ -25,7 +25,30 @@ void Histogram::render(std::string& out, const std::string& name, const std::str
                      sum_, name, count_);
 }
 
+double Histogram::quantile(const std::vector<uint64_t>& counts, double q) const {
+  uint64_t total = 0;
+  for (uint64_t c : counts) total += c;
+  if (total == 0 || counts.size() != counts_.size()) return 0;
+  const double rank = q * double(total);
+  uint64_t below = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (double(below + counts[i]) >= rank && counts[i] > 0) {
+      if (i == bounds_.size()) return bounds_.empty() ? 0 : bounds_.back();  // +Inf bucket
+      const double lower = i == 0 ? 0 : bounds_[i - 1];
+      return lower + (bounds_[i] - lower) * (rank - double(below)) / double(counts[i]);
+    }
+    below += counts[i];
+  }
+  return bounds_.empty() ? 0 : bounds_.back();
+}
+
 namespace {
+
+std::vector<uint64_t> minus(const std::vector<uint64_t>& now, const std::vector<uint64_t>& then) {
+  std::vector<uint64_t> d(now);
+  for (size_t i = 0; i < d.size() && i < then.size(); ++i) d[i] -= then[i];
+  return d;
+}
 
 std::vector<double> latency_bounds() {
   return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.15, 0.2,
@@ -34,82 +57,133 @@ std::vector<double> latency_bounds() {
 
 }  // namespace
 
-ServeMetrics::ServeMetrics()
+ServeMetrics::Data::Data()
     : ttft_(latency_bounds()),
       itl_(latency_bounds()),
       e2e_(latency_bounds()),
       queue_(latency_bounds()),
       step_rows_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}),
-      step_seconds_(latency_bounds()) {}
+      step_seconds_(latency_bounds()),
+      view_(std::make_shared<const EngineView>()) {}
+
+ServeMetrics::ServeMetrics() = default;
+
+ServeMetrics::Data ServeMetrics::snapshot() const {
+  std::lock_guard lock(mutex_);
+  return d_;
+}
 
 void ServeMetrics::count_response(int status) {
   std::lock_guard lock(mutex_);
-  ++responses_[status];
+  ++d_.responses_[status];
 }
 void ServeMetrics::count_finished(const std::string& reason) {
   std::lock_guard lock(mutex_);
-  ++finished_[reason];
+  ++d_.finished_[reason];
 }
 void ServeMetrics::add_prompt_tokens(uint64_t n, uint64_t cached) {
   std::lock_guard lock(mutex_);
-  prompt_tokens_ += n;
-  cached_prompt_tokens_ += cached;
+  d_.prompt_tokens_ += n;
+  d_.cached_prompt_tokens_ += cached;
 }
 void ServeMetrics::add_generated_tokens(uint64_t n) {
   std::lock_guard lock(mutex_);
-  generated_tokens_ += n;
+  d_.generated_tokens_ += n;
 }
 void ServeMetrics::prefix_query(bool hit) {
   std::lock_guard lock(mutex_);
-  ++prefix_queries_;
-  prefix_hits_ += hit ? 1 : 0;
+  ++d_.prefix_queries_;
+  d_.prefix_hits_ += hit ? 1 : 0;
 }
 void ServeMetrics::observe_ttft(double s) {
   std::lock_guard lock(mutex_);
-  ttft_.observe(s);
+  d_.ttft_.observe(s);
 }
 void ServeMetrics::observe_itl(double s) {
   std::lock_guard lock(mutex_);
-  itl_.observe(s);
+  d_.itl_.observe(s);
 }
 void ServeMetrics::observe_e2e(double s) {
   std::lock_guard lock(mutex_);
-  e2e_.observe(s);
+  d_.e2e_.observe(s);
 }
 void ServeMetrics::observe_queue(double s) {
   std::lock_guard lock(mutex_);
-  queue_.observe(s);
+  d_.queue_.observe(s);
 }
 void ServeMetrics::observe_step(int rows, double s) {
   std::lock_guard lock(mutex_);
-  ++steps_;
-  step_rows_.observe(rows);
-  step_seconds_.observe(s);
+  ++d_.steps_;
+  d_.step_rows_.observe(rows);
+  d_.step_seconds_.observe(s);
 }
 void ServeMetrics::set_gauges(const ServeGauges& gauges) {
   std::lock_guard lock(mutex_);
-  gauges_ = gauges;
+  d_.gauges_ = gauges;
+  sample_series();
+}
+
+void ServeMetrics::sample_series() {
+  const auto now = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(now - last_sample_).count();
+  if (dt < 1.0) return;
+  SeriesPoint p;
+  p.t_s = std::chrono::duration<double>(now - d_.started_).count();
+  p.generated_tok_per_s = double(d_.generated_tokens_ - last_generated_) / dt;
+  p.prompt_tok_per_s = double(d_.prompt_tokens_ - last_prompt_) / dt;
+  p.running = d_.gauges_.running;
+  p.waiting = d_.gauges_.waiting;
+  p.kv_usage = d_.gauges_.kv_blocks_total
+                   ? double(d_.gauges_.kv_blocks_total - d_.gauges_.kv_blocks_free) /
+                         d_.gauges_.kv_blocks_total
+                   : 0.0;
+  const std::vector<uint64_t> ttft = minus(d_.ttft_.counts(), last_ttft_);
+  const std::vector<uint64_t> itl = minus(d_.itl_.counts(), last_itl_);
+  p.ttft_p50_s = d_.ttft_.quantile(ttft, 0.5);
+  p.ttft_p95_s = d_.ttft_.quantile(ttft, 0.95);
+  p.itl_p50_s = d_.itl_.quantile(itl, 0.5);
+  p.itl_p95_s = d_.itl_.quantile(itl, 0.95);
+  p.itl_p99_s = d_.itl_.quantile(itl, 0.99);
+  for (uint64_t c : itl) p.itl_count += c;
+  d_.series_.push_back(p);
+  if (d_.series_.size() > kSeriesPoints) d_.series_.pop_front();
+  last_sample_ = now;
+  last_generated_ = d_.generated_tokens_;
+  last_prompt_ = d_.prompt_tokens_;
+  last_ttft_ = d_.ttft_.counts();
+  last_itl_ = d_.itl_.counts();
 }
 void ServeMetrics::set_phases(const std::array<double, kPhaseCount>& phase_us) {
   std::lock_guard lock(mutex_);
-  phase_us_ = phase_us;
+  d_.phase_us_ = phase_us;
 }
 void ServeMetrics::set_rank_replies(const std::map<int, double>& reply_us) {
   std::lock_guard lock(mutex_);
-  reply_us_ = reply_us;
+  d_.reply_us_ = reply_us;
 }
 void ServeMetrics::set_placement(const PlacementMetrics& placement) {
   std::lock_guard lock(mutex_);
-  placement_ = placement;
+  d_.placement_ = placement;
+}
+
+void ServeMetrics::set_engine_view(EngineView view) {
+  std::shared_ptr<const EngineView> old = std::make_shared<const EngineView>(std::move(view));
+  std::lock_guard lock(mutex_);
+  d_.view_.swap(old);  // the old view is freed after the lock, by `old`
+}
+void ServeMetrics::set_cluster(std::string model, std::vector<RankInfo> ranks) {
+  std::lock_guard lock(mutex_);
+  d_.model_ = std::move(model);
+  d_.ranks_ = std::move(ranks);
 }
 
 ServeGauges ServeMetrics::gauges() const {
   std::lock_guard lock(mutex_);
-  return gauges_;
+  return d_.gauges_;
 }
 
 std::string ServeMetrics::render() const {
-  std::lock_guard lock(mutex_);
+  const Data d = snapshot();
   std::string out;
   const auto metric = [&](const char* name, const char* type, const char* help, auto value) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
@@ -117,65 +191,97 @@ std::string ServeMetrics::render() const {
   out +=
       "# HELP colibri_http_responses_total HTTP responses by status code\n"
       "# TYPE colibri_http_responses_total counter\n";
-  for (const auto& [status, n] : responses_)
+  for (const auto& [status, n] : d.responses_)
     out += fmt::format("colibri_http_responses_total{{status=\"{}\"}} {}\n", status, n);
   out +=
       "# HELP colibri_request_finished_total generation requests by how they ended\n"
       "# TYPE colibri_request_finished_total counter\n";
   for (const char* reason : {"stop", "length", "error", "cancelled"}) {
-    const auto it = finished_.find(reason);
+    const auto it = d.finished_.find(reason);
     out += fmt::format("colibri_request_finished_total{{finished_reason=\"{}\"}} {}\n", reason,
-                       it == finished_.end() ? 0 : it->second);
+                       it == d.finished_.end() ? 0 : it->second);
   }
   metric("colibri_ready", "gauge", "1 once the weights are loaded and one forward has run",
-         gauges_.ready ? 1 : 0);
-  metric("colibri_num_requests_waiting", "gauge", "requests in the queue", gauges_.waiting);
+         d.gauges_.ready ? 1 : 0);
+  metric("colibri_num_requests_waiting", "gauge", "requests in the queue", d.gauges_.waiting);
   metric("colibri_num_requests_running", "gauge", "sequences prefilling or decoding",
-         gauges_.running);
-  metric("colibri_kv_blocks_total", "gauge", "KV pool blocks", gauges_.kv_blocks_total);
-  metric("colibri_kv_blocks_free", "gauge", "KV pool blocks free", gauges_.kv_blocks_free);
+         d.gauges_.running);
+  metric("colibri_kv_blocks_total", "gauge", "KV pool blocks", d.gauges_.kv_blocks_total);
+  metric("colibri_kv_blocks_free", "gauge", "KV pool blocks free", d.gauges_.kv_blocks_free);
   metric("colibri_kv_blocks_running", "gauge", "KV blocks held by running sequences",
-         gauges_.kv_blocks_running);
+         d.gauges_.kv_blocks_running);
   metric("colibri_kv_blocks_cached", "gauge",
          "KV blocks held by finished conversations kept for prefix reuse",
-         gauges_.kv_blocks_cached);
+         d.gauges_.kv_blocks_cached);
   metric("colibri_prefix_cache_sequences", "gauge", "finished conversations kept for prefix reuse",
-         gauges_.cached_sequences);
+         d.gauges_.cached_sequences);
   metric("colibri_kv_cache_usage_perc", "gauge", "fraction of KV blocks in use",
-         gauges_.kv_blocks_total
-             ? double(gauges_.kv_blocks_total - gauges_.kv_blocks_free) / gauges_.kv_blocks_total
-             : 0.0);
+         d.gauges_.kv_blocks_total ? double(d.gauges_.kv_blocks_total - d.gauges_.kv_blocks_free) /
+                                         d.gauges_.kv_blocks_total
+                                   : 0.0);
   metric("colibri_prompt_tokens_total", "counter", "prompt tokens of admitted requests",
-         prompt_tokens_);
+         d.prompt_tokens_);
   metric("colibri_prompt_tokens_cached_total", "counter",
-         "prompt tokens whose KV was reused from the prefix cache", cached_prompt_tokens_);
-  metric("colibri_generation_tokens_total", "counter", "generated tokens", generated_tokens_);
+         "prompt tokens whose KV was reused from the prefix cache", d.cached_prompt_tokens_);
+  metric("colibri_generation_tokens_total", "counter", "generated tokens", d.generated_tokens_);
   metric("colibri_prefix_cache_queries_total", "counter",
-         "admissions that looked up the prefix cache", prefix_queries_);
+         "admissions that looked up the prefix cache", d.prefix_queries_);
   metric("colibri_prefix_cache_hits_total", "counter", "admissions that reused cached KV blocks",
-         prefix_hits_);
-  metric("colibri_engine_steps_total", "counter", "forward calls of the scheduler", steps_);
-  ttft_.render(out, "colibri_time_to_first_token_seconds", "queue + prefill until the first token");
-  itl_.render(out, "colibri_time_per_output_token_seconds", "inter-token latency");
-  e2e_.render(out, "colibri_e2e_request_latency_seconds", "arrival to the last token");
-  queue_.render(out, "colibri_request_queue_time_seconds", "arrival to admission");
-  step_rows_.render(out, "colibri_iteration_tokens", "rows per forward call");
-  step_seconds_.render(out, "colibri_iteration_seconds", "time of one forward call");
+         d.prefix_hits_);
+  metric("colibri_engine_steps_total", "counter", "forward calls of the scheduler", d.steps_);
+  d.ttft_.render(out, "colibri_time_to_first_token_seconds",
+                 "queue + prefill until the first token");
+  d.itl_.render(out, "colibri_time_per_output_token_seconds", "inter-token latency");
+  d.e2e_.render(out, "colibri_e2e_request_latency_seconds", "arrival to the last token");
+  d.queue_.render(out, "colibri_request_queue_time_seconds", "arrival to admission");
+  d.step_rows_.render(out, "colibri_iteration_tokens", "rows per forward call");
+  d.step_seconds_.render(out, "colibri_iteration_seconds", "time of one forward call");
   out +=
       "# HELP colibri_coordinator_phase_seconds_total coordinator time per phase "
       "(wait_slowest: waiting for the expert ranks' partials)\n"
       "# TYPE colibri_coordinator_phase_seconds_total counter\n";
   for (int p = 0; p < int(Phase::kRecvWait); ++p)
     out += fmt::format("colibri_coordinator_phase_seconds_total{{phase=\"{}\"}} {}\n",
-                       phase_name(Phase(p)), phase_us_[size_t(p)] * 1e-6);
+                       phase_name(Phase(p)), d.phase_us_[size_t(p)] * 1e-6);
   out +=
       "# HELP colibri_expert_rank_reply_seconds_total per expert rank, time from the end of "
       "dispatch until its partial arrived (its compute plus transfer), summed over exchanges\n"
       "# TYPE colibri_expert_rank_reply_seconds_total counter\n";
-  for (const auto& [rank, us] : reply_us_)
+  for (const auto& [rank, us] : d.reply_us_)
     out +=
         fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
-  const PlacementMetrics& p = placement_;
+  out +=
+      "# HELP colibri_layer_exchanges_total per MoE layer, exchanges with the expert ranks\n"
+      "# TYPE colibri_layer_exchanges_total counter\n";
+  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
+    if (d.view_->layer_exchanges[l].exchanges > 0)
+      out += fmt::format("colibri_layer_exchanges_total{{layer=\"{}\"}} {}\n", l,
+                         d.view_->layer_exchanges[l].exchanges);
+  out +=
+      "# HELP colibri_layer_last_reply_total per MoE layer and owner rank, exchanges whose last "
+      "partial was that rank's (the layer's critical path)\n"
+      "# TYPE colibri_layer_last_reply_total counter\n";
+  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
+    for (const auto& [rank, n] : d.view_->layer_exchanges[l].last)
+      out += fmt::format("colibri_layer_last_reply_total{{layer=\"{}\",rank=\"{}\"}} {}\n", l, rank,
+                         n);
+  out +=
+      "# HELP colibri_layer_tied_exchanges_total per MoE layer, exchanges whose last partials "
+      "arrived together (no owner was the slowest)\n"
+      "# TYPE colibri_layer_tied_exchanges_total counter\n";
+  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
+    if (d.view_->layer_exchanges[l].exchanges > 0)
+      out += fmt::format("colibri_layer_tied_exchanges_total{{layer=\"{}\"}} {}\n", l,
+                         d.view_->layer_exchanges[l].ties);
+  out +=
+      "# HELP colibri_layer_last_margin_seconds_total per MoE layer, how much later the last "
+      "partial arrived than the one before it, summed over exchanges\n"
+      "# TYPE colibri_layer_last_margin_seconds_total counter\n";
+  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
+    if (d.view_->layer_exchanges[l].exchanges > 0)
+      out += fmt::format("colibri_layer_last_margin_seconds_total{{layer=\"{}\"}} {}\n", l,
+                         d.view_->layer_exchanges[l].last_margin_us * 1e-6);
+  const PlacementMetrics& p = d.placement_;
   metric("colibri_placement_epoch", "gauge", "changes of placement committed while running",
          p.epoch);
   out +=

@@ -1,17 +1,25 @@
 // What the server counts, for GET /metrics in the Prometheus text format: requests by HTTP
 // status, queue and running sequences, KV blocks, tokens, prefix-cache hits, and latency
 // histograms under vLLM's names (time to first token, inter-token latency, end-to-end, queue
-// time). Written by the scheduler thread and the HTTP threads, read by the HTTP threads.
+// time); and the same numbers, with the engine's view of the cluster (per-layer critical path,
+// routed rows per expert, the placement), as the dashboard's JSON (GET /dashboard/state,
+// docs/DASHBOARD.md). Written by the scheduler thread and the HTTP threads, read by the HTTP
+// threads.
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/profile.h"
+#include "moe/placement.h"
+#include "moe/routing_stats.h"
 
 namespace colibri {
 
@@ -24,6 +32,13 @@ class Histogram {
   // Prometheus lines `name_bucket{le=..}`, `name_sum`, `name_count`.
   void render(std::string& out, const std::string& name, const std::string& help) const;
   uint64_t count() const { return count_; }
+  double sum() const { return sum_; }
+  const std::vector<double>& bounds() const { return bounds_; }
+  const std::vector<uint64_t>& counts() const { return counts_; }
+  // The q-quantile of the observations counted in `counts` (this histogram's buckets, or a
+  // difference of two readings of them), interpolated within its bucket as Prometheus'
+  // histogram_quantile does; 0 when empty; the largest bound for one in the +Inf bucket.
+  double quantile(const std::vector<uint64_t>& counts, double q) const;
 
  private:
   std::vector<double> bounds_;
@@ -57,8 +72,42 @@ struct PlacementMetrics {
            prefetch_hinted_hits = 0;
 };
 
+// One rank of the job as the layout describes it (for the dashboard; set once at start-up).
+struct RankInfo {
+  int rank = 0;
+  std::string host;
+  std::string role;  // layout role name: coordinator, cpu-expert, gpu-expert
+  std::string tier;  // where it keeps its routed experts: vram, ram, ram+disk; none: owns none
+};
+
+// The engine's counters that the dashboard reads and /metrics' per-layer lines render, copied by
+// the scheduler thread from the coordinator's Profiler (the same RankReport the profile table
+// prints), the engine's routes and the placement table.
+struct EngineView {
+  double wall_us = 0, busy_us = 0, wait_us = 0;  // common/profile.h busy_us() and wait_us()
+  uint64_t rows = 0, experts = 0, bytes_in = 0, bytes_out = 0;
+  std::map<int, uint64_t> bytes_to_rank;
+  std::vector<std::array<double, kPhaseCount>> layer_phase_us;  // [layer][phase]
+  std::vector<LayerExchange> layer_exchanges;                   // [layer]
+  RoutingStats routes;                                          // routed rows since start
+  std::shared_ptr<const PlacementTable> placement;
+};
+
+// One point of the dashboard's time series, taken about once a second: rates and latency
+// percentiles over the interval since the one before.
+struct SeriesPoint {
+  double t_s = 0;  // since the server started
+  double generated_tok_per_s = 0, prompt_tok_per_s = 0;
+  int running = 0, waiting = 0;
+  double kv_usage = 0;
+  double ttft_p50_s = 0, ttft_p95_s = 0, itl_p50_s = 0, itl_p95_s = 0, itl_p99_s = 0;
+  uint64_t itl_count = 0;  // tokens whose inter-token latency the interval counted
+};
+
 class ServeMetrics {
  public:
+  static constexpr size_t kSeriesPoints = 600;  // 10 minutes at one a second
+
   ServeMetrics();
 
   void count_response(int status);
@@ -76,21 +125,44 @@ class ServeMetrics {
   // Per expert rank: dispatch-to-partial time summed (RankReport::reply_us).
   void set_rank_replies(const std::map<int, double>& reply_us);
   void set_placement(const PlacementMetrics& placement);
+  void set_engine_view(EngineView view);
+  void set_cluster(std::string model, std::vector<RankInfo> ranks);
   ServeGauges gauges() const;
 
   std::string render() const;
+  // GET /dashboard/state: the JSON of docs/DASHBOARD.md (schema version kDashboardVersion).
+  std::string dashboard_state() const;
+  static constexpr int kDashboardVersion = 1;
 
  private:
+  // Everything /metrics and the dashboard show: a reader copies it under the lock and writes it
+  // out after, so that it holds the scheduler thread (which sets it every step) for the copy only.
+  struct Data {
+    Data();
+    std::map<int, uint64_t> responses_;
+    std::map<std::string, uint64_t> finished_;
+    uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
+    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0;
+    Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
+    ServeGauges gauges_;
+    std::array<double, kPhaseCount> phase_us_{};
+    std::map<int, double> reply_us_;
+    PlacementMetrics placement_;
+    std::shared_ptr<const EngineView> view_;  // replaced whole; copies share it
+    std::string model_;
+    std::vector<RankInfo> ranks_;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    std::deque<SeriesPoint> series_;  // a point a second at most, the last kSeriesPoints
+  };
+  Data snapshot() const;
+
   mutable std::mutex mutex_;
-  std::map<int, uint64_t> responses_;
-  std::map<std::string, uint64_t> finished_;
-  uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
-  uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0;
-  Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
-  ServeGauges gauges_;
-  std::array<double, kPhaseCount> phase_us_{};
-  std::map<int, double> reply_us_;
-  PlacementMetrics placement_;
+  Data d_;
+  // The time series: a point taken as the gauges are set (every step), a second apart at least.
+  void sample_series();
+  std::chrono::steady_clock::time_point last_sample_ = d_.started_;
+  uint64_t last_generated_ = 0, last_prompt_ = 0;
+  std::vector<uint64_t> last_ttft_, last_itl_;
 };
 
 }  // namespace colibri

@@ -1,12 +1,42 @@
 // --serve: the OpenAI-compatible HTTP server on the coordinator (coordinator/http_server.h), built
 // when cpp-httplib was found.
+#include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <vector>
 
 #include "coordinator/http_server.h"
 #include "node/run_modes.h"
 
 namespace colibri {
+namespace {
+
+// Each rank of the layout for the dashboard: where it keeps its routed experts (a gpu-expert
+// rank's VRAM, over its RAM and disk when they do not all fit; a RAM budget over the disk; or all
+// resident in RAM).
+std::vector<RankInfo> rank_infos(const Node& node) {
+  const Layout& layout = node.layout();
+  const std::vector<int> owners = layout.owner_ranks();
+  std::vector<RankInfo> ranks;
+  for (const RankSpec& spec : layout.ranks) {
+    RankInfo info;
+    info.rank = spec.rank;
+    info.host = spec.host;
+    info.role = role_name(spec.role);
+    const bool owner = std::find(owners.begin(), owners.end(), spec.rank) != owners.end();
+    const double ram_gb = spec.ram_gb > 0 ? spec.ram_gb : node.options().ram_gb;
+    if (!owner)
+      info.tier = "none";
+    else if (spec.role == Role::kGpuExpert)
+      info.tier = "vram";
+    else
+      info.tier = ram_gb > 0 ? "ram+disk" : "ram";
+    ranks.push_back(std::move(info));
+  }
+  return ranks;
+}
+
+}  // namespace
 
 int run_serve(Node& node, const CommandLine& args) {
   const Tokenizer tokenizer = load_tokenizer(args.node.model_dir);
@@ -24,6 +54,7 @@ int run_serve(Node& node, const CommandLine& args) {
   options.scheduler.max_queue = args.max_queue;
   options.scheduler.prefix_cache = !args.no_prefix_cache;
   options.thinking = parse_thinking(args.think);
+  options.ranks = rank_infos(node);
   const int code = serve(node.engine(), tokenizer, options);
   node.shutdown();
   const std::vector<RankReport> reports = node.gather_reports();

@@ -250,6 +250,9 @@ void MpiDispatcher::wait_partials() {
   int last = -1;
   std::vector<int> counts(requests.size(), 0);
   while (remaining > 0) {
+    // Partials found in one sweep arrived at one time as far as this loop can tell: the same
+    // reply time for each (a tie, not an order by rank).
+    const double seen_us = profiler_.now_us();
     for (size_t i = 0; i < requests.size(); ++i) {
       if (*requests[i] == MPI_REQUEST_NULL) continue;
       int done = 0;
@@ -263,7 +266,7 @@ void MpiDispatcher::wait_partials() {
         heartbeat_.heard(size_t(h));
         heartbeat_.set_busy(size_t(h), false);
       }
-      profiler_.counters().reply_us[ranks[i]] += profiler_.now_us() - dispatched_us_;
+      profiler_.add_reply(layer_, ranks[i], seen_us - dispatched_us_);
       last = int(i);
       --remaining;
     }

@@ -357,7 +357,7 @@ void NcclTransport::wait_partials() {
   for (const Peer* peer : active_) {
     const size_t index = size_t(peer - peers_.data());
     wait_event(reply_events_[index], "reply", options_.rank_timeout_s, peer->rank);
-    profiler_.counters().reply_us[peer->rank] += profiler_.now_us() - dispatched_us_;
+    profiler_.add_reply(layer_, peer->rank, profiler_.now_us() - dispatched_us_);
     replied_.push_back(peer->rank);
   }
   const Peer* last = active_.back();

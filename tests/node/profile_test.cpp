@@ -215,6 +215,38 @@ TEST(Profiler, RestartEpochShiftsRecordedEvents) {
   EXPECT_EQ(profiler.counters().phase_us[idx(Phase::kEmbed)], 1.0);
 }
 
+// One MoE layer's exchanges as the coordinator records them: rows and reply time per owner, the
+// owner whose partial came last, and by how much after the one before it (integer-valued times:
+// exact sums).
+TEST(Profiler, LayerExchangeNamesTheLastOwnerAndItsMargin) {
+  Profiler p(0, "h", "coordinator", 3, false);
+  p.add_rows(1, 1, 5);
+  p.add_rows(1, 2, 3);
+  p.add_reply(1, 2, 40);
+  p.add_reply(1, 1, 100);
+  p.end_exchange(1);  // rank 1 last, 60 after rank 2
+  p.add_reply(1, 1, 10);
+  p.add_reply(1, 2, 15);
+  p.end_exchange(1);  // rank 2 last, 5 after rank 1
+  p.add_reply(1, 2, 7);
+  p.end_exchange(1);  // one owner: no margin
+  p.add_reply(1, 1, 20);
+  p.add_reply(1, 2, 20);
+  p.end_exchange(1);  // seen together: a tie, no owner last
+  p.end_exchange(2);  // nothing arrived: no exchange
+  const RankReport& r = p.counters();
+  ASSERT_EQ(r.layer_exchanges.size(), 2u);
+  const LayerExchange& e = r.layer_exchanges[1];
+  EXPECT_EQ(e.exchanges, 4u);
+  EXPECT_EQ(e.ties, 1u);
+  EXPECT_EQ(e.last, (std::map<int, uint64_t>{{1, 1}, {2, 2}}));
+  EXPECT_EQ(e.last_margin_us, 65.0);
+  EXPECT_EQ(e.rows, (std::map<int, uint64_t>{{1, 5}, {2, 3}}));
+  EXPECT_EQ(e.reply_us, (std::map<int, double>{{1, 130}, {2, 82}}));
+  EXPECT_EQ(r.reply_us, e.reply_us);  // the per-rank totals of the profile table
+  EXPECT_EQ(r.layer_exchanges[0].exchanges, 0u);
+}
+
 TEST(Profiler, PhaseNames) {
   EXPECT_STREQ(phase_name(Phase::kAttention), "attention");
   EXPECT_STREQ(phase_name(Phase::kWaitSlowest), "wait_slowest");
@@ -239,6 +271,13 @@ TEST(RankReport, CerealBinaryRoundTripKeepsEveryField) {
   in.bytes_to_rank[5] = 1ull << 40;
   in.dropped_events = 11;
   in.events.push_back({int(Phase::kSend), -1, -3.5, 0.125});
+  in.layer_exchanges.resize(2);
+  in.layer_exchanges[1].exchanges = 7;
+  in.layer_exchanges[1].reply_us = {{1, 2.5}, {3, 4.25}};
+  in.layer_exchanges[1].rows = {{1, 9}};
+  in.layer_exchanges[1].last = {{3, 7}};
+  in.layer_exchanges[1].last_margin_us = 1.75;
+  in.layer_exchanges[1].ties = 3;
 
   std::stringstream buffer;
   {
@@ -264,6 +303,13 @@ TEST(RankReport, CerealBinaryRoundTripKeepsEveryField) {
   EXPECT_EQ(out.slowest_count, in.slowest_count);
   EXPECT_EQ(out.weight_bytes_read, in.weight_bytes_read);
   EXPECT_EQ(out.dropped_events, in.dropped_events);
+  ASSERT_EQ(out.layer_exchanges.size(), 2u);
+  EXPECT_EQ(out.layer_exchanges[1].exchanges, 7u);
+  EXPECT_EQ(out.layer_exchanges[1].reply_us, in.layer_exchanges[1].reply_us);
+  EXPECT_EQ(out.layer_exchanges[1].rows, in.layer_exchanges[1].rows);
+  EXPECT_EQ(out.layer_exchanges[1].last, in.layer_exchanges[1].last);
+  EXPECT_EQ(out.layer_exchanges[1].last_margin_us, 1.75);
+  EXPECT_EQ(out.layer_exchanges[1].ties, 3u);
   ASSERT_EQ(out.events.size(), in.events.size());
   for (size_t i = 0; i < in.events.size(); ++i) {
     EXPECT_EQ(out.events[i].phase, in.events[i].phase) << i;

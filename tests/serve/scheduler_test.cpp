@@ -227,6 +227,19 @@ TEST(Scheduler, TheThinkingBlockIsSplitOffTheAnswerAtItsMarkers) {
   EXPECT_EQ(out[2].text, full.text);
 }
 
+// Quantiles of a histogram as Prometheus' histogram_quantile reads them: linear within the
+// bucket that holds the rank, the largest bound for the +Inf bucket, 0 when empty.
+TEST(ServeMetrics, HistogramQuantileInterpolatesWithinItsBucket) {
+  Histogram h({1, 2, 4});
+  EXPECT_EQ(h.quantile(h.counts(), 0.5), 0);
+  for (double v : {0.5, 1.5, 1.5, 3.0}) h.observe(v);  // buckets [1, 2, 1, 0]
+  EXPECT_EQ(h.quantile(h.counts(), 0.25), 1.0);        // rank 1: the end of the first bucket
+  EXPECT_EQ(h.quantile(h.counts(), 0.5), 1.5);         // rank 2: half way through (1, 2]
+  EXPECT_EQ(h.quantile(h.counts(), 1.0), 4.0);
+  EXPECT_EQ(h.quantile({0, 0, 0, 2}, 0.5), 4.0);  // only +Inf: the largest bound
+  EXPECT_EQ(h.quantile({0, 2, 0, 0}, 0.5), 1.5);  // a difference of two readings
+}
+
 TEST(Scheduler, Utf8CompletePrefix) {
   const std::string euro = "a\xE2\x82\xAC";  // a€
   EXPECT_EQ(utf8_complete_prefix(euro, 4), 4u);
