@@ -95,9 +95,9 @@ void check_combinations(const CLI::App& app, const CommandLine& line) {
       if (value.empty()) fail("{} is given an empty value", row.name);
   }
   if (!line.kv_file.empty() && !line.chat) fail("--kv-file {} needs --chat", line.kv_file);
-  if (!line.kv_file.empty() && (line.node.split_linears || line.node.coordinator_gpu))
+  if (!line.kv_file.empty() && (line.split_linears || line.coordinator_gpu))
     fail("--kv-file keeps the coordinator's CPU KV cache; it cannot be used with {}",
-         line.node.split_linears ? "--split-linears" : "--coordinator-gpu");
+         line.split_linears ? "--split-linears" : "--coordinator-gpu");
   if (!line.think.empty() && !line.chat && !line.chat_format && !line.serve)
     fail("--think {} needs --chat, --chat-format or --serve", line.think);
   if (line.chat_format && given(app, "--prompt-ids"))
