@@ -57,6 +57,14 @@ struct PlacementMetrics {
            prefetch_hinted_hits = 0;
 };
 
+// --kv-cache-dir's counters (KvCacheDirCounters), set by the scheduler.
+struct KvCacheDirMetrics {
+  bool enabled = false;
+  uint64_t loads = 0, tokens_loaded = 0, files_written = 0, bytes_written = 0, files_refused = 0,
+           files_evicted = 0, writes_failed = 0, files = 0, bytes = 0;
+  double load_seconds = 0;
+};
+
 class ServeMetrics {
  public:
   ServeMetrics();
@@ -76,6 +84,7 @@ class ServeMetrics {
   // Per expert rank: dispatch-to-partial time summed (RankReport::reply_us).
   void set_rank_replies(const std::map<int, double>& reply_us);
   void set_placement(const PlacementMetrics& placement);
+  void set_kv_cache_dir(const KvCacheDirMetrics& kv_cache_dir);
   ServeGauges gauges() const;
 
   std::string render() const;
@@ -91,6 +100,7 @@ class ServeMetrics {
   std::array<double, kPhaseCount> phase_us_{};
   std::map<int, double> reply_us_;
   PlacementMetrics placement_;
+  KvCacheDirMetrics kv_cache_dir_;
 };
 
 }  // namespace colibri
