@@ -1,14 +1,17 @@
 // --kv-cache-dir's files (coordinator/kv_cache_dir.h) on the embedded model with a one-process
 // engine: a prefix saved by one engine and loaded by another (a restart) continues with bitwise
 // the logits of the computed prompt; a cap evicts the later chunks of a prefix before the earlier
-// ones; another model's files live in another folder; a damaged chunk is refused with a line and
-// the prefix ends before it.
+// ones, and the least recently used prefix first across a restart; a link at a file's name is
+// left alone; another model's files live in another folder; a damaged chunk is refused with a
+// line and the prefix ends before it.
 #include "coordinator/kv_cache_dir.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "../unit/model_writer.h"
 #include "coordinator/kv_record.h"
@@ -110,6 +113,56 @@ TEST(KvCacheDir, ACapEvictsTheLaterChunksOfAPrefixFirst) {
     EXPECT_EQ(fs::exists(cache.file_of(prompt, k)), k < 3) << "chunk " << k;
   auto engine = model().engine(options());
   EXPECT_EQ(cache.load(engine->kv(), engine->open_sequence(), prompt, 0, 5 * kC, notes), 3 * kC);
+}
+
+TEST(KvCacheDir, TheEvictionOrderOutlivesARestart) {
+  test::TempDir dir;
+  const std::vector<int> a = ids(3 * kC, 6), b = ids(2 * kC, 7);
+  save(dir.path(), a);  // older
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  save(dir.path(), b);
+  const uint64_t file_bytes = kv_record::header(model().config, kIdentity).size() +
+                              kv_record::record_bytes(model().config, kC);
+  // Restarted with a cap of three files: a's last two chunks go, then its first.
+  std::vector<std::string> notes;
+  KvCacheDir cache(KvCacheDirOptions(dir.path(), 3 * file_bytes, kIdentity), model().config, notes);
+  EXPECT_EQ(cache.counters().files, 3u);
+  EXPECT_EQ(cache.counters().files_evicted, 2u);
+  EXPECT_TRUE(fs::exists(cache.file_of(a, 0)));
+  EXPECT_FALSE(fs::exists(cache.file_of(a, 1)));
+  EXPECT_FALSE(fs::exists(cache.file_of(a, 2)));
+  EXPECT_TRUE(fs::exists(cache.file_of(b, 0)));
+  EXPECT_TRUE(fs::exists(cache.file_of(b, 1)));
+}
+
+TEST(KvCacheDir, NothingButARegularFileIsWrittenOver) {
+  test::TempDir dir;
+  const std::vector<int> prompt = ids(kC, 8);
+  fs::path name;
+  {
+    std::vector<std::string> notes;
+    KvCacheDir cache(KvCacheDirOptions(dir.path(), 0, kIdentity), model().config, notes);
+    name = cache.file_of(prompt, 0);
+  }
+  const fs::path target = dir.path() / "elsewhere";
+  std::ofstream(target) << "kept";
+  fs::create_symlink(target, name);
+  auto engine = model().engine(options());
+  const int seq = engine->open_sequence();
+  engine->forward(seq, prompt, false);
+  std::vector<std::string> notes;
+  KvCacheDir cache(KvCacheDirOptions(dir.path(), 0, kIdentity), model().config, notes);
+  ASSERT_EQ(notes.size(), 1u);  // the link is not a cache file
+  EXPECT_NE(notes[0].find("not a regular file"), std::string::npos) << notes[0];
+  cache.save(engine->kv(), seq, prompt);
+  ASSERT_TRUE(cache.flush(30));
+  EXPECT_EQ(cache.counters().writes_failed, 1u);
+  EXPECT_EQ(cache.counters().files_written, 0u);
+  EXPECT_TRUE(fs::is_symlink(name));
+  std::ifstream in(target);
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "kept");
 }
 
 TEST(KvCacheDir, AnotherModelsFilesAreInAnotherFolder) {
