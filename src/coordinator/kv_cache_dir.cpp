@@ -25,6 +25,8 @@ constexpr int kC = KvCacheDir::kChunkTokens;
 constexpr const char* kSuffix = ".cnkv";
 constexpr const char* kTempPrefix = ".tmp-";
 constexpr int64_t kStaleTempNs = int64_t(3600) * 1000000000;
+// Files are opened for reading without blocking: a FIFO put at a file's name after it was listed
+// must not stall the engine thread (fstat then refuses it).
 
 int64_t wall_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -185,7 +187,7 @@ void KvCacheDir::scan(std::vector<std::string>& notes) {
       refuse("not a regular file (left alone)");
       continue;
     }
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
       refuse(fmt::format("cannot be opened: {}", std::strerror(errno)));
       continue;
@@ -241,7 +243,7 @@ void KvCacheDir::scan(std::vector<std::string>& notes) {
 
 std::string KvCacheDir::read_file(const fs::path& path, int chunk, std::span<const int> prompt,
                                   std::vector<uint8_t>& bytes) const {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0)
     return errno == ENOENT ? std::string("gone since start-up")
                            : fmt::format("cannot be opened: {}", std::strerror(errno));
