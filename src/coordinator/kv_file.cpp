@@ -4,44 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
-
 #include <cerrno>
 #include <cstring>
 
 #include "common/error.h"
+#include "coordinator/kv_record.h"
 
 namespace colibri {
 namespace {
 
-constexpr char kHeaderMagic[8] = {'C', 'N', 'K', 'V', 'F', 'I', 'L', 'E'};
-constexpr char kRecordMagic[8] = {'C', 'N', 'K', 'V', 'T', 'U', 'R', 'N'};
-constexpr uint32_t kVersion = 1;
-
-template <class T>
-void put(std::vector<uint8_t>& out, const T& value) {
-  const auto* p = reinterpret_cast<const uint8_t*>(&value);
-  out.insert(out.end(), p, p + sizeof(T));
-}
-
-void put_rows(std::vector<uint8_t>& out, const float* rows, size_t count) {
-  const auto* p = reinterpret_cast<const uint8_t*>(rows);
-  out.insert(out.end(), p, p + count * sizeof(float));
-}
-
-bool indexer_layer(const ModelConfig& c, int layer) {
-  return c.has_indexer() && c.indexer_is_full[size_t(layer)];
-}
-
-// Bytes of one position's rows over every layer.
-size_t position_bytes(const ModelConfig& c) {
-  size_t floats = 0;
-  for (int l = 0; l < c.num_layers; ++l)
-    floats += size_t(c.kv_lora_rank + c.qk_rope_head_dim) +
-              (indexer_layer(c, l) ? size_t(c.index_head_dim) : 0);
-  return floats * sizeof(float);
-}
+using kv_record::kHeaderMagic;
+using kv_record::kRecordMagic;
 
 // Reads exactly `n` bytes at `offset`; false at the end of the file before that.
 bool read_at(int fd, uint64_t offset, void* out, size_t n, const std::filesystem::path& path) {
@@ -95,26 +68,7 @@ KvFile::~KvFile() {
 }
 
 std::vector<uint8_t> KvFile::header() const {
-  std::vector<uint8_t> h(kHeaderMagic, kHeaderMagic + sizeof kHeaderMagic);
-  put(h, kVersion);
-  put(h, uint32_t(config_.num_layers));
-  put(h, uint32_t(config_.kv_lora_rank));
-  put(h, uint32_t(config_.qk_rope_head_dim));
-  put(h, uint32_t(config_.has_indexer() ? config_.index_head_dim : 0));
-  const uint32_t words = uint32_t((config_.num_layers + 31) / 32);
-  put(h, words);
-  for (uint32_t w = 0; w < words; ++w) {
-    uint32_t bits = 0;
-    for (int b = 0; b < 32; ++b) {
-      const int l = int(w * 32) + b;
-      if (l < config_.num_layers && indexer_layer(config_, l)) bits |= 1u << b;
-    }
-    put(h, bits);
-  }
-  put(h, identity_.model_hash);
-  put(h, identity_.weights_fingerprint);
-  put(h, uint64_t(XXH3_64bits(h.data(), h.size())));
-  return h;
+  return kv_record::header(config_, identity_);
 }
 
 void KvFile::cut(uint64_t size) {
@@ -135,7 +89,6 @@ std::vector<int> KvFile::restore(KvManager& kv, int seq, std::vector<std::string
   if (kv.length(seq) != 0) fail("KvFile::restore: sequence {} is not empty", seq);
   std::vector<int> ids;
   uint64_t offset = header_bytes_;
-  const size_t row_bytes = position_bytes(config_);
   std::vector<uint8_t> record;
   for (int turn = 1;; ++turn) {
     char magic[8];
@@ -150,18 +103,16 @@ std::vector<int> KvFile::restore(KvManager& kv, int seq, std::vector<std::string
       break;
     }
     const uint32_t n = counts[0];
-    const uint64_t body = 8 + sizeof counts + uint64_t(n) * (sizeof(int32_t) + row_bytes);
-    const bool fits = n > 0 && offset + body + 8 <= end;
-    record.resize(fits ? size_t(body) : 0);
-    uint64_t checksum = 0;
-    const bool whole = fits && read_at(fd_, offset, record.data(), record.size(), path_) &&
-                       read_at(fd_, offset + body, &checksum, sizeof checksum, path_);
+    const uint64_t whole_bytes = kv_record::record_bytes(config_, n);  // with its checksum
+    const bool fits = n > 0 && offset + whole_bytes <= end;
+    record.resize(fits ? size_t(whole_bytes) : 0);
+    const bool whole = fits && read_at(fd_, offset, record.data(), record.size(), path_);
     std::string why;
     if (std::memcmp(magic, kRecordMagic, sizeof magic) != 0)
       why = "has no record header (damaged)";
     else if (!whole)
       why = "is torn (the file ends inside it)";
-    else if (XXH3_64bits(record.data(), record.size()) != checksum)
+    else if (!kv_record::checksum_matches(record))
       why = "fails its checksum (damaged)";
     else if (counts[1] != ids.size())
       why = fmt::format("starts at position {}, not {}", counts[1], ids.size());
@@ -191,20 +142,9 @@ std::vector<int> KvFile::restore(KvManager& kv, int seq, std::vector<std::string
       break;
     }
     p += size_t(n) * sizeof(int32_t);
-    for (int l = 0; l < config_.num_layers; ++l) {
-      const auto copy_rows = [&](float* store, int dim) {
-        for (uint32_t i = 0; i < n; ++i) {
-          std::memcpy(store + size_t(kv.slot(seq, first + int(i))) * size_t(dim), p,
-                      size_t(dim) * sizeof(float));
-          p += size_t(dim) * sizeof(float);
-        }
-      };
-      copy_rows(kv.latent(l), config_.kv_lora_rank);
-      copy_rows(kv.k_rope(l), config_.qk_rope_head_dim);
-      if (indexer_layer(config_, l)) copy_rows(kv.index_k(l), config_.index_head_dim);
-    }
+    kv_record::copy_rows(kv, seq, config_, p, n, first);
     kv.set_length(seq, first + int(n));
-    offset += body + 8;
+    offset += whole_bytes;
   }
   if (offset < uint64_t(::lseek(fd_, 0, SEEK_END))) cut(offset);
   positions_ = int(ids.size());
@@ -219,20 +159,8 @@ void KvFile::append(const KvManager& kv, int seq, int first, std::span<const int
     fail("{}: positions up to {} are not in the sequence ({})", path_.string(),
          first + int(tokens.size()), kv.length(seq));
   if (tokens.empty()) return;
-  std::vector<uint8_t> r(kRecordMagic, kRecordMagic + sizeof kRecordMagic);
-  put(r, uint32_t(tokens.size()));
-  put(r, uint32_t(first));
-  for (int id : tokens) put(r, int32_t(id));
-  for (int l = 0; l < config_.num_layers; ++l) {
-    const auto add_rows = [&](const float* store, int dim) {
-      for (size_t i = 0; i < tokens.size(); ++i)
-        put_rows(r, store + size_t(kv.slot(seq, first + int(i))) * size_t(dim), size_t(dim));
-    };
-    add_rows(kv.latent(l), config_.kv_lora_rank);
-    add_rows(kv.k_rope(l), config_.qk_rope_head_dim);
-    if (indexer_layer(config_, l)) add_rows(kv.index_k(l), config_.index_head_dim);
-  }
-  put(r, uint64_t(XXH3_64bits(r.data(), r.size())));
+  std::vector<uint8_t> r;
+  kv_record::append_record(r, config_, kv, seq, first, tokens);
   const uint64_t at = uint64_t(::lseek(fd_, 0, SEEK_END));
   size_t done = 0;
   while (done < r.size()) {

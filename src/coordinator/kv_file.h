@@ -3,12 +3,8 @@
 // are appended, so that a chat reopened later continues with no prefill and the logits of one
 // never interrupted.
 //
-// The file (little-endian, version 1): a header, "CNKVFILE", u32 version, u32 layers,
-// u32 kv_lora_rank, u32 rope dim, u32 index dim, u32 indexer-layer mask bits (one u32 per 32
-// layers, in a count-prefixed list), u64 model hash, u64 weights fingerprint, u64 XXH3-64 of the
-// header's bytes; then records, "CNKVTURN", u32 tokens n, u32 first position, n token ids (i32),
-// per layer n latent rows, n rope rows and (indexer layers) n index rows (f32), u64 XXH3-64 of the
-// record's bytes. A record is written whole and fsync'ed before the next turn.
+// The file (its header and records in coordinator/kv_record.h): a header naming the model and
+// the cache's shape, then one record per turn, each written whole and fsync'ed before the next.
 //
 // Reading: a file of another model or shape, or a damaged header, is refused with a line naming
 // the file and the reason. Records are read in order up to the first one that is torn (a crash

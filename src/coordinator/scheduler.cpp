@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <future>
 
 #include "common/error.h"
@@ -17,6 +18,12 @@ double seconds(Clock::time_point a, Clock::time_point b) {
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
+}
+
+void print_kv_dir_notes(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes)
+    std::fprintf(stderr, "colibri-node: --kv-cache-dir: %s\n", note.c_str());
+  if (!notes.empty()) std::fflush(stderr);
 }
 
 // Length of the longest suffix of text[..end) that is a proper prefix of a stop string: text
@@ -114,6 +121,15 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, ServeMetrics& m
     fail("--max-batch-tokens {} must be in [1, --max-rows {}]", options_.max_batch_tokens,
          engine.max_rows());
   kv_capacity_tokens_ = engine.kv().capacity_tokens();
+  if (options_.kv_cache_dir) {
+    std::vector<std::string> notes;
+    kv_dir_ = std::make_unique<KvCacheDir>(*options_.kv_cache_dir, engine.config(), notes);
+    print_kv_dir_notes(notes);
+    const KvCacheDirCounters c = kv_dir_->counters();
+    std::fprintf(stderr, "colibri-node: --kv-cache-dir %s: %llu files, %.1f MB of prefixes\n",
+                 kv_dir_->folder().c_str(), static_cast<unsigned long long>(c.files),
+                 double(c.bytes) * 1e-6);
+  }
   update_gauges();
 }
 
@@ -200,6 +216,22 @@ void Scheduler::update_gauges() {
   for (const Cached& c : cache_) g.kv_blocks_cached += kv.blocks(c.slot);
   g.cached_sequences = int(cache_.size());
   metrics_.set_gauges(g);
+  if (kv_dir_) {
+    const KvCacheDirCounters c = kv_dir_->counters();
+    KvCacheDirMetrics m;
+    m.enabled = true;
+    m.loads = c.loads;
+    m.tokens_loaded = c.tokens_loaded;
+    m.files_written = c.files_written;
+    m.bytes_written = c.bytes_written;
+    m.files_refused = c.files_refused;
+    m.files_evicted = c.files_evicted;
+    m.writes_failed = c.writes_failed + c.writes_dropped;
+    m.files = c.files;
+    m.bytes = c.bytes;
+    m.load_seconds = c.load_seconds;
+    metrics_.set_kv_cache_dir(m);
+  }
   if (Profiler* p = engine_.profiler()) {
     metrics_.set_phases(p->counters().phase_us);
     metrics_.set_rank_replies(p->counters().reply_us);
@@ -353,6 +385,19 @@ void Scheduler::admit() {
     } else {
       a->slot = engine_.open_sequence();
     }
+    // A longer prefix on disk: loaded into the slot on this thread (reading the files and copying
+    // their rows), instead of computed.
+    if (kv_dir_) {
+      std::vector<std::string> notes;
+      const int held = kv_dir_->load(kv, a->slot, request.prompt, int(a->fed),
+                                     int(request.prompt.size()) - 1, notes);
+      print_kv_dir_notes(notes);
+      if (held > int(a->fed)) {
+        a->ids.assign(request.prompt.begin(), request.prompt.begin() + held);
+        a->fed = size_t(held);
+        a->cached = held;
+      }
+    }
     metrics_.observe_queue(seconds(job->arrived, a->admitted));
     metrics_.add_prompt_tokens(request.prompt.size(), size_t(a->cached));
     active_.push_back(std::move(a));
@@ -469,8 +514,9 @@ void Scheduler::finish(size_t i, const char* reason) {
   const bool cancelled = std::string(reason) == "cancelled";
   if (cancelled) metrics_.count_finished(reason);
   const int length = engine_.length(a->slot);
+  a->ids.resize(size_t(length));
+  if (kv_dir_ && !cancelled && length > 0) kv_dir_->save(engine_.kv(), a->slot, a->ids);
   if (options_.prefix_cache && !cancelled && length > 0) {
-    a->ids.resize(size_t(length));
     cache_.push_back({a->slot, std::move(a->ids), ++tick_});
   } else {
     engine_.close_sequence(a->slot);
@@ -568,6 +614,9 @@ void Scheduler::run() {
     }
     step();
   }
+  if (kv_dir_ && !kv_dir_->flush(60))
+    std::fprintf(stderr,
+                 "colibri-node: --kv-cache-dir: writes still queued after 60 s are dropped\n");
   update_gauges();
 }
 

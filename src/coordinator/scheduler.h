@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "coordinator/engine.h"
+#include "coordinator/kv_cache_dir.h"
 #include "coordinator/output_grammar.h"
 #include "coordinator/serve_metrics.h"
 #include "model/sampler.h"
@@ -95,6 +96,7 @@ struct SchedulerOptions {
   int max_batch_tokens = 256;  // rows per forward call (decode rows + prompt chunks)
   int max_queue = 64;          // waiting requests; submit() refuses more
   bool prefix_cache = true;
+  std::optional<KvCacheDirOptions> kv_cache_dir;  // --kv-cache-dir
 };
 
 enum class SubmitResult { kAccepted, kQueueFull, kDraining };
@@ -170,6 +172,7 @@ class Scheduler {
   // Engine thread only.
   std::vector<std::unique_ptr<Active>> active_;
   std::vector<Cached> cache_;
+  std::unique_ptr<KvCacheDir> kv_dir_;
   uint64_t tick_ = 0;
   Batch batch_;
   std::vector<Active*> logit_owner_;

@@ -177,6 +177,11 @@ void ServeMetrics::set_cluster(std::string model, std::vector<RankInfo> ranks) {
   d_.ranks_ = std::move(ranks);
 }
 
+void ServeMetrics::set_kv_cache_dir(const KvCacheDirMetrics& kv_cache_dir) {
+  std::lock_guard lock(mutex_);
+  d_.kv_cache_dir_ = kv_cache_dir;
+}
+
 ServeGauges ServeMetrics::gauges() const {
   std::lock_guard lock(mutex_);
   return d_.gauges_;
@@ -222,12 +227,37 @@ std::string ServeMetrics::render() const {
   metric("colibri_prompt_tokens_total", "counter", "prompt tokens of admitted requests",
          d.prompt_tokens_);
   metric("colibri_prompt_tokens_cached_total", "counter",
-         "prompt tokens whose KV was reused from the prefix cache", d.cached_prompt_tokens_);
+         "prompt tokens whose KV was reused from the prefix cache or loaded from --kv-cache-dir",
+         d.cached_prompt_tokens_);
   metric("colibri_generation_tokens_total", "counter", "generated tokens", d.generated_tokens_);
   metric("colibri_prefix_cache_queries_total", "counter",
          "admissions that looked up the prefix cache", d.prefix_queries_);
   metric("colibri_prefix_cache_hits_total", "counter", "admissions that reused cached KV blocks",
          d.prefix_hits_);
+  if (d.kv_cache_dir_.enabled) {
+    const KvCacheDirMetrics& k = d.kv_cache_dir_;
+    metric("colibri_kv_cache_dir_hits_total", "counter",
+           "admissions that loaded a prompt prefix from --kv-cache-dir", k.loads);
+    metric("colibri_kv_cache_dir_prompt_tokens_total", "counter",
+           "prompt tokens whose KV was loaded from --kv-cache-dir", k.tokens_loaded);
+    metric("colibri_kv_cache_dir_load_seconds_total", "counter",
+           "engine-thread time spent loading prefixes from --kv-cache-dir", k.load_seconds);
+    metric("colibri_kv_cache_dir_files_written_total", "counter",
+           "prefix files written to --kv-cache-dir", k.files_written);
+    metric("colibri_kv_cache_dir_bytes_written_total", "counter",
+           "bytes of prefix files written to --kv-cache-dir", k.bytes_written);
+    metric("colibri_kv_cache_dir_files_refused_total", "counter",
+           "files of --kv-cache-dir not used: another model or shape, truncated or damaged",
+           k.files_refused);
+    metric("colibri_kv_cache_dir_files_evicted_total", "counter",
+           "prefix files removed for --kv-cache-dir-gb", k.files_evicted);
+    metric("colibri_kv_cache_dir_writes_failed_total", "counter",
+           "prefix files not written (an I/O error, or the writer too far behind)",
+           k.writes_failed);
+    metric("colibri_kv_cache_dir_files", "gauge", "prefix files in --kv-cache-dir", k.files);
+    metric("colibri_kv_cache_dir_bytes", "gauge", "bytes of prefix files in --kv-cache-dir",
+           k.bytes);
+  }
   metric("colibri_engine_steps_total", "counter", "forward calls of the scheduler", d.steps_);
   d.ttft_.render(out, "colibri_time_to_first_token_seconds",
                  "queue + prefill until the first token");

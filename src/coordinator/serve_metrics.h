@@ -104,6 +104,14 @@ struct SeriesPoint {
   uint64_t itl_count = 0;  // tokens whose inter-token latency the interval counted
 };
 
+// --kv-cache-dir's counters (KvCacheDirCounters), set by the scheduler.
+struct KvCacheDirMetrics {
+  bool enabled = false;
+  uint64_t loads = 0, tokens_loaded = 0, files_written = 0, bytes_written = 0, files_refused = 0,
+           files_evicted = 0, writes_failed = 0, files = 0, bytes = 0;
+  double load_seconds = 0;
+};
+
 class ServeMetrics {
  public:
   static constexpr size_t kSeriesPoints = 600;  // 10 minutes at one a second
@@ -127,6 +135,7 @@ class ServeMetrics {
   void set_placement(const PlacementMetrics& placement);
   void set_engine_view(EngineView view);
   void set_cluster(std::string model, std::vector<RankInfo> ranks);
+  void set_kv_cache_dir(const KvCacheDirMetrics& kv_cache_dir);
   ServeGauges gauges() const;
 
   std::string render() const;
@@ -148,6 +157,7 @@ class ServeMetrics {
     std::array<double, kPhaseCount> phase_us_{};
     std::map<int, double> reply_us_;
     PlacementMetrics placement_;
+    KvCacheDirMetrics kv_cache_dir_;
     std::shared_ptr<const EngineView> view_;  // replaced whole; copies share it
     std::string model_;
     std::vector<RankInfo> ranks_;

@@ -348,6 +348,16 @@ std::vector<FlagRow> serve_rows() {
     flag("--no-prefix-cache", Use::kServe, Agree::kOwn,
          "--serve: do not keep finished sequences' KV blocks for prompts that continue them",
          [](auto& l) -> auto& { return l.no_prefix_cache; }),
+    option("--kv-cache-dir", "", Use::kServe, Agree::kCoordinator,
+           "--serve: keep finished sequences' KV cache in this directory (a folder per model, a "
+           "crash-safe file per new prefix) and load a prompt's longest prefix found there "
+           "instead of computing it, across restarts",
+           [](auto& l) -> auto& { return l.kv_cache_dir; }),
+    option("--kv-cache-dir-gb", "", Use::kServe, Agree::kCoordinator,
+           "--serve: GB of --kv-cache-dir's files for this model; the least recently used go "
+           "beyond it (0: no cap)",
+           [](auto& l) -> auto& { return l.kv_cache_dir_gb; },
+           [](CLI::Option& o) { o.check(CLI::Range(0.0, 1e6)); }),
   };
   // clang-format on
 }

@@ -46,6 +46,8 @@ struct CommandLine {
   double max_body_mb = 1;
   int max_connections = 1024, max_client_connections = 256;
   double request_timeout = 30;
+  std::string kv_cache_dir;     // --kv-cache-dir
+  double kv_cache_dir_gb = 20;  // --kv-cache-dir-gb; 0: no cap
 };
 
 constexpr const char* kDefaultPrompt = "And God said,";

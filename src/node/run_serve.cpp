@@ -53,6 +53,9 @@ int run_serve(Node& node, const CommandLine& args) {
   options.scheduler.max_batch_tokens = args.max_batch_tokens;
   options.scheduler.max_queue = args.max_queue;
   options.scheduler.prefix_cache = !args.no_prefix_cache;
+  if (!args.kv_cache_dir.empty())
+    options.scheduler.kv_cache_dir = KvCacheDirOptions(
+        args.kv_cache_dir, uint64_t(args.kv_cache_dir_gb * 1e9), node.model_identity());
   options.thinking = parse_thinking(args.think);
   options.ranks = rank_infos(node);
   const int code = serve(node.engine(), tokenizer, options);

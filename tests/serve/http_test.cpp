@@ -16,6 +16,9 @@
 #include "common/npy.h"
 #include "server_process.h"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1519,6 +1522,203 @@ TEST(ServeMpi, KilledExpertRankEndsEveryStreamWithAnErrorWithinFiveSeconds) {
   EXPECT_TRUE(err.find("is gone") != std::string::npos ||
               err.find("stalled after a termination signal") != std::string::npos)
       << err;
+}
+
+// ---- --kv-cache-dir --------------------------------------------------------------------------
+
+// A scratch directory, removed at the end of the test.
+class ScratchDir {
+ public:
+  ScratchDir()
+      : path_(fs::path(::testing::TempDir()) /
+              ("colibri_kvdir_" +
+               std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+               std::to_string(::getpid()))) {
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  fs::path path_;
+};
+
+// `n` token ids; `seed` tells prompts apart from their first token on.
+std::vector<int> prompt_ids(int n, int seed) {
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i)
+    ids.push_back(100 + int((int64_t(i) * 7919 + int64_t(seed) * 104729) % 3900));
+  return ids;
+}
+
+json ids_completion(const std::vector<int>& ids, int max_tokens = 8) {
+  return {{"prompt", ids},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"return_token_ids", true}};
+}
+
+int cached_tokens(const Reply& r) {
+  return r.usage["prompt_tokens_details"]["cached_tokens"];
+}
+
+std::vector<fs::path> kv_cache_files(const fs::path& dir) {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && e.path().extension() == ".cnkv") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// The file bytes of a KV header (coordinator/kv_record.h): its layers field says how long the
+// indexer mask is.
+size_t kv_header_bytes(const std::string& file) {
+  uint32_t layers = 0;
+  std::memcpy(&layers, file.data() + 12, 4);
+  return 32 + 4 * ((layers + 31) / 32) + 24;
+}
+
+// The chunk file holding positions from `first` of a sequence starting with `ids`: found by its
+// record's first position and first token id.
+fs::path chunk_file(const fs::path& dir, const std::vector<int>& ids, uint32_t first) {
+  for (const fs::path& f : kv_cache_files(dir)) {
+    const std::string bytes = read_file(f);
+    const size_t h = kv_header_bytes(bytes);
+    uint32_t at = 0;
+    int32_t id = 0;
+    std::memcpy(&at, bytes.data() + h + 12, 4);
+    std::memcpy(&id, bytes.data() + h + 16, 4);
+    if (at == first && id == ids[first]) return f;
+  }
+  return {};
+}
+
+void write_file(const fs::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// SIGTERM drains the server, which writes its queued chunk files before it exits (mpirun, whose
+// teardown follows its SIGTERM with a SIGKILL, exits with a code of its own).
+void stop(ServerProcess& server, int np) {
+  server.signal(SIGTERM);
+  const int code = server.wait_exit(60);
+  if (np == 1) {
+    EXPECT_EQ(code, 0) << server.stderr_text();
+  }
+  EXPECT_NE(code, -1) << server.stderr_text();
+  EXPECT_NE(server.stderr_text().find("server drained"), std::string::npos) << server.stderr_text();
+}
+
+// A long prompt served, the server stopped and started again on the same directory: the prompt's
+// prefix comes from disk and the answer is the recomputed one.
+void expect_a_restart_serves_the_prompt_from_disk(int np) {
+  ScratchDir dir;
+  const json request = ids_completion(prompt_ids(300, 1));
+  Reply first;
+  {
+    ServerProcess server(np, {"--kv-cache-dir", dir.path()});
+    ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+    first = post(server.port(), "/v1/completions", request.dump());
+    ASSERT_EQ(first.status, 200) << first.raw;
+    EXPECT_EQ(cached_tokens(first), 0);
+    stop(server, np);
+  }
+  ASSERT_EQ(first.tokens.size(), 8u);
+  // 300 prompt tokens and 7 generated ones in the KV cache: 9 whole chunks of 32.
+  EXPECT_EQ(kv_cache_files(dir.path()).size(), 9u);
+  ServerProcess restarted(np, {"--kv-cache-dir", dir.path()});
+  ASSERT_TRUE(restarted.wait_ready()) << restarted.stderr_text();
+  const Reply again = post(restarted.port(), "/v1/completions", request.dump());
+  ASSERT_EQ(again.status, 200) << again.raw;
+  EXPECT_EQ(again.tokens, first.tokens);
+  // The whole chunks before the prompt's last token (computed for the first token's logits).
+  EXPECT_EQ(cached_tokens(again), 288) << again.raw;
+  const std::string m = get(restarted.port(), "/metrics");
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_prompt_tokens_total"), 288) << m;
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_hits_total"), 1);
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_files_refused_total"), 0);
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_files"), 9);
+  EXPECT_EQ(metric(m, "colibri_prefix_cache_hits_total"), 0);  // not from memory
+  EXPECT_EQ(metric(m, "colibri_prompt_tokens_cached_total"), 288);
+  if (np == 1) {
+    ServerProcess fresh(np, {});
+    ASSERT_TRUE(fresh.wait_ready()) << fresh.stderr_text();
+    const Reply computed = post(fresh.port(), "/v1/completions", request.dump());
+    ASSERT_EQ(computed.status, 200) << computed.raw;
+    EXPECT_EQ(computed.tokens, again.tokens);
+  }
+}
+
+TEST(Serve, KvCacheDirServesARepeatedPromptFromDiskAfterARestart) {
+  expect_a_restart_serves_the_prompt_from_disk(1);
+}
+
+TEST(ServeMpi, KvCacheDirServesARepeatedPromptFromDiskAfterARestartAtThreeRanks) {
+  expect_a_restart_serves_the_prompt_from_disk(3);
+}
+
+TEST(Serve, KvCacheDirRefusesTruncatedDamagedAndForeignFilesWithALineAndComputesThem) {
+  ScratchDir dir;
+  // Three prompts of two whole chunks each before their last token, nothing in common.
+  const std::vector<std::vector<int>> prompts = {prompt_ids(70, 2), prompt_ids(70, 3),
+                                                 prompt_ids(70, 4)};
+  std::vector<Reply> first;
+  {
+    ServerProcess server(1, {"--kv-cache-dir", dir.path()});
+    ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+    for (const auto& p : prompts) {
+      first.push_back(post(server.port(), "/v1/completions", ids_completion(p).dump()));
+      ASSERT_EQ(first.back().status, 200) << first.back().raw;
+    }
+    stop(server, 1);
+  }
+  ASSERT_EQ(kv_cache_files(dir.path()).size(), 6u);
+  // Prompt 0's second chunk cut short, a byte of prompt 1's first chunk's rows flipped, prompt
+  // 2's first chunk made another model's (its model hash changed, its header checksum redone).
+  const fs::path truncated = chunk_file(dir.path(), prompts[0], 32);
+  const fs::path flipped = chunk_file(dir.path(), prompts[1], 0);
+  const fs::path foreign = chunk_file(dir.path(), prompts[2], 0);
+  ASSERT_FALSE(truncated.empty() || flipped.empty() || foreign.empty());
+  fs::resize_file(truncated, fs::file_size(truncated) - 100);
+  std::string bytes = read_file(flipped);
+  bytes[bytes.size() - 200] ^= 0x10;
+  write_file(flipped, bytes);
+  bytes = read_file(foreign);
+  const size_t h = kv_header_bytes(bytes);
+  bytes[h - 24] ^= 0x01;  // the model hash's first byte
+  const uint64_t checksum = XXH3_64bits(bytes.data(), h - 8);
+  std::memcpy(bytes.data() + h - 8, &checksum, 8);
+  write_file(foreign, bytes);
+
+  ServerProcess restarted(1, {"--kv-cache-dir", dir.path()});
+  ASSERT_TRUE(restarted.wait_ready()) << restarted.stderr_text();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const Reply again =
+        post(restarted.port(), "/v1/completions", ids_completion(prompts[i]).dump());
+    ASSERT_EQ(again.status, 200) << again.raw;
+    EXPECT_EQ(again.tokens, first[i].tokens) << "prompt " << i;
+    // Prompt 0's first chunk is whole: it is used; the others are computed from position 0.
+    EXPECT_EQ(cached_tokens(again), i == 0 ? 32 : 0) << "prompt " << i;
+  }
+  const std::string err = restarted.stderr_text();
+  const auto line_about = [&](const fs::path& file, const std::string& reason) {
+    for (const std::string& line : split(err, '\n'))
+      if (line.find(file.string()) != std::string::npos && line.find(reason) != std::string::npos)
+        return true;
+    return false;
+  };
+  EXPECT_TRUE(line_about(truncated, "truncated")) << err;
+  EXPECT_TRUE(line_about(flipped, "fails its checksum")) << err;
+  EXPECT_TRUE(line_about(foreign, "another model")) << err;
+  const std::string m = get(restarted.port(), "/metrics");
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_files_refused_total"), 3) << m;
+  EXPECT_EQ(metric(m, "colibri_kv_cache_dir_prompt_tokens_total"), 32);
 }
 
 }  // namespace

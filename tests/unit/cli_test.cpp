@@ -477,6 +477,8 @@ TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
                                                      {"--max-queue", "8"},
                                                      {"--max-body-mb", "2"},
                                                      {"--no-prefix-cache", ""},
+                                                     {"--kv-cache-dir", "kv"},
+                                                     {"--kv-cache-dir-gb", "1"},
                                                      {"--vram-gb", "1"},
                                                      {"--pcie-gbps", "20"},
                                                      {"--cpu-expert-gbps", "5"},
@@ -530,6 +532,21 @@ TEST(CliArgs, EmptyApiKeyIsRefusedNotAnOpenServer) {
   const ScopedEnv empty("COLIBRI_API_KEY", "");
   expect_refused(run_node({"--model", dir.path().string(), "--serve"}, scratch.path()),
                  {"COLIBRI_API_KEY is set but empty"});
+}
+
+// --split-linears and --coordinator-gpu move the KV cache off the coordinator's CPU copy that
+// the files hold.
+TEST(CliArgs, KvFilesAreRefusedWhereTheKvCacheIsNotTheCoordinatorsCpuCopy) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  const std::string kv = (scratch.path() / "kv").string();
+  expect_refused(
+      run_node({"--model", dir.path().string(), "--serve", "--kv-cache-dir", kv, "--split-linears"},
+               scratch.path()),
+      {"--kv-cache-dir", "--split-linears"});
+  expect_refused(run_node({"--model", dir.path().string(), "--serve", "--kv-cache-dir-gb", "2"},
+                          scratch.path()),
+                 {"--kv-cache-dir-gb", "give the directory"});
 }
 
 TEST(CliArgs, ConnectionLimitsOutOfRangeAreRefused) {
