@@ -14,8 +14,8 @@ namespace colibri {
 
 namespace {
 
-// The tool-call markers of a chat format: special tokens in the published tokenizers, allowed
-// (as their text) inside a tool-call grammar; every other special token is never allowed.
+// The tool-call markers of a chat format: allowed (as their text) inside a tool-call grammar even
+// where a tokenizer marks them special; every other special token is never allowed.
 std::vector<std::string> tool_markers(ChatFormat format) {
   if (format == ChatFormat::kGlm5)
     return {"<tool_call>", "</tool_call>", "<arg_key>",
@@ -49,7 +49,7 @@ struct OutputGrammars::Impl {
   // Ids of tokens with a byte below 0x20: any (JSON replies, written compactly), or other than
   // tab, newline and return (tool calls, whose syntax and string arguments hold newlines).
   std::shared_ptr<const std::vector<int>> control, control_but_whitespace;
-  Impl(xgrammar::TokenizerInfo i)
+  explicit Impl(xgrammar::TokenizerInfo i)
       : info(std::move(i)),
         compiler(info, /*max_threads=*/2, /*cache_enabled=*/true,
                  /*max_memory_bytes=*/int64_t(256) << 20) {}
