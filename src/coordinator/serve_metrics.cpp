@@ -280,37 +280,32 @@ std::string ServeMetrics::render() const {
   for (const auto& [rank, us] : d.reply_us_)
     out +=
         fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
-  out +=
-      "# HELP colibri_layer_exchanges_total per MoE layer, exchanges with the expert ranks\n"
-      "# TYPE colibri_layer_exchanges_total counter\n";
-  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
-    if (d.view_->layer_exchanges[l].exchanges > 0)
-      out += fmt::format("colibri_layer_exchanges_total{{layer=\"{}\"}} {}\n", l,
-                         d.view_->layer_exchanges[l].exchanges);
+  // A counter per MoE layer that had exchanges, value(layer's record).
+  const std::vector<LayerExchange>& layers = d.view_->layer_exchanges;
+  const auto per_layer = [&](const char* name, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} counter\n", name, help, name);
+    for (size_t l = 0; l < layers.size(); ++l)
+      if (layers[l].exchanges > 0)
+        out += fmt::format("{}{{layer=\"{}\"}} {}\n", name, l, value(layers[l]));
+  };
+  per_layer("colibri_layer_exchanges_total", "per MoE layer, exchanges with the expert ranks",
+            [](const LayerExchange& e) { return e.exchanges; });
   out +=
       "# HELP colibri_layer_last_reply_total per MoE layer and owner rank, exchanges whose last "
       "partial was that rank's (the layer's critical path)\n"
       "# TYPE colibri_layer_last_reply_total counter\n";
-  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
-    for (const auto& [rank, n] : d.view_->layer_exchanges[l].last)
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (const auto& [rank, n] : layers[l].last)
       out += fmt::format("colibri_layer_last_reply_total{{layer=\"{}\",rank=\"{}\"}} {}\n", l, rank,
                          n);
-  out +=
-      "# HELP colibri_layer_tied_exchanges_total per MoE layer, exchanges whose last partials "
-      "arrived together (no owner was the slowest)\n"
-      "# TYPE colibri_layer_tied_exchanges_total counter\n";
-  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
-    if (d.view_->layer_exchanges[l].exchanges > 0)
-      out += fmt::format("colibri_layer_tied_exchanges_total{{layer=\"{}\"}} {}\n", l,
-                         d.view_->layer_exchanges[l].ties);
-  out +=
-      "# HELP colibri_layer_last_margin_seconds_total per MoE layer, how much later the last "
-      "partial arrived than the one before it, summed over exchanges\n"
-      "# TYPE colibri_layer_last_margin_seconds_total counter\n";
-  for (size_t l = 0; l < d.view_->layer_exchanges.size(); ++l)
-    if (d.view_->layer_exchanges[l].exchanges > 0)
-      out += fmt::format("colibri_layer_last_margin_seconds_total{{layer=\"{}\"}} {}\n", l,
-                         d.view_->layer_exchanges[l].last_margin_us * 1e-6);
+  per_layer("colibri_layer_tied_exchanges_total",
+            "per MoE layer, exchanges whose last partials arrived together (no owner was the "
+            "slowest)",
+            [](const LayerExchange& e) { return e.ties; });
+  per_layer("colibri_layer_last_margin_seconds_total",
+            "per MoE layer, how much later the last partial arrived than the one before it, "
+            "summed over exchanges",
+            [](const LayerExchange& e) { return e.last_margin_us * 1e-6; });
   const PlacementMetrics& p = d.placement_;
   metric("colibri_placement_epoch", "gauge", "changes of placement committed while running",
          p.epoch);

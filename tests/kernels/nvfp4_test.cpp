@@ -11,16 +11,12 @@
 
 #include "common/dtype.h"
 #include "cpu/linear.h"
+#include "quant_fixtures.h"
 
 namespace colibri::kernels {
 namespace {
 
-std::vector<QuantIsa> available_isas() {
-  std::vector<QuantIsa> out;
-  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512})
-    if (quant_isa_available(isa)) out.push_back(isa);
-  return out;
-}
+using test::available_isas;
 
 // E2M1 by its definition: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is
 // subnormal (0 or 0.5).
