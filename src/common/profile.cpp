@@ -135,6 +135,21 @@ double wait_us(const RankReport& r) {
   return phase(r, is_coordinator(r) ? Phase::kWaitSlowest : Phase::kRecvWait);
 }
 
+LiveCounters live_counters(const RankReport& r) {
+  LiveCounters c;
+  c.rank = r.rank;
+  c.wall_us = r.wall_us;
+  c.busy_us = busy_us(r);
+  c.wait_us = wait_us(r);
+  c.rows = r.rows;
+  c.experts = r.experts;
+  c.bytes_in = r.bytes_in;
+  c.bytes_out = r.bytes_out;
+  c.store = r.store;
+  c.device = r.device;
+  return c;
+}
+
 namespace {
 
 double percent(double part, double whole) {

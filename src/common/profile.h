@@ -148,11 +148,31 @@ struct RankReport {
   }
 };
 
+// A rank's counters while the job runs: what the coordinator asks each expert rank for between
+// steps while serving (Dispatcher::live_counters), for the dashboard and /metrics. The same
+// numbers as the rank's end-of-run report (RankReport), taken at that moment.
+struct LiveCounters {
+  int rank = -1;
+  double wall_us = 0;               // the rank's profiler lifetime
+  double busy_us = 0, wait_us = 0;  // busy_us() and wait_us() of its report
+  uint64_t rows = 0, experts = 0;   // rows served, (row, expert) pairs computed
+  uint64_t bytes_in = 0, bytes_out = 0;
+  StoreCounters store;    // its RAM and disk tiers
+  DeviceCounters device;  // a GPU expert rank's device and VRAM tier
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(rank, wall_us, busy_us, wait_us, rows, experts, bytes_in, bytes_out, store, device);
+  }
+};
+
 // Coordinator: everything it does between the exchanges (dispatch included, as an expert rank's
 // send is). Expert ranks: compute + send. What the profile table's busy and wait columns show.
 double busy_us(const RankReport& r);
 // Coordinator: waiting for the owners' partials; expert ranks: waiting for a request.
 double wait_us(const RankReport& r);
+// The live counters of a rank's report (its store and device counters as the report has them).
+LiveCounters live_counters(const RankReport& r);
 
 struct RunSummary {
   int prefill_tokens = 0;

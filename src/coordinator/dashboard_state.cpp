@@ -30,6 +30,37 @@ Json seconds_by_rank(const std::map<int, double>& us) {
   return out;
 }
 
+// A rank's own counters as it last answered (/metrics' colibri_rank_* lines); null when it did
+// not (no poll yet, or a transport that cannot ask).
+Json own_counters(const std::vector<LiveCounters>& live, int rank) {
+  for (const LiveCounters& c : live) {
+    if (c.rank != rank) continue;
+    const StoreCounters& s = c.store;
+    const DeviceCounters& g = c.device;
+    return {{"wall_s", c.wall_us * 1e-6},
+            {"busy_s", c.busy_us * 1e-6},
+            {"wait_s", c.wait_us * 1e-6},
+            {"rows", c.rows},
+            {"pairs", c.experts},
+            {"bytes_in", c.bytes_in},
+            {"bytes_out", c.bytes_out},
+            {"tier_hits",
+             {{"pinned", s.pinned_hits},
+              {"ram", s.ram_hits},
+              {"disk", s.disk_hits},
+              {"vram", g.vram_hits}}},
+            {"disk_read_bytes", s.disk_bytes_read},
+            {"load_wait_s", double(s.loader_wait_us) * 1e-6},
+            {"hint_reads", s.hint_reads},
+            {"hint_hits", s.hint_hits},
+            {"vram_uploads", g.vram_uploads},
+            {"vram_upload_bytes", g.vram_upload_bytes},
+            {"vram_cpu_experts", g.vram_cpu_experts},
+            {"gpu_s", double(g.gpu_us) * 1e-6}};
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string ServeMetrics::dashboard_state() const {
@@ -111,19 +142,20 @@ std::string ServeMetrics::dashboard_state() const {
       return it == map.end() ? Json(0) : Json(it->second);
     };
     const auto reply = d.reply_us_.find(info.rank);
-    ranks.push_back(
-        {{"rank", info.rank},
-         {"host", info.host},
-         {"role", info.role},
-         {"tier", info.tier},
-         {"reply_s", reply == d.reply_us_.end() ? 0.0 : reply->second * 1e-6},
-         {"rows", get(rows_total)},
-         {"pairs", get(d.placement_.pairs_to_rank)},
-         {"bytes_to", get(view.bytes_to_rank)},
-         {"last_replies", get(last_total)},
-         {"experts_owned", view.placement ? view.placement->count_owned(info.rank) : 0}});
+    ranks.push_back({{"rank", info.rank},
+                     {"host", info.host},
+                     {"role", info.role},
+                     {"tier", info.tier},
+                     {"reply_s", reply == d.reply_us_.end() ? 0.0 : reply->second * 1e-6},
+                     {"rows", get(rows_total)},
+                     {"pairs", get(d.placement_.pairs_to_rank)},
+                     {"bytes_to", get(view.bytes_to_rank)},
+                     {"last_replies", get(last_total)},
+                     {"experts_owned", view.placement ? view.placement->count_owned(info.rank) : 0},
+                     {"own", own_counters(d.live_, info.rank)}});
   }
   doc["ranks"] = std::move(ranks);
+  doc["own_counters_at_s"] = d.live_at_s_ < 0 ? Json(nullptr) : Json(d.live_at_s_);
 
   // Per layer: the coordinator's time in it and, for MoE layers, the exchange's critical path.
   Json layers = Json::array();

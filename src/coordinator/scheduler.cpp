@@ -255,6 +255,17 @@ void Scheduler::update_gauges() {
   placement.prefetch = placement.prefetch_pairs > 0;
   metrics_.set_placement(placement);
   if (Clock::now() - last_view_ >= kViewPeriod) update_engine_view();
+  if (steps_ != steps_at_counters_ && Clock::now() - last_counters_ >= kCountersPeriod)
+    update_live_counters();
+}
+
+void Scheduler::update_live_counters() {
+  last_counters_ = Clock::now();
+  steps_at_counters_ = steps_;
+  if (!options_.live_counters) return;
+  std::vector<LiveCounters> counters = options_.live_counters();
+  metrics_.set_live_counters(std::move(counters),
+                             std::chrono::duration<double>(Clock::now() - last_counters_).count());
 }
 
 void Scheduler::update_engine_view() {
@@ -524,6 +535,7 @@ void Scheduler::finish(size_t i, const char* reason) {
 }
 
 void Scheduler::step() {
+  ++steps_;
   KvManager& kv = engine_.kv();
   batch_.clear();
   logit_owner_.clear();

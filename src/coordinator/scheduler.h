@@ -97,6 +97,9 @@ struct SchedulerOptions {
   int max_queue = 64;          // waiting requests; submit() refuses more
   bool prefix_cache = true;
   std::optional<KvCacheDirOptions> kv_cache_dir;  // --kv-cache-dir
+  // Every rank's own counters, asked for between steps (Node::live_counters) about once a second
+  // while the engine steps, and once more when it stops; empty: not asked.
+  std::function<std::vector<LiveCounters>()> live_counters;
 };
 
 enum class SubmitResult { kAccepted, kQueueFull, kDraining };
@@ -156,6 +159,10 @@ class Scheduler {
   // at most every kViewPeriod, so that a step of a large model does not copy its routes each time.
   void update_engine_view();
   static constexpr std::chrono::milliseconds kViewPeriod{250};
+  // Asks the ranks for their counters (options_.live_counters) when the engine stepped since the
+  // last time and kCountersPeriod has passed.
+  void update_live_counters();
+  static constexpr std::chrono::milliseconds kCountersPeriod{1000};
 
   Engine& engine_;
   const Tokenizer& tokenizer_;
@@ -179,6 +186,9 @@ class Scheduler {
   std::vector<float> masked_;  // a constrained row's logits
 
   std::chrono::steady_clock::time_point last_view_{};
+  std::chrono::steady_clock::time_point last_counters_{};
+  uint64_t steps_ = 0;                         // forward calls
+  uint64_t steps_at_counters_ = ~uint64_t{0};  // steps_ at the last counters (none yet: all ones)
   std::atomic<int64_t> step_started_ns_{0};
   std::atomic<double> longest_step_s_{0};
   std::atomic<double> typical_step_s_{0};

@@ -171,6 +171,14 @@ void ServeMetrics::set_engine_view(EngineView view) {
   std::lock_guard lock(mutex_);
   d_.view_.swap(old);  // the old view is freed after the lock, by `old`
 }
+void ServeMetrics::set_live_counters(std::vector<LiveCounters> counters, double poll_s) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mutex_);
+  d_.live_.swap(counters);  // the old ones are freed after the lock
+  d_.live_at_s_ = std::chrono::duration<double>(now - d_.started_).count();
+  ++d_.live_polls_;
+  d_.live_poll_s_ += poll_s;
+}
 void ServeMetrics::set_cluster(std::string model, std::vector<RankInfo> ranks) {
   std::lock_guard lock(mutex_);
   d_.model_ = std::move(model);
@@ -280,6 +288,56 @@ std::string ServeMetrics::render() const {
   for (const auto& [rank, us] : d.reply_us_)
     out +=
         fmt::format("colibri_expert_rank_reply_seconds_total{{rank=\"{}\"}} {}\n", rank, us * 1e-6);
+  // Each rank's own counters, as it last answered (the scheduler asks about once a second).
+  const auto per_rank = [&](const char* name, const char* type, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+    for (const LiveCounters& c : d.live_)
+      out += fmt::format("{}{{rank=\"{}\"}} {}\n", name, c.rank, value(c));
+  };
+  if (d.live_polls_ > 0) {
+    metric("colibri_rank_counters_polls_total", "counter",
+           "times the scheduler asked the ranks for their own counters (between steps)",
+           d.live_polls_);
+    metric("colibri_rank_counters_poll_seconds_total", "counter",
+           "time those polls held the scheduler (one round trip to every expert rank each)",
+           d.live_poll_s_);
+  }
+  if (!d.live_.empty()) {
+    per_rank("colibri_rank_busy_seconds_total", "counter",
+             "per rank, its own busy time (expert ranks: compute and send), as it last answered",
+             [](const LiveCounters& c) { return c.busy_us * 1e-6; });
+    per_rank("colibri_rank_wait_seconds_total", "counter",
+             "per rank, its own time waiting for a request, as it last answered",
+             [](const LiveCounters& c) { return c.wait_us * 1e-6; });
+    per_rank("colibri_rank_pairs_total", "counter",
+             "per rank, (row, expert) pairs it computed, as it last answered",
+             [](const LiveCounters& c) { return c.experts; });
+    out +=
+        "# HELP colibri_rank_tier_hits_total per rank and tier, expert uses served from that "
+        "tier (pinned, ram, disk: read for it; vram), as it last answered\n"
+        "# TYPE colibri_rank_tier_hits_total counter\n";
+    for (const LiveCounters& c : d.live_) {
+      const std::pair<const char*, uint64_t> tiers[] = {{"pinned", c.store.pinned_hits},
+                                                        {"ram", c.store.ram_hits},
+                                                        {"disk", c.store.disk_hits},
+                                                        {"vram", c.device.vram_hits}};
+      for (const auto& [tier, n] : tiers)
+        out += fmt::format("colibri_rank_tier_hits_total{{rank=\"{}\",tier=\"{}\"}} {}\n", c.rank,
+                           tier, n);
+    }
+    per_rank("colibri_rank_disk_read_bytes_total", "counter",
+             "per rank, expert bytes read from disk after start-up, as it last answered",
+             [](const LiveCounters& c) { return c.store.disk_bytes_read; });
+    per_rank("colibri_rank_load_wait_seconds_total", "counter",
+             "per rank, time its expert uses waited for reads from disk, as it last answered",
+             [](const LiveCounters& c) { return double(c.store.loader_wait_us) * 1e-6; });
+    per_rank("colibri_rank_vram_uploads_total", "counter",
+             "per GPU expert rank, experts uploaded to VRAM on a miss, as it last answered",
+             [](const LiveCounters& c) { return c.device.vram_uploads; });
+    per_rank("colibri_rank_vram_upload_bytes_total", "counter",
+             "per GPU expert rank, bytes of those uploads, as it last answered",
+             [](const LiveCounters& c) { return c.device.vram_upload_bytes; });
+  }
   // A counter per MoE layer that had exchanges, value(layer's record).
   const std::vector<LayerExchange>& layers = d.view_->layer_exchanges;
   const auto per_layer = [&](const char* name, const char* help, auto value) {

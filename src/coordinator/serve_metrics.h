@@ -136,6 +136,9 @@ class ServeMetrics {
   void set_engine_view(EngineView view);
   void set_cluster(std::string model, std::vector<RankInfo> ranks);
   void set_kv_cache_dir(const KvCacheDirMetrics& kv_cache_dir);
+  // Every rank's own counters as it answered the scheduler's poll just now
+  // (SchedulerOptions::live_counters), and how long the poll took.
+  void set_live_counters(std::vector<LiveCounters> counters, double poll_s);
   ServeGauges gauges() const;
 
   std::string render() const;
@@ -161,6 +164,10 @@ class ServeMetrics {
     std::shared_ptr<const EngineView> view_;  // replaced whole; copies share it
     std::string model_;
     std::vector<RankInfo> ranks_;
+    std::vector<LiveCounters> live_;  // by rank, ascending; the ranks that answered
+    double live_at_s_ = -1;           // when, since the server started; -1: never
+    uint64_t live_polls_ = 0;         // polls, and their time summed
+    double live_poll_s_ = 0;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::deque<SeriesPoint> series_;  // a point a second at most, the last kSeriesPoints
   };

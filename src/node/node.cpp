@@ -11,12 +11,12 @@
 
 #include "common/error.h"
 #include "common/huge_pages.h"
+#include "common/serialize.h"
 #include "model/container.h"
 #include "node/handshake.h"
 #include "node/memory_plan.h"
 #include "node/node_startup.h"
 #include "node/numa.h"
-#include "node/serialize.h"
 #include "transport/deadline.h"
 #include "transport/exchange.h"
 #include "transport/liveness.h"
@@ -403,6 +403,25 @@ std::string Node::save_routing_stats() {
 void Node::serve() {
   serve_experts(*channel_, *expert_backend_, *profiler_, config_.hidden_size, options_.fault,
                 fault_requests_);
+}
+
+LiveCounters Node::own_counters() const {
+  LiveCounters c = colibri::live_counters(profiler_->counters());
+  c.wall_us = profiler_->now_us();
+  if (expert_store_) c.store = expert_store_->stats();
+  if (expert_backend_) c.device = expert_backend_->device_stats();
+  return c;
+}
+
+std::vector<LiveCounters> Node::live_counters() {
+  std::vector<LiveCounters> all =
+      dispatcher_ ? dispatcher_->live_counters() : std::vector<LiveCounters>{};
+  if (is_coordinator() && expert_store_) {
+    all.push_back(own_counters());
+    std::sort(all.begin(), all.end(),
+              [](const LiveCounters& a, const LiveCounters& b) { return a.rank < b.rank; });
+  }
+  return all;
 }
 
 std::vector<RankReport> Node::gather_reports() {

@@ -126,6 +126,9 @@ class Node {
   // Collective with the --rank-timeout deadline: every rank's report, on the coordinator (empty
   // elsewhere).
   std::vector<RankReport> gather_reports();
+  // Coordinator, between steps: every expert rank's counters now, asked for over the exchange
+  // (those its transport can ask), and the coordinator's own when it owns routed experts; by rank.
+  std::vector<LiveCounters> live_counters();
 
  private:
   // Start-up, in stages (node.cpp): every rank agrees on the plan and loads its weights, then
@@ -138,6 +141,8 @@ class Node {
   void build_coordinator(Startup& startup, ExchangeContext& exchange);
   void build_expert_rank(Startup& startup, ExchangeContext& exchange);
   void build_split_linears(Startup& startup);
+  // This rank's counters now: its profiler's, its store's and its device's.
+  LiveCounters own_counters() const;
   void check_coordinator(Startup& startup);
   void build_engine(Startup& startup);
   void become_ready(const Startup& startup);

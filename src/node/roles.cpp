@@ -111,6 +111,7 @@ void Node::build_expert_rank(Startup& startup, ExchangeContext& exchange) {
         [this](const PlacementChange& change) { on_placement_change(change); });
     channel_->set_hint_handler(
         [this](int layer, std::span<const int> experts) { expert_backend_->hint(layer, experts); });
+    channel_->set_counters_handler([this] { return own_counters(); });
   } catch (const Error& e) {
     startup.refuse(fmt::format("{}: {}", me.name_of(rank_), e.what()));
   }

@@ -58,6 +58,7 @@ int run_serve(Node& node, const CommandLine& args) {
         args.kv_cache_dir, uint64_t(args.kv_cache_dir_gb * 1e9), node.model_identity());
   options.thinking = parse_thinking(args.think);
   options.ranks = rank_infos(node);
+  options.scheduler.live_counters = [&node] { return node.live_counters(); };
   const int code = serve(node.engine(), tokenizer, options);
   node.shutdown();
   const std::vector<RankReport> reports = node.gather_reports();

@@ -110,6 +110,17 @@ void CompositeDispatcher::change_placement(const PlacementChange& change) {
   for (Part& part : parts_) part.dispatcher->change_placement(change);
 }
 
+std::vector<LiveCounters> CompositeDispatcher::live_counters() {
+  std::vector<LiveCounters> all;
+  for (Part& part : parts_) {
+    std::vector<LiveCounters> some = part.dispatcher->live_counters();
+    all.insert(all.end(), some.begin(), some.end());
+  }
+  std::sort(all.begin(), all.end(),
+            [](const LiveCounters& a, const LiveCounters& b) { return a.rank < b.rank; });
+  return all;
+}
+
 void CompositeDispatcher::hint(int layer, std::span<const OwnerHint> hints) {
   for (Part& part : parts_) part.dispatcher->hint(layer, hints);
 }

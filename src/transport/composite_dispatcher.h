@@ -25,6 +25,7 @@ class CompositeDispatcher final : public Dispatcher {
   void combine(View out) override;
   void shutdown() override;
   void change_placement(const PlacementChange& change) override;
+  std::vector<LiveCounters> live_counters() override;
   void hint(int layer, std::span<const OwnerHint> hints) override;
   std::vector<uint64_t> slowest_counts() const override;
 

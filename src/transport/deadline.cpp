@@ -239,15 +239,18 @@ std::string agree_within(MPI_Comm comm, int root, const std::string& bytes,
 }
 
 void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
-                 double limit_s, const char* what, const std::string& where, const char* flag) {
+                 double limit_s, const char* what, const std::string& where, const char* flag,
+                 std::vector<MPI_Status>* statuses) {
+  if (statuses) statuses->resize(requests.size());
   WaitClock clock;
   Backoff backoff;
   for (;;) {
     bool all_done = true;
-    for (MPI_Request* request : requests) {
+    for (size_t i = 0; i < requests.size(); ++i) {
+      MPI_Request* request = requests[i];
       if (*request == MPI_REQUEST_NULL) continue;
       int done = 0;
-      CHECK_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+      CHECK_MPI(MPI_Test(request, &done, statuses ? &(*statuses)[i] : MPI_STATUS_IGNORE));
       if (!done) all_done = false;
     }
     if (all_done) return;

@@ -87,9 +87,11 @@ inline bool reports_first(int rank, int awaited) {
 
 // Polls the requests until all are complete; past limit_s names the peer of the first one that
 // is not (peer_ranks[i] is request i's): "<peer> is silent: no <what> within <limit_s> s<where>
-// (<flag>)", and ends the job.
+// (<flag>)", and ends the job. With `statuses`, (*statuses)[i] is request i's completion status
+// (requests already complete on entry leave theirs unset).
 void wait_within(const std::vector<MPI_Request*>& requests, const std::vector<int>& peer_ranks,
-                 double limit_s, const char* what, const std::string& where, const char* flag);
+                 double limit_s, const char* what, const std::string& where, const char* flag,
+                 std::vector<MPI_Status>* statuses = nullptr);
 // The same at start-up over an array of requests ("", --startup-timeout).
 void wait_at_setup(std::vector<MPI_Request>& requests, const std::vector<int>& peer_ranks,
                    double limit_s, const char* what);

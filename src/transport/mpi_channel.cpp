@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/serialize.h"
 #include "transport/deadline.h"
 #include "transport/mpi_check.h"
 
@@ -59,6 +60,8 @@ MpiChannel::~MpiChannel() {
     MPI_Cancel(&request_receive_);
     MPI_Request_free(&request_receive_);
   }
+  // The last counters' send: the coordinator took it before it shut this rank down.
+  if (counters_send_ != MPI_REQUEST_NULL) MPI_Request_free(&counters_send_);
 }
 
 void MpiChannel::post_request_receive() {
@@ -130,6 +133,9 @@ bool MpiChannel::receive_one(ExpertRequest& request) {
     case wire::Opcode::kPrefetchHint:
       take_hint(h);
       return false;
+    case wire::Opcode::kCountersRequest:
+      send_counters(h);
+      return false;
     default:
       take_request(h, count, request);
       return true;
@@ -164,6 +170,32 @@ void MpiChannel::take_hint(const wire::Header& h) {
   }
   post_request_receive();
   if (hint_handler_) hint_handler_(h.layer, experts);
+}
+
+void MpiChannel::send_counters(const wire::Header& h) {
+  post_request_receive();
+  // The coordinator waits for every answer before it asks again: the last send is done.
+  if (counters_send_ != MPI_REQUEST_NULL) {
+    std::vector<MPI_Request*> previous{&counters_send_};
+    wait_within(previous, {coordinator_}, options_.rank_timeout_s, "counters delivery", "",
+                "--rank-timeout");
+  }
+  LiveCounters counters;
+  if (counters_handler_) {
+    counters = counters_handler_();
+  } else {
+    counters = live_counters(profiler_.counters());
+    counters.wall_us = profiler_.now_us();
+  }
+  const std::string payload = to_bytes(counters);
+  counters_buffer_.resize(kHeaderBytes + payload.size());
+  std::memcpy(counters_buffer_.data() + kHeaderBytes, payload.data(), payload.size());
+  const wire::Header header = wire::make_header(
+      wire::Opcode::kCountersReply, h.sequence, -1, uint32_t(rank_), 0, uint32_t(payload.size()),
+      wire::checksum(counters_buffer_.data() + kHeaderBytes, payload.size()));
+  std::memcpy(counters_buffer_.data(), &header, kHeaderBytes);
+  CHECK_MPI(MPI_Isend(counters_buffer_.data(), int(counters_buffer_.size()), MPI_BYTE, coordinator_,
+                      wire::kTagCounters, comm_, &counters_send_));
 }
 
 void MpiChannel::take_request(const wire::Header& h, int count, ExpertRequest& request) {

@@ -1,9 +1,10 @@
 // An expert rank's side of the MPI exchange: a preposted receive for the coordinator's next
-// message (a request, a hint, a change of placement or the shutdown), checked before use; the
-// reply to the coordinator, or under --combine host to this rank's host leader (or, for a
-// leader, the host's sum: transport/host_combine.h); the rows through a shared segment when the
-// coordinator mapped one (transport/shared_segment.h); heartbeats answered while it waits
-// (transport/heartbeat.h). The coordinator's side is MpiDispatcher (transport/mpi_dispatcher.h).
+// message (a request, a hint, a change of placement, a request for its counters or the shutdown),
+// checked before use; the reply to the coordinator, or under --combine host to this rank's host
+// leader (or, for a leader, the host's sum: transport/host_combine.h); the rows through a shared
+// segment when the coordinator mapped one (transport/shared_segment.h); heartbeats answered while
+// it waits (transport/heartbeat.h). The coordinator's side is MpiDispatcher
+// (transport/mpi_dispatcher.h).
 #pragma once
 
 #include <mpi.h>
@@ -47,6 +48,8 @@ class MpiChannel final : public ExpertChannel {
   void wait_for_message(MPI_Status& status);
   void take_placement_change(const wire::Header& h);
   void take_hint(const wire::Header& h);
+  // Answers a kCountersRequest with this rank's counters (the handler's, else the profiler's).
+  void send_counters(const wire::Header& h);
   void take_request(const wire::Header& h, int count, ExpertRequest& request);
   void post_request_receive();
   // A host-mate's send of its partial to its leader.
@@ -69,6 +72,8 @@ class MpiChannel final : public ExpertChannel {
   std::vector<RoutedPair> request_pairs_;
   MPI_Request request_receive_ = MPI_REQUEST_NULL;
   MPI_Request reply_send_ = MPI_REQUEST_NULL;
+  std::vector<std::byte> counters_buffer_;  // header + the last counters sent
+  MPI_Request counters_send_ = MPI_REQUEST_NULL;
   wire::Header request_header_{};
   std::vector<uint32_t> request_rows_;  // the coordinator's row indices of the last request
   int reply_to_ = 0;                    // the coordinator, or this rank's host leader

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/serialize.h"
 #include "transport/deadline.h"
 #include "transport/mpi_check.h"
 
@@ -386,6 +387,59 @@ void MpiDispatcher::shutdown() {
         return kHeaderBytes;
       },
       "shutdown delivery");
+}
+
+std::vector<LiveCounters> MpiDispatcher::live_counters() {
+  if (peers_.empty()) return {};
+  constexpr size_t kAnswerBytes = 4096;  // a header and ~200 bytes of counters
+  std::vector<std::vector<std::byte>> answers(peers_.size());
+  std::vector<MPI_Request> receives(peers_.size(), MPI_REQUEST_NULL);
+  std::vector<MPI_Request*> waits;
+  std::vector<int> ranks;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    answers[i].resize(kAnswerBytes);
+    CHECK_MPI(MPI_Irecv(answers[i].data(), int(kAnswerBytes), MPI_BYTE, peers_[i].rank,
+                        wire::kTagCounters, comm_, &receives[i]));
+    waits.push_back(&receives[i]);
+    ranks.push_back(peers_[i].rank);
+  }
+  send_to_all(
+      [](Peer& peer) {
+        const wire::Header header =
+            wire::make_header(wire::Opcode::kCountersRequest, ++peer.sequence, -1, 0, 0, 0,
+                              wire::checksum(nullptr, 0));
+        std::memcpy(peer.send.data(), &header, kHeaderBytes);
+        return kHeaderBytes;
+      },
+      "counters request delivery");
+  std::vector<MPI_Status> statuses;
+  wait_within(waits, ranks, options_.rank_timeout_s, "counters", " between steps", "--rank-timeout",
+              &statuses);
+  std::vector<LiveCounters> all;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    const Peer& peer = peers_[i];
+    int count = 0;
+    CHECK_MPI(MPI_Get_count(&statuses[i], MPI_BYTE, &count));
+    wire::Header h;
+    std::string problem =
+        wire::check_counters_reply(answers[i].data(), size_t(count), peer.sequence, peer.rank, h);
+    LiveCounters counters;
+    if (problem.empty()) {
+      try {
+        counters = from_bytes<LiveCounters>(std::string(
+            reinterpret_cast<const char*>(answers[i].data()) + kHeaderBytes, h.payload_bytes));
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
+    if (problem.empty() && counters.rank != peer.rank)
+      problem = fmt::format("counters of rank {}", counters.rank);
+    if (!problem.empty())
+      abort_job(fmt::format("corrupted counters from {}: {}", rank_identity().name_of(peer.rank),
+                            problem));
+    all.push_back(counters);
+  }
+  return all;
 }
 
 void MpiDispatcher::change_placement(const PlacementChange& change) {

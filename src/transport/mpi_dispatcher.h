@@ -36,6 +36,7 @@ class MpiDispatcher final : public PartialDispatcher {
   void shutdown() override;
   void change_placement(const PlacementChange& change) override;
   void hint(int layer, std::span<const OwnerHint> hints) override;
+  std::vector<LiveCounters> live_counters() override;
   void wait_partials() override;
   std::span<const int> partial_ranks() const override { return replier_ranks_; }
   void add_partial(size_t i, float* out, std::span<uint8_t> started) override;

@@ -276,6 +276,10 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
       return "payload checksum mismatch";
     return {};
   }
+  if (h.opcode == uint16_t(Opcode::kCountersRequest)) {
+    if (bytes != sizeof(Header) || h.payload_bytes != 0) return "a counters request with a payload";
+    return {};
+  }
   if (h.opcode == uint16_t(Opcode::kPrefetchHint)) {
     if (h.layer < 0 || h.layer >= check.num_layers || h.n_rows != 0 ||
         h.n_pairs > uint32_t(check.num_experts) || h.payload_bytes != h.n_pairs * 4 ||
@@ -310,6 +314,20 @@ std::string check_request(const std::byte* message, size_t bytes, const RequestC
   const std::byte* pairs = shared ? payload : payload + row_bytes;
   if (std::string problem = check_pairs(pairs, h, check); !problem.empty()) return problem;
   return check_row_indices(pairs + size_t(h.n_pairs) * sizeof(Pair), h.n_rows, check.max_rows);
+}
+
+std::string check_counters_reply(const std::byte* message, size_t bytes, uint32_t expected_sequence,
+                                 int rank, Header& h) {
+  if (std::string problem = read_header(message, bytes, h); !problem.empty()) return problem;
+  if (std::string problem =
+          check_answer(h, Opcode::kCountersReply, "its counters", expected_sequence, -1);
+      !problem.empty())
+    return problem;
+  if (h.n_rows != uint32_t(rank) || bytes != sizeof(Header) + h.payload_bytes)
+    return fmt::format("counters of rank {} in {} bytes", h.n_rows, bytes);
+  if (checksum(message + sizeof(Header), h.payload_bytes) != h.checksum)
+    return "payload checksum mismatch";
+  return {};
 }
 
 std::string check_reply_header(const std::byte* message, size_t bytes, const ReplyCheck& check,

@@ -19,8 +19,8 @@ constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // partials through shared segments on the coordinator's host; 9: the checksum is lane sums of
 // the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest);
 // 11: placement changes while the job runs (kPlacement), the plan's table has an epoch, hints
-// of the next layer's experts (kPrefetchHint)
-constexpr uint16_t kProtocolVersion = 11;
+// of the next layer's experts (kPrefetchHint); 12: live counters while serving (kCountersRequest)
+constexpr uint16_t kProtocolVersion = 12;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -42,9 +42,13 @@ enum class Opcode : uint16_t {
   kPlacement = 11,  // on kTagRequest between steps, coordinator -> every expert rank: a change of
                     // placement (moe/placement_change.h), n_rows 0 = prepare, 1 = commit;
                     // n_pairs changes, the payload their u32 words; no reply
-  kPrefetchHint = 12,  // on kTagRequest before a layer's request, coordinator -> an owner: the
-                       // n_pairs experts (u32 each) of `layer` it will likely be asked for soon
-                       // (--prefetch-ahead); no reply
+  kPrefetchHint = 12,     // on kTagRequest before a layer's request, coordinator -> an owner: the
+                          // n_pairs experts (u32 each) of `layer` it will likely be asked for soon
+                          // (--prefetch-ahead); no reply
+  kCountersRequest = 13,  // on kTagRequest between steps, coordinator -> every expert rank: send
+                          // your counters now; a header alone
+  kCountersReply = 14,    // on kTagCounters, the answer: the rank's LiveCounters (common/
+                          // profile.h) in cereal's binary form; n_rows is its rank
   // An expert rank on the coordinator's host that replies to it directly shares a segment of
   // memory with it (set up on kTagSharedSegment): the rows of a request and of a reply are
   // written there, and the message carries the rest.
@@ -65,6 +69,7 @@ constexpr int kTagSharedSegment = 107;  // an expert rank's segment (SharedSegme
                                         // coordinator's answer (one byte: 1 = mapped)
 constexpr int kTagLinearRequest = 108;  // split linears (tensor_parallel/split_linear.h)
 constexpr int kTagLinearReply = 109;
+constexpr int kTagCounters = 110;  // an expert rank's live counters (kCountersReply)
 
 struct Header {
   uint32_t magic;
@@ -191,6 +196,11 @@ struct RequestCheck {
   size_t elem_bytes = 4;
   std::function<bool(int layer, uint32_t expert)> owned;  // this rank owns it; empty: any
 };
+
+// Checks a kCountersReply of `bytes` from expert rank `rank` (its header, sequence and payload
+// checksum); returns "" when valid, else what is wrong with it. The payload is its counters.
+std::string check_counters_reply(const std::byte* message, size_t bytes, uint32_t expected_sequence,
+                                 int rank, Header& header);
 
 // Validates one request message (header + payload, `bytes` long) and copies its header out.
 // Returns "" when valid (a shutdown carries no payload), else what is wrong with it. A

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/profile.h"
 #include "moe/dispatch_plan.h"
 #include "moe/placement.h"
 #include "moe/placement_change.h"
@@ -76,6 +77,10 @@ class Dispatcher {
   // Before a layer's dispatch: tells owners which experts of a later `layer` they will likely be
   // asked for. Transports that cannot carry it drop it.
   virtual void hint(int /*layer*/, std::span<const OwnerHint> /*hints*/) {}
+  // Between steps: every expert rank's counters now (LiveCounters), asked for and waited on with
+  // the exchange's deadline, in ascending rank order. Transports that cannot ask leave theirs
+  // out (empty: none).
+  virtual std::vector<LiveCounters> live_counters() { return {}; }
 };
 
 // A dispatcher whose combine can be taken apart partial by partial, so that a composite of
@@ -124,10 +129,15 @@ class ExpertChannel {
   // Called from receive() with each hint of experts the coordinator sends (Dispatcher::hint).
   using HintHandler = std::function<void(int layer, std::span<const int> experts)>;
   void set_hint_handler(HintHandler handler) { hint_handler_ = std::move(handler); }
+  // Called from receive() when the coordinator asks for this rank's counters
+  // (Dispatcher::live_counters); without one, the channel answers with its profiler's.
+  using CountersHandler = std::function<LiveCounters()>;
+  void set_counters_handler(CountersHandler handler) { counters_handler_ = std::move(handler); }
 
  protected:
   PlacementHandler placement_handler_;
   HintHandler hint_handler_;
+  CountersHandler counters_handler_;
 };
 
 }  // namespace colibri

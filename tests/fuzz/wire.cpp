@@ -6,7 +6,8 @@
 // whatever the wire), bit 4 an NCCL count header and the pairs after it (the rows, which stay in
 // device memory, left out; wire::check_nccl_count_header, wire::check_nccl_pairs), bit 5 gives
 // the receiver a shared segment (8 rows of a fixed pattern) for kSharedRequest / kSharedReply
-// messages. Limits: hidden
+// messages, bit 6 checks a rank's counters as the coordinator receives them
+// (wire::check_counters_reply, then the counters read). Limits: hidden
 // 4, at most 8 rows, top-2 of 8 experts, 3 layers, this rank owning the even experts. An accepted
 // request's rows, pairs and row indices lie inside the message, its pairs are valid and its row
 // indices ascend below 8; so do an accepted host partial's.
@@ -18,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "common/profile.h"
+#include "common/serialize.h"
 #include "fuzz_target.h"
 #include "transport/protocol.h"
 
@@ -49,6 +52,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::memcpy(message.data() + offsetof(wire::Header, checksum), &sum, sizeof(sum));
   }
   return fuzz::run_one([&] {
+    if (flags & 64) {
+      wire::Header h;
+      const std::string problem =
+          wire::check_counters_reply(message.data(), message.size(), 1, 2, h);
+      if (!problem.empty()) throw Error(problem);
+      fuzz_require(message.size() == sizeof(wire::Header) + h.payload_bytes, "exact size");
+      try {
+        const auto counters = from_bytes<LiveCounters>(std::string(
+            reinterpret_cast<const char*>(message.data()) + sizeof(wire::Header), h.payload_bytes));
+        (void)counters;
+      } catch (const cereal::Exception& e) {
+        throw Error(e.what());
+      }
+      return;
+    }
     if (flags & 16) {
       wire::RequestCheck check;
       check.expected_sequence = 1;
@@ -133,7 +151,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string problem =
         wire::check_request(message.data(), message.size(), check, h, shared_rows);
     if (!problem.empty()) throw Error(problem);
-    if (h.opcode == uint16_t(wire::Opcode::kShutdown)) return;
+    if (h.opcode == uint16_t(wire::Opcode::kShutdown) ||
+        h.opcode == uint16_t(wire::Opcode::kCountersRequest)) {
+      fuzz_require(message.size() == sizeof(wire::Header), "a header alone");
+      return;
+    }
+    // A change of placement and a hint are words after the header, checked by their own rules.
+    if (h.opcode == uint16_t(wire::Opcode::kPlacement) ||
+        h.opcode == uint16_t(wire::Opcode::kPrefetchHint)) {
+      fuzz_require(
+          message.size() == sizeof(wire::Header) + h.payload_bytes && h.payload_bytes % 4 == 0,
+          "whole words");
+      return;
+    }
     const bool shared = h.opcode == uint16_t(wire::Opcode::kSharedRequest);
     fuzz_require(!shared || shared_rows, "a shared request only with a segment");
     const size_t rows_bytes = shared ? 0 : size_t(h.n_rows) * 4 * elem_bytes;

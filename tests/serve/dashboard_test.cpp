@@ -1,9 +1,11 @@
 // The dashboard of --serve at 3 ranks with an API key: /dashboard and /dashboard/state answer 401
 // without the key; the JSON holds the numbers of /metrics and a heat map whose rows add up to the
-// routed pairs; and the page, loaded in headless Chromium (Debian's `chromium`), shows the numbers
-// of /metrics, runs its chat box against the API, and is saved as a screenshot. Without Chromium
-// the browser part is skipped with the reason. Every wait has a deadline; the browser runs in its
-// own session with its own profile directory and is killed whole on every path.
+// routed pairs; the expert ranks' own counters (asked for while serving) agree with what the
+// coordinator sent them and with their end-of-run report; and the page, loaded in headless Chromium
+// (Debian's `chromium`), shows the numbers of /metrics, runs its chat box against the API, and is
+// saved as a screenshot. Without Chromium the browser part is skipped with the reason. Every wait
+// has a deadline; the browser runs in its own session with its own profile directory and is killed
+// whole on every path.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -247,6 +249,18 @@ TEST(DashboardMpi, PageShowsTheNumbersOfMetricsAtThreeRanks) {
   }
   EXPECT_GT(moe_layers, 0);
 
+  // Each expert rank's own counters, as it answered the last poll: the pairs it computed are the
+  // pairs the coordinator sent it, and it was busy.
+  for (const char* r : {"1", "2"}) {
+    const std::string rank = std::string("{rank=\"") + r + "\"}";
+    EXPECT_EQ(m["colibri_rank_pairs_total" + rank], m["colibri_routed_pairs_total" + rank]) << r;
+    EXPECT_GT(m["colibri_rank_busy_seconds_total" + rank], 0) << r;
+    EXPECT_GT(m["colibri_rank_wait_seconds_total" + rank], 0) << r;
+    const json& own = state["ranks"][size_t(std::stoi(r))]["own"];
+    ASSERT_TRUE(own.is_object()) << state["ranks"].dump();
+    EXPECT_EQ(own["pairs"].get<double>(), m["colibri_rank_pairs_total" + rank]) << r;
+  }
+
   const std::string binary = find_chromium();
   if (binary.empty())
     GTEST_SKIP() << "no Chromium (/usr/bin/chromium): launch/install-deps.sh installs Debian's "
@@ -298,7 +312,9 @@ TEST(DashboardMpi, PageShowsTheNumbersOfMetricsAtThreeRanks) {
         "colibri_num_requests_running", "colibri_kv_blocks_total",
         "colibri_expert_rank_reply_seconds_total{rank=\"1\"}",
         "colibri_expert_rank_reply_seconds_total{rank=\"2\"}",
-        "colibri_routed_pairs_total{rank=\"1\"}", "colibri_time_per_output_token_seconds_count",
+        "colibri_routed_pairs_total{rank=\"1\"}", "colibri_rank_busy_seconds_total{rank=\"2\"}",
+        "colibri_rank_tier_hits_total{rank=\"1\",tier=\"pinned\"}",
+        "colibri_time_per_output_token_seconds_count",
         "colibri_coordinator_phase_seconds_total{phase=\"attention\"}"})
     EXPECT_TRUE(shown.count(name)) << "the page does not show " << name;
   EXPECT_GT(shown.at("colibri_generation_tokens_total"), 0);
@@ -317,6 +333,70 @@ TEST(DashboardMpi, PageShowsTheNumbersOfMetricsAtThreeRanks) {
   ASSERT_TRUE(fs::exists(png));
   EXPECT_GT(fs::file_size(png), 20000u) << "a blank page?";
   EXPECT_EQ(test::read_file(png).substr(1, 3), "PNG");
+}
+
+// Expert ranks reading experts from disk under a RAM budget: their tier counters are live in
+// /metrics and /dashboard/state while the server runs, and once it is idle they equal the
+// end-of-run report (--profile-json) of each rank.
+TEST(DashboardMpi, ExpertRanksOwnCountersAreLiveAndEqualTheirReport) {
+  const fs::path report = fs::path(::testing::TempDir()) / "dashboard-own-counters.json";
+  fs::remove(report);
+  ServerProcess server(3, {"--api-key", kKey, "--max-seqs", "8", "--ram-gb", "0.0005",
+                           "--profile-json", report.string()});
+  ASSERT_TRUE(server.wait_ready(90)) << server.stderr_text();
+  const int port = server.port();
+  drive_requests(port);
+  wait_idle(port);
+  // The last poll comes within a second of the last step.
+  std::map<std::string, double> m;
+  const auto start = Clock::now();
+  const auto answered = [&] {
+    for (const char* r : {"1", "2"}) {
+      const std::string rank = std::string("{rank=\"") + r + "\"}";
+      if (!m.count("colibri_rank_pairs_total" + rank) ||
+          m["colibri_rank_pairs_total" + rank] != m["colibri_routed_pairs_total" + rank])
+        return false;
+    }
+    return true;
+  };
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    m = metrics_now(port);
+  } while (!answered() && Clock::now() - start < std::chrono::seconds(10));
+  ASSERT_TRUE(answered()) << "the expert ranks' own pairs never equalled the pairs sent to them";
+  int status = 0;
+  const json state = json::parse(get(port, "/dashboard/state", &status));
+  ASSERT_EQ(status, 200);
+  EXPECT_TRUE(state["own_counters_at_s"].is_number());
+  std::map<std::string, json> own;
+  for (const char* r : {"1", "2"}) {
+    const std::string rank = std::string("{rank=\"") + r + "\"}";
+    const std::string tier = std::string("{rank=\"") + r + "\",tier=\"";
+    own[r] = state["ranks"][size_t(std::stoi(r))]["own"];
+    EXPECT_GT(m["colibri_rank_tier_hits_total" + tier + "disk\"}"], 0) << r;
+    EXPECT_GT(m["colibri_rank_disk_read_bytes_total" + rank], 0) << r;
+    EXPECT_EQ(own[r]["tier_hits"]["disk"].get<double>(),
+              m["colibri_rank_tier_hits_total" + tier + "disk\"}"]);
+    EXPECT_EQ(own[r]["disk_read_bytes"].get<double>(),
+              m["colibri_rank_disk_read_bytes_total" + rank]);
+  }
+  server.signal(SIGTERM);
+  ASSERT_NE(server.wait_exit(30), -1) << server.stderr_text();
+  const json profile = json::parse(test::read_file(report));
+  for (const json& r : profile["ranks"]) {
+    const std::string rank = std::to_string(r["rank"].get<int>());
+    if (!own.count(rank)) continue;
+    const json& o = own[rank];
+    EXPECT_EQ(r["experts"], o["pairs"]) << rank;
+    EXPECT_EQ(r["rows"], o["rows"]) << rank;
+    EXPECT_EQ(r["pinned_hits"], o["tier_hits"]["pinned"]) << rank;
+    EXPECT_EQ(r["ram_hits"], o["tier_hits"]["ram"]) << rank;
+    EXPECT_EQ(r["disk_hits"], o["tier_hits"]["disk"]) << rank;
+    EXPECT_EQ(r["disk_bytes_read"], o["disk_read_bytes"]) << rank;
+    own.erase(rank);
+  }
+  EXPECT_TRUE(own.empty()) << "ranks missing from the report";
+  fs::remove(report);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The wire checksum (transport/protocol.h): every instruction-set build gives the scalar build's
 // value for every length and alignment, added at once or in pieces, and it sees what a transport
 // could get wrong; the checks of requests (row indices, empty requests, shared segments) and host
-// partials.
+// partials; the counters a rank sends while serving.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/profile.h"
+#include "common/serialize.h"
 #include "transport/checksum.h"
 #include "transport/protocol.h"
 
@@ -332,6 +334,64 @@ TEST(WireMessages, PlacementChangesAndPrefetchHints) {
   std::vector<std::byte> flipped = message(Opcode::kPrefetchHint, 0, 2, words({0, 3}));
   flipped.back() ^= std::byte{1};
   EXPECT_NE(verdict(flipped).find("checksum"), std::string::npos);
+}
+
+// Protocol 12: a request for counters is a header alone; the answer names its rank in n_rows,
+// layer -1, the request's sequence, and carries the rank's LiveCounters, which read back equal.
+TEST(WireMessages, CountersRequestsAndReplies) {
+  const RequestCheck check = small_request_check();
+  Header h;
+  const auto with_layer = [](std::vector<std::byte> m, int32_t layer) {
+    std::memcpy(m.data() + offsetof(Header, layer), &layer, sizeof(layer));
+    return m;
+  };
+  const std::vector<std::byte> ask = message(Opcode::kCountersRequest, 0, 0, {});
+  EXPECT_EQ(check_request(ask.data(), ask.size(), check, h), "");
+  const std::vector<std::byte> ask_more = message(Opcode::kCountersRequest, 0, 0, {std::byte{1}});
+  EXPECT_NE(check_request(ask_more.data(), ask_more.size(), check, h).find("payload"),
+            std::string::npos);
+
+  LiveCounters c;
+  c.rank = 2;
+  c.wall_us = 1e6;
+  c.busy_us = 1234.5;
+  c.wait_us = 9e5;
+  c.rows = 7;
+  c.experts = 28;
+  c.bytes_in = 100;
+  c.bytes_out = 200;
+  c.store.pinned_hits = 3;
+  c.store.disk_hits = 4;
+  c.store.disk_bytes_read = 5 << 20;
+  c.device.vram_uploads = 6;
+  const std::string bytes = to_bytes(c);
+  std::vector<std::byte> payload(bytes.size());
+  std::memcpy(payload.data(), bytes.data(), bytes.size());
+  const std::vector<std::byte> answer =
+      with_layer(message(Opcode::kCountersReply, 2, 0, payload), -1);
+  ASSERT_EQ(check_counters_reply(answer.data(), answer.size(), 1, 2, h), "");
+  const auto back = from_bytes<LiveCounters>(
+      std::string(reinterpret_cast<const char*>(answer.data()) + sizeof(Header), h.payload_bytes));
+  EXPECT_EQ(back.rank, 2);
+  EXPECT_EQ(back.busy_us, c.busy_us);
+  EXPECT_EQ(back.experts, c.experts);
+  EXPECT_EQ(back.store.disk_hits, c.store.disk_hits);
+  EXPECT_EQ(back.store.disk_bytes_read, c.store.disk_bytes_read);
+  EXPECT_EQ(back.device.vram_uploads, c.device.vram_uploads);
+
+  EXPECT_NE(check_counters_reply(answer.data(), answer.size(), 2, 2, h).find("sequence"),
+            std::string::npos);
+  EXPECT_NE(check_counters_reply(answer.data(), answer.size(), 1, 1, h).find("rank 2"),
+            std::string::npos);
+  EXPECT_NE(check_counters_reply(answer.data(), answer.size() - 1, 1, 2, h).find("bytes"),
+            std::string::npos);
+  std::vector<std::byte> flipped = answer;
+  flipped.back() ^= std::byte{1};
+  EXPECT_NE(check_counters_reply(flipped.data(), flipped.size(), 1, 2, h).find("checksum"),
+            std::string::npos);
+  const std::vector<std::byte> reply = with_layer(message(Opcode::kExpertReply, 2, 0, payload), -1);
+  EXPECT_NE(check_counters_reply(reply.data(), reply.size(), 1, 2, h).find("opcode"),
+            std::string::npos);
 }
 
 // Protocol 7: rows in a shared segment. A request's message holds its pairs and row indices and

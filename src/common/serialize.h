@@ -1,4 +1,4 @@
-// cereal binary round trips for start-up and report messages.
+// cereal binary round trips for start-up, report and live-counter messages.
 #pragma once
 
 #include <cereal/archives/binary.hpp>
