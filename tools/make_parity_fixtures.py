@@ -12,7 +12,10 @@ Fixtures: glm5 (GlmMoeDsa, DSA selection active), glm52 (GlmMoeDsa with shared-i
 dsv3 (DeepseekV3, FP8 block-quantized, YaRN, 4 experts groups, sharded, MTP tensors),
 kimi (DeepseekV3 layout with q_proj, YaRN beta 1/1, BF16), kimi_w4a16 (kimi's layout with experts 64 wide,
 routed experts in compressed-tensors INT4 as Kimi-K2-Thinking ships them: pack-quantized, symmetric groups
-of 32, quantized and packed by the compressed-tensors package itself; needs `pip install compressed-tensors`).
+of 32, quantized and packed by the compressed-tensors package itself; needs `pip install compressed-tensors`),
+glm5_nvfp4 (glm5's layout without MTP, every Linear in NVIDIA ModelOpt NVFP4 but the modules its
+exclude_modules names, with hf_quant_config.json and config.json's quantization_config as ModelOpt's export
+writes them; quantized by ModelOpt's recipe, see quantize_nvfp4 below).
 
 Weights are generated in fp32, rounded to the storage format (BF16/F16/FP8+scale), and the golden model
 is run on the ROUNDED values in fp32, so the golden logits are exact for what the files contain.
@@ -231,6 +234,12 @@ SPECS = {
 SPECS["kimi_w4a16"] = dict(SPECS["kimi"], seed0=4100, w4a16=dict(group_size=32),
                            config=dict(SPECS["kimi"]["config"], moe_intermediate_size=64))
 
+# NVIDIA ModelOpt NVFP4, as NVIDIA's FP4 releases (GLM-5.2 NVFP4) ship: every Linear quantized but the
+# modules exclude_modules names (here layer 0's attention, the router and lm_head, which keep their BF16).
+SPECS["glm5_nvfp4"] = dict(SPECS["glm5"], seed0=1100, mtp=False, f16=[],
+                           config=dict(SPECS["glm5"]["config"], num_nextn_predict_layers=0),
+                           nvfp4=dict(exclude_modules=["lm_head", "model.layers.0.self_attn*", "*mlp.gate"]))
+
 FP8_QUANT_CONFIG = {
     "activation_scheme": "dynamic",
     "fmt": "e4m3",
@@ -396,6 +405,102 @@ def quantize_w4a16(w_bf16, group_size):
     return pack_to_int32(q, 4), scale.contiguous(), torch.tensor([rows, cols], dtype=torch.int64), deq
 
 
+# --------------------------------------------------------------------------------------------------
+# NVFP4 (NVIDIA ModelOpt)
+# --------------------------------------------------------------------------------------------------
+
+NVFP4_BLOCK = 16
+E2M1_MAX = 6.0
+E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+# Input scales are a W4A4 engine's static activation scales (calibrated amax / (6 * 448)); colibri-node reads
+# and checks them but runs the weights with its own activations, so the fixture stores one plausible value.
+NVFP4_INPUT_SCALE = 8.0 / (E2M1_MAX * FP8_MAX)
+
+
+def nvfp4_modelopt_version():
+    return "0.39.0"
+
+
+def nvfp4_hf_quant_config(exclude_modules):
+    """hf_quant_config.json of a ModelOpt NVFP4 export."""
+    return {
+        "producer": {"name": "modelopt", "version": nvfp4_modelopt_version()},
+        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": NVFP4_BLOCK,
+                         "exclude_modules": list(exclude_modules)},
+    }
+
+
+def nvfp4_quant_config(exclude_modules):
+    """config.json's quantization_config of a ModelOpt NVFP4 export (its convert_hf_quant_config_format)."""
+    fp4 = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": NVFP4_BLOCK}
+    return {
+        "config_groups": {"group_0": {"input_activations": dict(fp4), "weights": dict(fp4), "targets": ["Linear"]}},
+        "ignore": list(exclude_modules),
+        "quant_algo": "NVFP4",
+        "producer": {"name": "modelopt", "version": nvfp4_modelopt_version()},
+        "quant_method": "modelopt",
+    }
+
+
+def nvfp4_excluded(module, exclude_modules):
+    """ModelOpt's exclusion: a name or a glob (`*` any run of characters) naming the module or one containing it."""
+    import fnmatch
+    parts = module.split(".")
+    names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return any(fnmatch.fnmatchcase(n, pat) for pat in exclude_modules for n in names)
+
+
+def nvfp4_quantized(name, shape, spec):
+    """Whether the checkpoint tensor `name` is a Linear weight the fixture stores as NVFP4."""
+    if not name.endswith(".weight") or len(shape) != 2 or name.endswith("embed_tokens.weight"):
+        return False
+    parent = name.split(".")[-2]
+    if "norm" in parent:
+        return False
+    return not nvfp4_excluded(name[: -len(".weight")], spec["nvfp4"]["exclude_modules"])
+
+
+def nvfp4_global_scale(amax):
+    """weight_scale_2 = amax / (6 * 448) in fp32 (ModelOpt's get_weights_scaling_factor_2)."""
+    return amax.float() / (E2M1_MAX * FP8_MAX)
+
+
+def quantize_nvfp4(w, global_scale):
+    """ModelOpt's NVFP4 recipe (NVFP4QTensor.quantize) on w [out, in] (BF16 values, computed in fp32) with the
+    given weight_scale_2:
+      block scale = block amax / (6 * weight_scale_2), a zero one set to 1.0, cast to float8_e4m3fn (round to
+                    nearest even);
+      code        = the nearest E2M1 of w / (fp32(block scale) * weight_scale_2), ties to even (ModelOpt's
+                    _cast_fp4: its bounds 0.25, 0.75, ..., 5 with the odd ones rounded up), the sign bit set for
+                    every negative w (so -0 where a small negative rounds to 0);
+      packing     = column 2j in the low nibble of byte j.
+    Deviations from kernels::quantize_nvfp4 (the C++ reference of the same recipe): it divides amax / 6 / global
+    (two roundings; ModelOpt rounds 6 * global first), stores a zero block's scale as 0 (ModelOpt: 1.0, 0x38),
+    and codes a negative that rounds to 0 as +0 (ModelOpt: -0, 0x8). The values are the same but for a block scale
+    on a tie of the two divisions (counted in meta.json as nvfp4.block_scales_differing_from_cpp_recipe).
+    Returns (weight U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], dequantized fp32 [out, in], differing)."""
+    out, inp = w.shape
+    assert inp % NVFP4_BLOCK == 0, f"NVFP4 needs input columns in blocks of {NVFP4_BLOCK}: {tuple(w.shape)}"
+    x = w.float().view(out, inp // NVFP4_BLOCK, NVFP4_BLOCK)
+    block_amax = x.abs().amax(dim=-1)
+    scale = block_amax / (E2M1_MAX * global_scale)
+    scale[scale == 0] = 1.0
+    scale_fp8 = scale.to(torch.float8_e4m3fn)
+    cpp_scale = (block_amax / E2M1_MAX / global_scale).to(torch.float8_e4m3fn)  # kernels::quantize_nvfp4's
+    differing = int(((cpp_scale.view(torch.uint8) != scale_fp8.view(torch.uint8)) & (block_amax > 0)).sum())
+    scaled = x / (scale_fp8.float() * global_scale).unsqueeze(-1)
+    a = scaled.abs()
+    bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    ordinal = torch.searchsorted(bounds, a.contiguous(), right=False)
+    odd_tie = (a == 0.75) | (a == 1.75) | (a == 3.5)  # ModelOpt's odd bounds: ties rounded up, to the even code
+    code = (ordinal + odd_tie.long()).clamp(max=7) | ((scaled < 0).long() << 3)
+    code = code.view(out, inp).to(torch.uint8)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).contiguous()
+    value = E2M1_VALUES[(code & 7).long()] * torch.where(code >= 8, -1.0, 1.0)
+    deq = (value.view(out, inp // NVFP4_BLOCK, NVFP4_BLOCK) * scale_fp8.float().unsqueeze(-1)) * global_scale
+    return packed, scale_fp8.contiguous(), deq.view(out, inp).float(), differing
+
+
 def quantize_fp8_blocks(w):
     """DeepSeek-style 128x128 block FP8: returns (fp8 tensor, scale_inv F32, dequantized fp32)."""
     out, inp = w.shape
@@ -427,10 +532,28 @@ def build_checkpoint(config, spec, seed):
         values[mtp + "embed_tokens.weight"] = values["model.embed_tokens.weight"].clone()
         values[mtp + "shared_head.head.weight"] = values["lm_head.weight"].clone()
     stored, effective = {}, {}
+    nvfp4_globals = {}
+    if spec.get("nvfp4"):
+        # ModelOpt gives the gate and up projections of an MLP one weight_scale_2 (their larger amax), as the
+        # engines that fuse them expect; every other Linear its own.
+        amax = {n: values[n].to(torch.bfloat16).float().abs().max() for n in values
+                if nvfp4_quantized(n, tuple(values[n].shape), spec)}
+        for n, a in amax.items():
+            pair = n.replace("gate_proj.", "up_proj.") if "gate_proj." in n else n.replace("up_proj.", "gate_proj.")
+            nvfp4_globals[n] = nvfp4_global_scale(torch.maximum(a, amax.get(pair, a)))
+        spec.setdefault("_nvfp4_differing", [0])[0] = 0
     for name in sorted(values):
         w = values[name]
         kind = storage_kind(name, spec)
-        if spec.get("w4a16") and ROUTED_EXPERT.search(name):
+        if name in nvfp4_globals:
+            packed, scale, deq, differing = quantize_nvfp4(w.to(torch.bfloat16), nvfp4_globals[name])
+            stored[name] = packed
+            stored[name + "_scale"] = scale
+            stored[name + "_scale_2"] = nvfp4_globals[name].clone().float()
+            stored[name[: -len(".weight")] + ".input_scale"] = torch.tensor(NVFP4_INPUT_SCALE, dtype=torch.float32)
+            effective[name] = deq
+            spec["_nvfp4_differing"][0] += differing
+        elif spec.get("w4a16") and ROUTED_EXPERT.search(name):
             packed, scale, shape, deq = quantize_w4a16(w.to(torch.bfloat16), spec["w4a16"]["group_size"])
             stored[name + "_packed"] = packed
             stored[name + "_scale"] = scale
@@ -500,6 +623,12 @@ def write_model_dir(config, spec, stored, model_dir):
     if spec.get("w4a16"):
         cfg = make_config(spec)
         cfg.quantization_config = w4a16_quant_config(spec["w4a16"]["group_size"])
+    if spec.get("nvfp4"):
+        cfg = make_config(spec)
+        cfg.quantization_config = nvfp4_quant_config(spec["nvfp4"]["exclude_modules"])
+        with open(model_dir / "hf_quant_config.json", "w") as f:
+            json.dump(nvfp4_hf_quant_config(spec["nvfp4"]["exclude_modules"]), f, indent=4)
+            f.write("\n")
     cfg.architectures = [model_class(spec).__name__]
     cfg.save_pretrained(str(model_dir))
     gen_cfg = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, do_sample=False)
@@ -510,7 +639,7 @@ def write_model_dir(config, spec, stored, model_dir):
 def load_golden_model(spec, model_dir, effective, config):
     """HF model in fp32/eager with exactly the stored (rounded/dequantized) values."""
     kwargs = dict(dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
-    if spec.get("fp8") or spec.get("w4a16"):
+    if spec.get("fp8") or spec.get("w4a16") or spec.get("nvfp4"):
         # HF's own FP8 path can't dequantize partial 128-blocks on CPU, and its compressed-tensors path needs
         # that package: load the dequantized values instead.
         tmp = Path(tempfile.mkdtemp(prefix="parity_fp32_"))
@@ -788,10 +917,17 @@ def make_fixture(name, spec, out_root, max_tries):
                 safetensors=__import__("safetensors").__version__, numpy=np.__version__,
                 dtype="float32", attn_implementation="eager", experts_implementation="eager",
                 weights="golden model runs on the exact stored values (BF16/F16 upcast, FP8 * weight_scale_inv, "
-                        "INT4 q * weight_scale)",
+                        "INT4 q * weight_scale, NVFP4 (e2m1 * e4m3 weight_scale) * weight_scale_2 in fp32)",
             ),
             tolerance=dict(max_abs_logit=1e-3, greedy="identical tokens"),
         )
+        if spec.get("nvfp4"):
+            meta["nvfp4"] = dict(
+                recipe="NVIDIA ModelOpt NVFP4QTensor (tools/make_parity_fixtures.py quantize_nvfp4)",
+                exclude_modules=spec["nvfp4"]["exclude_modules"],
+                block_scales_differing_from_cpp_recipe=spec["_nvfp4_differing"][0],
+                input_scale=NVFP4_INPUT_SCALE,
+            )
         if spec["arch"] == "glm":
             meta["indexer_types"] = list(cfg.indexer_types)
             meta["index_topk"] = cfg.index_topk

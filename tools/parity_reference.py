@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Independent plain-torch forward for the parity fixtures (no transformers model code).
 
-Reads tests/data/parity/<name>/model/ (config.json + safetensors, FP8 dequantized with weight_scale_inv),
+Reads tests/data/parity/<name>/model/ (config.json + safetensors, FP8 dequantized with weight_scale_inv,
+compressed-tensors INT4 and ModelOpt NVFP4 decoded from their stored bytes),
 recomputes the logits of golden/meta.json's prompt+tf and prompt+greedy sequences in float64 and reports
 the max abs difference to golden/logits.npy and golden/greedy_logits.npy. It follows tools/HF_NOTES.md
 literally (GPT-J pair RoPE instead of HF's de-interleaved layout, -inf group masking, DSA top-k with
@@ -33,6 +34,18 @@ def load_tensors(model_dir):
     out = {}
     for k, t in raw.items():
         if k.endswith("_scale_inv") or k.endswith(".weight_scale") or k.endswith(".weight_shape"):
+            continue
+        if k.endswith(".weight_scale_2") or k.endswith(".input_scale"):
+            continue
+        if t.dtype == torch.uint8 and k + "_scale_2" in raw:
+            # NVIDIA ModelOpt NVFP4: two E2M1 codes a byte (column 2j in the low nibble), an E4M3 scale per 16
+            # columns, a per-tensor weight_scale_2: W = e2m1 * weight_scale[row, i / 16] * weight_scale_2.
+            e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=DT)
+            b = t.to(torch.int64)
+            codes = torch.stack((b & 15, b >> 4), dim=-1).reshape(t.shape[0], -1)
+            s = raw[k + "_scale"].to(DT)
+            cols = codes.shape[1]
+            out[k] = e2m1[codes] * s[:, torch.arange(cols) // 16] * raw[k + "_scale_2"].to(DT)
             continue
         if k.endswith(".weight_packed"):
             # compressed-tensors pack-quantized INT4: element i of a row at bits 4i of its int32

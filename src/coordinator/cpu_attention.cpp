@@ -31,6 +31,7 @@ void kv_b_axpy_rows(const Matrix& w, int64_t row0, int64_t count, const float* a
       return kernels::axpy_rows_i8(a,
                                    reinterpret_cast<const int8_t*>(w.quant.data.data()) + row0 * r);
     case WeightFormat::kFp8Block:
+    case WeightFormat::kNvfp4:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
       break;
@@ -50,6 +51,7 @@ float kv_b_dot(const Matrix& w, int64_t row, const float* x) {
       return w.quant.scales[size_t(row)] *
              kernels::dot_i8(reinterpret_cast<const int8_t*>(w.quant.data.data()) + row * r, x, r);
     case WeightFormat::kFp8Block:
+    case WeightFormat::kNvfp4:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
       break;

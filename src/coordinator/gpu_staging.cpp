@@ -6,6 +6,7 @@
 #include "common/buffer.h"
 #include "common/dtype.h"
 #include "common/error.h"
+#include "cpu/linear.h"
 #include "cpu/quant.h"
 
 namespace colibri {
@@ -30,6 +31,14 @@ std::vector<uint16_t> matrix_to_bf16(const Matrix& w) {
           out[size_t(i * w.cols + j)] =
               f32_to_bf16(fp8_e4m3_to_f32(f.bits[size_t(i * w.cols + j)]) * scale);
         }
+      break;
+    }
+    case WeightFormat::kNvfp4: {
+      std::vector<float> values(count);
+      kernels::dequantize_nvfp4(
+          {w.nvfp4.codes.data(), w.nvfp4.scales.data(), w.nvfp4.global, w.rows, w.cols},
+          values.data());
+      for (size_t i = 0; i < count; ++i) out[i] = f32_to_bf16(values[i]);
       break;
     }
     case WeightFormat::kInt8Row:

@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "common/input_file.h"
+#include "cpu/linear.h"
 
 namespace colibri {
 
@@ -89,6 +90,123 @@ Checkpoint::Checkpoint(const std::filesystem::path& model_dir,
            view->file->string(), file);
   }
   index_packed_int4(int4_group_size);
+  index_nvfp4();
+}
+
+void Checkpoint::index_nvfp4() {
+  constexpr std::string_view kScale = "_scale", kScale2 = "_scale_2";
+  for (const auto& [tensor, view] : tensors_) {
+    if (tensor.find("nvfp4_csf") != std::string::npos)
+      fail(
+          "{}: tensor '{}' holds CSF-encoded NVFP4 block scales, which are not read (plain E4M3 "
+          "'weight_scale' tensors only)",
+          view->file->string(), tensor);
+    // A weight is found by its block scales (F8_E4M3; compressed-tensors' `_scale` are wider) or
+    // its second-level scale.
+    std::string name;
+    if (tensor.ends_with(".weight_scale_2"))
+      name = tensor.substr(0, tensor.size() - kScale2.size());
+    else if (tensor.ends_with(".weight_scale") && view->dtype == Dtype::F8_E4M3)
+      name = tensor.substr(0, tensor.size() - kScale.size());
+    else
+      continue;
+    if (nvfp4_.count(name)) continue;
+    const std::string scale_name = name + "_scale", global_name = name + "_scale_2";
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    const std::string input_name = module + ".input_scale";
+    const TensorView* weight = find(name);
+    if (!weight)
+      fail("{}: tensor '{}' is an NVFP4 scale, but its weight '{}' is missing",
+           view->file->string(), tensor, name);
+    const std::string file = weight->file->string();
+    if (weight->dtype != Dtype::U8 || weight->shape.size() != 2 || weight->shape[0] < 1 ||
+        weight->shape[1] < 1)
+      fail(
+          "{}: tensor '{}' has dtype {} and shape {}, expected U8 [out, in / 2] (NVFP4: two E2M1 "
+          "codes a byte)",
+          file, name, dtype_name(weight->dtype), shape_string(weight->shape));
+    if (find(name + kQuantScaleSuffix))
+      fail("{}: tensor '{}' has both NVFP4 scales ('{}') and container scales ('{}{}')", file, name,
+           tensor, name, kQuantScaleSuffix);
+    const int64_t rows = weight->shape[0], cols = 2 * weight->shape[1];
+    const TensorView* scale = find(scale_name);
+    const TensorView* global = find(global_name);
+    if (!scale || !global)
+      fail("{}: NVFP4 tensor '{}' has no '{}'", file, name, scale ? global_name : scale_name);
+    const std::string scale_file = scale->file->string();
+    if (scale->dtype != Dtype::F8_E4M3 || scale->shape.size() != 2)
+      fail("{}: tensor '{}' has dtype {} and shape {}, expected F8_E4M3 [{}, {}] for '{}'",
+           scale_file, scale_name, dtype_name(scale->dtype), shape_string(scale->shape), rows,
+           cols / 16, name);
+    if (scale->shape[0] != rows || scale->shape[1] * 16 != cols) {
+      const int64_t blocks = scale->shape[1];
+      if (scale->shape[0] == rows && blocks > 0 && cols % blocks == 0)
+        fail(
+            "{}: tensor '{}' has shape {}: blocks of {} columns of '{}' [{}, {}], but NVFP4 "
+            "reads blocks of 16",
+            scale_file, scale_name, shape_string(scale->shape), cols / blocks, name, rows, cols);
+      fail("{}: tensor '{}' has shape {}, expected [{}, {}] for '{}' [{}, {}] in blocks of 16",
+           scale_file, scale_name, shape_string(scale->shape), rows, cols / 16, name, rows, cols);
+    }
+    for (const auto& [scalar_name, scalar] :
+         {std::pair{global_name, global}, std::pair{input_name, find(input_name)}}) {
+      if (scalar && (scalar->dtype != Dtype::F32 || scalar->numel() != 1))
+        fail("{}: tensor '{}' has dtype {} and shape {}, expected an F32 scalar",
+             scalar->file->string(), scalar_name, dtype_name(scalar->dtype),
+             shape_string(scalar->shape));
+    }
+    nvfp4_.emplace(name, Nvfp4Tensors{weight, scale, global, find(input_name), rows, cols});
+  }
+}
+
+const Checkpoint::Nvfp4Tensors* Checkpoint::nvfp4_tensors(const std::string& name) const {
+  const auto it = nvfp4_.find(name);
+  return it == nvfp4_.end() ? nullptr : &it->second;
+}
+
+Nvfp4Matrix Checkpoint::load_nvfp4(const std::string& name, int64_t rows, int64_t cols,
+                                   int64_t row_begin, int64_t row_end) const {
+  const Nvfp4Tensors* t = nvfp4_tensors(name);
+  if (!t) fail("{}: tensor '{}' is not an NVFP4 weight", dir_.string(), name);
+  const std::string file = t->weight->file->string();
+  if (t->rows != rows || t->cols != cols)
+    fail("{}: NVFP4 tensor '{}' is [{}, {}] (U8 {}), expected [{}, {}]", file, name, t->rows,
+         t->cols, shape_string(t->weight->shape), rows, cols);
+  if (row_end < 0) row_end = rows;
+  if (row_begin < 0 || row_end <= row_begin || row_end > rows)
+    fail("{}: rows {}..{} of NVFP4 tensor '{}' [{}, {}]", file, row_begin, row_end, name, rows,
+         cols);
+  Nvfp4Matrix m;
+  const auto read_scalar = [this](const TensorView& v) {
+    float value = 0;
+    shard_of(v).read(v, &value);
+    return value;
+  };
+  m.global = read_scalar(*t->global);
+  if (!std::isfinite(m.global) || m.global < 0)
+    fail("{}: tensor '{}_scale_2' is {}, expected a finite scale >= 0", t->global->file->string(),
+         name, m.global);
+  if (t->input_scale) {
+    const float input = read_scalar(*t->input_scale);
+    if (!std::isfinite(input) || !(input > 0))
+      fail("{}: tensor '{}' is {}, expected a finite scale > 0", t->input_scale->file->string(),
+           t->input_scale->name, input);
+  }
+  const auto code_row = size_t(cols / 2), scale_row = size_t(cols / 16);
+  const auto n = size_t(row_end - row_begin);
+  m.codes.resize(n * code_row);
+  shard_of(*t->weight)
+      .read(*t->weight, size_t(row_begin) * code_row, m.codes.size(), m.codes.data());
+  m.scales.resize(n * scale_row);
+  shard_of(*t->scale).read(*t->scale, size_t(row_begin) * scale_row, m.scales.size(),
+                           m.scales.data());
+  for (size_t i = 0; i < m.scales.size(); ++i)
+    if ((m.scales[i] & 0x7F) == 0x7F)
+      fail("{}: tensor '{}_scale' has a NaN (byte {:#04x}) at [{}, {}]", t->scale->file->string(),
+           name, m.scales[i], row_begin + int64_t(i / scale_row), i % scale_row);
+  bytes_loaded_ +=
+      m.codes.size() + m.scales.size() + sizeof(float) + (t->input_scale ? sizeof(float) : 0);
+  return m;
 }
 
 void Checkpoint::index_packed_int4(std::optional<int> int4_group_size) {
@@ -207,6 +325,16 @@ std::vector<float> Checkpoint::load_f32(const std::string& name,
   }
   if (!view) fail("{}: tensor '{}' is missing", dir_.string(), name);
   const std::string file = view->file->string();
+  if (is_nvfp4(name)) {
+    if (shape.size() != 2)
+      fail("{}: tensor '{}' is quantized (NVFP4) but a float tensor of shape {} is expected", file,
+           name, shape_string(shape));
+    const Nvfp4Matrix m = load_nvfp4(name, shape[0], shape[1]);
+    std::vector<float> out(size_t(shape[0] * shape[1]));
+    kernels::dequantize_nvfp4({m.codes.data(), m.scales.data(), m.global, shape[0], shape[1]},
+                              out.data());
+    return out;
+  }
   if (view->dtype == Dtype::U8) {
     if (shape.size() != 2)
       fail("{}: tensor '{}' is quantized (U8) but a float tensor of shape {} is expected", file,
@@ -314,7 +442,7 @@ std::vector<uint16_t> Checkpoint::load_bf16(const std::string& name,
 
 bool Checkpoint::is_quantized(const std::string& name) const {
   const TensorView* view = find(name);
-  return (view && view->dtype == Dtype::U8) || is_packed_int4(name);
+  return (view && view->dtype == Dtype::U8 && !is_nvfp4(name)) || is_packed_int4(name);
 }
 
 std::optional<Checkpoint::PackedInt4Shape> Checkpoint::packed_int4_shape(

@@ -12,6 +12,18 @@
 // W[o, i] = q * scale[o, i / group_size]. Read little-endian, those are the int4 container's bytes
 // (element 2j in the low nibble of byte j): they are copied row by row, the scales widened to
 // fp32. A `<name>_zero_point` (asymmetric) or `<name>_g_idx` (activation order) is refused.
+//
+// NVIDIA ModelOpt NVFP4: a Linear's weight `<module>.weight` is stored as
+//   `<module>.weight`          U8 [rows, cols / 2]: two E2M1 codes a byte, column 2j in the low
+//                              nibble of byte j, 2j + 1 in the high one;
+//   `<module>.weight_scale`    F8_E4M3 [rows, cols / 16]: one scale a block of 16 columns;
+//   `<module>.weight_scale_2`  F32 scalar: the second-level (per-tensor) scale;
+//   `<module>.input_scale`     F32 scalar: the activations' static scale of a W4A4 engine, read
+//                              and checked (finite, positive) but not used: the weights are run
+//                              with the engine's own activations;
+// W[o, i] = e2m1(code) * e4m3(weight_scale[o, i / 16]) * weight_scale_2. Codes and block scales
+// are kept as stored (Nvfp4Matrix). Every such weight is found and its shapes and dtypes checked
+// at open; the scale bytes (a NaN refused) and the scalars are checked as the weight is loaded.
 #pragma once
 
 #include <array>
@@ -39,6 +51,17 @@ struct Fp8Matrix {
   uint64_t bytes() const { return bits.size() + 4 * scales.size(); }
 };
 
+// An NVFP4 weight as stored (see above): codes [rows, cols / 2], E4M3 block scales
+// [rows, cols / 16] and the fp32 second-level scale; kernels::Nvfp4Weights reads it.
+struct Nvfp4Matrix {
+  WeightVector<uint8_t> codes;
+  WeightVector<uint8_t> scales;
+  float global = 0.0f;
+  bool empty() const { return codes.empty(); }
+  // What it holds: the stored codes and block scales and the 4 bytes of the global scale.
+  uint64_t bytes() const { return empty() ? 0 : codes.size() + scales.size() + sizeof(float); }
+};
+
 class Checkpoint {
  public:
   // Opens model.safetensors, or the shards listed in model.safetensors.index.json, or else
@@ -60,7 +83,8 @@ class Checkpoint {
 
   // Returns the tensor as float32, checking its shape. F8_E4M3 tensors are multiplied by
   // `<name>_scale_inv` blocks. Errors name the tensor and its file.
-  // A U8 tensor is a container weight (see load_quant) and is dequantized; `shape` must be 2-D.
+  // A U8 tensor is a container weight (see load_quant) or an NVFP4 weight and is dequantized;
+  // `shape` must be 2-D.
   std::vector<float> load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
   // True when `name` exists with dtype BF16.
@@ -74,9 +98,27 @@ class Checkpoint {
   // refusing NaN bytes (S.1111.111) and non-finite scales, naming the tensor and its file.
   Fp8Matrix load_fp8(const std::string& name, const std::vector<int64_t>& shape) const;
 
-  // True when `name` exists with dtype U8, i.e. as a quantized container weight, or as a
-  // compressed-tensors INT4 weight.
+  // True when `name` is a quantized container weight (U8 with `.qs` scales; any U8 tensor that is
+  // not an NVFP4 weight), or a compressed-tensors INT4 weight.
   bool is_quantized(const std::string& name) const;
+
+  // The tensors of an NVFP4 weight, checked at open (input_scale: null when absent).
+  struct Nvfp4Tensors {
+    const TensorView *weight, *scale, *global, *input_scale;
+    int64_t rows, cols;
+    // Its stored bytes as held: codes, block scales, global (not input_scale, which is not held).
+    uint64_t held_bytes() const { return weight->nbytes + scale->nbytes + sizeof(float); }
+  };
+  // True when `name` is an NVFP4 weight (U8 `<name>` with `<name>_scale` F8_E4M3 and
+  // `<name>_scale_2`).
+  bool is_nvfp4(const std::string& name) const { return nvfp4_.count(name) != 0; }
+  const Nvfp4Tensors* nvfp4_tensors(const std::string& name) const;
+  // The NVFP4 weight `name` expected as [rows, cols], as stored; with row_end >= 0 only rows
+  // [row_begin, row_end) (their codes and scales). Refuses a NaN scale byte (naming the tensor and
+  // the [row, block]), a second-level scale that is not finite and >= 0, and an input_scale that
+  // is not finite and > 0.
+  Nvfp4Matrix load_nvfp4(const std::string& name, int64_t rows, int64_t cols, int64_t row_begin = 0,
+                         int64_t row_end = -1) const;
   // True when `name` is a compressed-tensors INT4 weight (`<name>_packed` and its companions).
   bool is_packed_int4(const std::string& name) const { return packed_int4_.count(name) != 0; }
   // The compressed-tensors INT4 weight `name`'s [rows, cols] and the container format it loads as.
@@ -123,6 +165,9 @@ class Checkpoint {
     int group_size;  // 0: a scale per row
   };
   std::unordered_map<std::string, PackedInt4> packed_int4_;
+  std::unordered_map<std::string, Nvfp4Tensors> nvfp4_;
+  // Finds and checks the NVFP4 weights (constructor).
+  void index_nvfp4();
   // Finds and checks the compressed-tensors weights (constructor).
   void index_packed_int4(std::optional<int> int4_group_size);
   QuantMatrix load_packed_int4(const std::string& name, const PackedInt4& p, int64_t rows,

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "common/error.h"
 #include "common/input_file.h"
@@ -226,7 +227,154 @@ int parse_compressed_tensors(const json& q, const std::string& source) {
   return *group_size;
 }
 
+// The quant_algo of a ModelOpt declaration: NVFP4 (W4A4: weights and an input_scale per Linear),
+// anything else refused naming the field.
+void check_modelopt_algo(const std::string& algo, const std::string& at) {
+  if (algo == "NVFP4") return;
+  if (algo == "MIXED_PRECISION")
+    fail(
+        "{} 'MIXED_PRECISION' is not supported: only checkpoints whose quantized layers are all "
+        "NVFP4 are read (quant_algo NVFP4)",
+        at);
+  fail("{} '{}' is not supported (ModelOpt checkpoints: NVFP4)", at, algo);
+}
+
+// ModelOpt's block size: 16 where it is given.
+void check_modelopt_group_size(const Fields& f, const std::string& at) {
+  if (!f.has("group_size")) return;
+  const int g = f.integer("group_size", 1, kMaxDim);
+  if (g != 16)
+    fail("{}.group_size {} is not supported (NVFP4: one E4M3 scale a block of 16)", at, g);
+}
+
+// CSF-encoded block scales (weight_scale_encoding "csf": `.nvfp4_csf_fixed` and
+// `.nvfp4_csf_exceptions` tensors instead of `weight_scale`) are not read.
+void refuse_scale_encoding(const Fields& f, const std::string& at) {
+  if (!f.has("weight_scale_encoding")) return;
+  const std::string encoding = f.string_or("weight_scale_encoding", "");
+  if (encoding == "none" || encoding.empty()) return;
+  fail(
+      "{}.weight_scale_encoding '{}' is not supported: NVFP4 block scales are read as plain E4M3 "
+      "'weight_scale' tensors only",
+      at, encoding);
+}
+
+// A list of module names or globs (exclude_modules, ignore), appended to `out`.
+void read_module_list(const json& list, const std::string& at, std::vector<std::string>& out) {
+  if (list.is_null()) return;
+  if (!list.is_array() ||
+      !std::all_of(list.begin(), list.end(), [](const json& v) { return v.is_string(); }))
+    fail("{} must be a list of module names", at);
+  for (const json& v : list) out.push_back(v.get<std::string>());
+}
+
+// config.json's quantization_config of a ModelOpt checkpoint (as ModelOpt's export writes it:
+// quant_algo, config_groups in the compressed-tensors shape, ignore, producer). quant_algo may be
+// missing when hf_quant_config.json gives it (`hf`).
+Nvfp4Scheme parse_modelopt(const json& q, const std::string& source, const Nvfp4Scheme* hf) {
+  const std::string where = source + ": quantization_config";
+  const Fields qf(q, where);
+  if (qf.has("quant_algo")) {
+    check_modelopt_algo(qf.string_or("quant_algo", ""), where + ".quant_algo");
+  } else if (!hf) {
+    fail("{} has no quant_algo and the model directory has no hf_quant_config.json", where);
+  }
+  check_modelopt_group_size(qf, where);
+  refuse_scale_encoding(qf, where);
+  if (qf.has("config_groups")) {
+    const json& groups = q["config_groups"];
+    if (!groups.is_object()) fail("{}.config_groups must be an object", where);
+    for (const auto& [name, group] : groups.items()) {
+      const std::string at = fmt::format("{}.config_groups.{}", where, name);
+      if (!group.is_object()) fail("{} must be an object", at);
+      const Fields gf(group, at);
+      if (!gf.has("weights")) continue;
+      if (!gf.at("weights").is_object()) fail("{}.weights must be an object", at);
+      const Fields w(gf.at("weights"), at + ".weights");
+      if (w.has("num_bits") && w.integer("num_bits", 1, 64) != 4)
+        fail("{}.weights.num_bits {} is not supported (NVFP4: 4)", at, w.at("num_bits").dump());
+      if (const std::string type = w.string_or("type", "float"); type != "float")
+        fail("{}.weights.type '{}' is not supported (NVFP4: float)", at, type);
+      check_modelopt_group_size(w, at + ".weights");
+      refuse_scale_encoding(w, at + ".weights");
+    }
+  }
+  Nvfp4Scheme scheme;
+  scheme.declared_in = source;
+  if (qf.has("ignore")) read_module_list(q["ignore"], where + ".ignore", scheme.excluded);
+  if (qf.has("exclude_modules"))
+    read_module_list(q["exclude_modules"], where + ".exclude_modules", scheme.excluded);
+  return scheme;
+}
+
+// hf_quant_config.json of a ModelOpt export: {"producer": {...}, "quantization": {"quant_algo":
+// "NVFP4", "kv_cache_quant_algo": ..., "group_size": 16, "exclude_modules": [...]}} (newer
+// exports: "ignore" globs).
+Nvfp4Scheme parse_hf_quant_config(const std::string& text, const std::string& source) {
+  json root;
+  try {
+    root = json::parse(text, json_depth_limit(source));
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", source, e.what());
+  }
+  if (!root.is_object()) fail("{}: not a JSON object", source);
+  if (!root.contains("quantization") || !root["quantization"].is_object())
+    fail("{}: missing object 'quantization'", source);
+  const json& q = root["quantization"];
+  const std::string where = source + ": quantization";
+  const Fields qf(q, where);
+  if (!qf.has("quant_algo")) fail("{} has no quant_algo", where);
+  check_modelopt_algo(qf.string_or("quant_algo", ""), where + ".quant_algo");
+  check_modelopt_group_size(qf, where);
+  refuse_scale_encoding(qf, where);
+  Nvfp4Scheme scheme;
+  scheme.declared_in = source;
+  if (qf.has("exclude_modules"))
+    read_module_list(q["exclude_modules"], where + ".exclude_modules", scheme.excluded);
+  if (qf.has("ignore")) read_module_list(q["ignore"], where + ".ignore", scheme.excluded);
+  return scheme;
+}
+
+// `text` matches the glob `pattern` whole: `*` any run of characters, anything else itself.
+bool glob_match(std::string_view pattern, std::string_view text) {
+  size_t p = 0, t = 0, star = std::string_view::npos, resume = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      resume = t;
+    } else if (p < pattern.size() && pattern[p] == text[t]) {
+      ++p, ++t;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      t = ++resume;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+ModelConfig parse_config(const std::string& config_json, const std::string& source,
+                         const Nvfp4Scheme* hf_quant);
+
 }  // namespace
+
+std::string Nvfp4Scheme::excluded_by(const std::string& module) const {
+  // The module and every module containing it: "model.layers.3.self_attn" excludes its q_a_proj.
+  std::vector<std::string_view> names;
+  for (size_t end = module.size(); end != std::string::npos && end > 0;
+       end = module.rfind('.', end - 1))
+    names.emplace_back(module.data(), end);
+  for (const std::string& entry : excluded) {
+    const bool regex = entry.rfind("re:", 0) == 0;
+    for (const std::string_view name : names)
+      if (regex ? std::regex_match(name.begin(), name.end(), std::regex(entry.substr(3)))
+                : glob_match(entry, name))
+        return entry;
+  }
+  return {};
+}
 
 int ModelConfig::num_moe_layers() const {
   int n = 0;
@@ -244,6 +392,13 @@ float ModelConfig::softmax_scale() const {
 }
 
 ModelConfig parse_model_config(const std::string& config_json, const std::string& source) {
+  return parse_config(config_json, source, nullptr);
+}
+
+namespace {
+
+ModelConfig parse_config(const std::string& config_json, const std::string& source,
+                         const Nvfp4Scheme* hf_quant) {
   json root;
   try {
     root = json::parse(config_json, json_depth_limit(source));
@@ -380,11 +535,27 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
       c.fp8_block = parse_fp8(q, source);
     } else if (method == "compressed-tensors") {
       c.int4_group_size = parse_compressed_tensors(q, source);
+    } else if (method == "modelopt" || method == "modelopt_fp4") {
+      c.nvfp4 = parse_modelopt(q, source, hf_quant);
     } else {
       fail(
-          "{}: quantization_config.quant_method '{}' is not supported (fp8, compressed-tensors; "
-          "NVFP4 (modelopt) checkpoints are not read yet)",
+          "{}: quantization_config.quant_method '{}' is not supported (fp8, compressed-tensors, "
+          "modelopt)",
           source, method);
+    }
+  }
+  if (hf_quant) {
+    if (c.fp8_block || c.int4_group_size)
+      fail(
+          "{}: the model directory's {} declares a ModelOpt NVFP4 checkpoint, but "
+          "quantization_config declares another quant_method",
+          source, hf_quant->declared_in);
+    if (!c.nvfp4) {
+      c.nvfp4 = *hf_quant;
+    } else {  // both: a module excluded by either stays unquantized
+      c.nvfp4->excluded.insert(c.nvfp4->excluded.end(), hf_quant->excluded.begin(),
+                               hf_quant->excluded.end());
+      c.nvfp4->declared_in += " and " + hf_quant->declared_in;
     }
   }
 
@@ -393,6 +564,8 @@ ModelConfig parse_model_config(const std::string& config_json, const std::string
     c.generation.bos_token_id = config.integer("bos_token_id", 0, 1 << 30);
   return c;
 }
+
+}  // namespace
 
 namespace {
 
@@ -418,8 +591,15 @@ void apply_generation_config(const std::filesystem::path& path, GenerationDefaul
 ModelConfig load_model_config(const std::filesystem::path& model_dir) {
   const auto config_path = model_dir / "config.json";
   if (!path_present(config_path, "the model config")) fail("{}: missing", config_path.string());
-  ModelConfig config =
-      parse_model_config(read_regular_file(config_path, "the model config"), config_path.string());
+  // ModelOpt exports describe their quantization in hf_quant_config.json beside config.json.
+  std::optional<Nvfp4Scheme> hf_quant;
+  const auto hf_quant_path = model_dir / "hf_quant_config.json";
+  if (path_present(hf_quant_path, "the ModelOpt quantization config"))
+    hf_quant =
+        parse_hf_quant_config(read_regular_file(hf_quant_path, "the ModelOpt quantization config"),
+                              hf_quant_path.string());
+  ModelConfig config = parse_config(read_regular_file(config_path, "the model config"),
+                                    config_path.string(), hf_quant ? &*hf_quant : nullptr);
   // Checked after each file, so that the error names the file the id came from.
   const auto check_eos = [&config](const std::filesystem::path& source) {
     for (int id : config.generation.eos_token_ids)

@@ -32,6 +32,23 @@ struct GenerationDefaults {
   float top_p = 1.0f;
 };
 
+// What a ModelOpt NVFP4 checkpoint declares (quant_algo NVFP4, group_size 16): which modules stay
+// unquantized, and whether every quantized Linear has its `input_scale`.
+struct Nvfp4Scheme {
+  // exclude_modules (hf_quant_config.json) and ignore (config.json's quantization_config, or
+  // hf_quant_config.json's in newer exports), together: module names with `*` matching any run of
+  // characters (`model.layers.0.self_attn*`, `*mlp.gate`), or `re:` and a regular expression.
+  std::vector<std::string> excluded;
+  // The files that declared it ("config.json", "hf_quant_config.json", or both), for errors.
+  std::string declared_in;
+  // quant_algo NVFP4 (W4A4) has an `input_scale` per Linear: read and checked, not used (the
+  // activations stay fp32).
+  bool input_scales = true;
+  // The entry of `excluded` that names `module` or a module containing it ("" when none): such a
+  // module is not quantized and keeps its checkpoint dtype.
+  std::string excluded_by(const std::string& module) const;
+};
+
 struct ModelConfig {
   Architecture arch = Architecture::kDeepseekV3;
   std::string architecture_name;  // as in config.json "architectures"
@@ -76,6 +93,9 @@ struct ModelConfig {
   // compressed-tensors pack-quantized INT4 checkpoints (quantization_config): the group size of
   // their weight_scale, 0 for a scale per row.
   std::optional<int> int4_group_size;
+  // NVFP4 checkpoints of NVIDIA ModelOpt (config.json quantization_config with quant_method
+  // modelopt / modelopt_fp4, and/or hf_quant_config.json): quant_algo NVFP4, blocks of 16.
+  std::optional<Nvfp4Scheme> nvfp4;
 
   GenerationDefaults generation;
 

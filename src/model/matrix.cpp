@@ -16,6 +16,8 @@ uint64_t Matrix::bytes() const {
       return 2 * bf16.size();
     case WeightFormat::kFp8Block:
       return fp8.bytes();
+    case WeightFormat::kNvfp4:
+      return nvfp4.bytes();
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
@@ -39,6 +41,9 @@ void linear_held(const Matrix& w, const float* x, int64_t n, float* y) {
                                  {w.fp8.bits.data(), w.fp8.scales.data(), rows, w.cols,
                                   w.fp8.block_rows, w.fp8.block_cols},
                                  y);
+    case WeightFormat::kNvfp4:
+      return kernels::linear_nvfp4(
+          x, n, {w.nvfp4.codes.data(), w.nvfp4.scales.data(), w.nvfp4.global, rows, w.cols}, y);
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
@@ -86,6 +91,29 @@ Fp8Matrix fp8_cols(const Fp8Matrix& m, int64_t rows, int64_t cols, int64_t c0, i
   return s;
 }
 
+// NVFP4 rows and columns: 16 columns a scale byte, two a code byte; the global scale is the
+// matrix's.
+constexpr int64_t kNvfp4Block = 16;
+
+Nvfp4Matrix nvfp4_rows(const Nvfp4Matrix& m, int64_t cols, int64_t r0, int64_t r1) {
+  Nvfp4Matrix s;
+  s.global = m.global;
+  s.codes = copy_range(m.codes, r0 * cols / 2, r1 * cols / 2);
+  s.scales = copy_range(m.scales, r0 * cols / kNvfp4Block, r1 * cols / kNvfp4Block);
+  return s;
+}
+
+Nvfp4Matrix nvfp4_cols(const Nvfp4Matrix& m, int64_t rows, int64_t cols, int64_t c0, int64_t c1) {
+  if (c0 % kNvfp4Block != 0 || c1 % kNvfp4Block != 0)
+    fail("columns {}..{} of a [{}, {}] NVFP4 matrix are not whole blocks of {}", c0, c1, rows, cols,
+         kNvfp4Block);
+  Nvfp4Matrix s;
+  s.global = m.global;
+  s.codes = copy_cols(m.codes, rows, cols / 2, c0 / 2, c1 / 2);
+  s.scales = copy_cols(m.scales, rows, cols / kNvfp4Block, c0 / kNvfp4Block, c1 / kNvfp4Block);
+  return s;
+}
+
 }  // namespace
 
 void linear(const Matrix& w, const float* x, int64_t n, float* y) {
@@ -106,6 +134,7 @@ int64_t row_slice_step(const Matrix& m) {
       return m.fp8.block_rows;
     case WeightFormat::kF32:
     case WeightFormat::kBF16:
+    case WeightFormat::kNvfp4:
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
@@ -142,6 +171,9 @@ Matrix slice_rows(const Matrix& m, int64_t r0, int64_t r1) {
     case WeightFormat::kFp8Block:
       s.fp8 = fp8_rows(m.fp8, m.cols, r0, r1);
       break;
+    case WeightFormat::kNvfp4:
+      s.nvfp4 = nvfp4_rows(m.nvfp4, m.cols, r0, r1);
+      break;
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:
@@ -164,6 +196,9 @@ Matrix slice_cols(const Matrix& m, int64_t c0, int64_t c1) {
       break;
     case WeightFormat::kFp8Block:
       s.fp8 = fp8_cols(m.fp8, m.rows, m.cols, c0, c1);
+      break;
+    case WeightFormat::kNvfp4:
+      s.nvfp4 = nvfp4_cols(m.nvfp4, m.rows, m.cols, c0, c1);
       break;
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:

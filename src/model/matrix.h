@@ -26,9 +26,9 @@ class RemoteRows {
 };
 
 // Row-major [rows, cols] weight of a Linear layer: y = W x. Its format (format()) is that of the
-// one non-empty member: fp32, BF16 or FP8 (block-scaled) as stored, or a container weight kept as
-// stored (int8/int4 rows or groups with fp32 scales). With `remote`, only rows [0, local_rows) are
-// held here.
+// one non-empty member: fp32, BF16, FP8 (block-scaled) or NVFP4 as stored, or a container weight
+// kept as stored (int8/int4 rows or groups with fp32 scales). With `remote`, only rows [0,
+// local_rows) are held here.
 struct Matrix {
   int64_t rows = 0, cols = 0;
   std::vector<float> data;             // kF32
@@ -37,12 +37,15 @@ struct Matrix {
   Fp8Matrix fp8;                       // kFp8Block: FP8 E4M3 with block scales
   int64_t local_rows = 0;              // with `remote`: the rows held here
   std::shared_ptr<RemoteRows> remote;  // null: every row is held here
+  Nvfp4Matrix nvfp4;  // kNvfp4: E2M1 codes, E4M3 block scales, global scale (last: aggregates
+                      // that list the members before it stay valid)
   int64_t held_rows() const { return remote ? local_rows : rows; }
   // The one place that tells the format from the members; kF32 for an empty matrix.
   WeightFormat format() const {
     if (!quant.empty()) return weight_format(quant.format);
     if (!bf16.empty()) return WeightFormat::kBF16;
     if (!fp8.empty()) return WeightFormat::kFp8Block;
+    if (!nvfp4.empty()) return WeightFormat::kNvfp4;
     return WeightFormat::kF32;
   }
   bool empty() const { return bytes() == 0; }
@@ -70,7 +73,8 @@ int64_t row_slice_step(const Matrix& m);
 std::vector<int64_t> split_bounds(const Matrix& m, int parts);
 
 // Columns [c0, c1) of m (held whole), copied; c0 starts a group of a grouped container matrix, a
-// byte of an int4 one and a block of an FP8 one (else an Error). A container matrix held by rows
+// byte of an int4 one and a block of an FP8 one, and c0 and c1 blocks of 16 of an NVFP4 one
+// (else an Error). A container matrix held by rows
 // stays so; one held in tiles comes back in the layout the CPU kernels prefer (use_cpu_layout).
 Matrix slice_cols(const Matrix& m, int64_t c0, int64_t c1);
 

@@ -29,6 +29,8 @@ enum class WeightFormat : uint8_t {
   // compressed-tensors pack-quantized INT4 (I32 `_packed` + `_scale` + `_shape`, symmetric) is
   // held as kInt4Grouped, or kInt4Row for one group a row: the same nibbles, its scales widened to
   // fp32 at load (model/checkpoint.h).
+  kNvfp4,  // NVIDIA ModelOpt NVFP4 as stored: E2M1 codes, E4M3 scales per 16 columns, fp32 global
+           // (Nvfp4Matrix, kernels/cpu/linear.h: linear_nvfp4)
 };
 
 // Which scale an element is multiplied by.
@@ -37,6 +39,8 @@ enum class WeightScales : uint8_t {
   kPerRow,    // one fp32 scale per row
   kPerGroup,  // one fp32 scale per row and group of columns (the matrix's group_size)
   kPerBlock,  // one fp32 scale per block of rows and columns (the matrix's block_rows x block_cols)
+  // one FP8 E4M3 scale (a byte) per row and block of 16 columns, times one fp32 scale per matrix
+  kPerBlock16AndMatrix,
 };
 
 struct WeightFormatRow {
@@ -52,7 +56,7 @@ struct WeightFormatRow {
   std::optional<kernels::QuantFormat> container;
 };
 
-inline constexpr std::array<WeightFormatRow, 6> kWeightFormats = {{
+inline constexpr std::array<WeightFormatRow, 7> kWeightFormats = {{
     {WeightFormat::kF32, "f32", 32, WeightScales::kNone, Dtype::F32, true, std::nullopt},
     {WeightFormat::kBF16, "bf16", 16, WeightScales::kNone, Dtype::BF16, true, std::nullopt},
     {WeightFormat::kFp8Block, "fp8-block", 8, WeightScales::kPerBlock, Dtype::F8_E4M3, false,
@@ -63,6 +67,10 @@ inline constexpr std::array<WeightFormatRow, 6> kWeightFormats = {{
      kernels::QuantFormat::kInt4Row},
     {WeightFormat::kInt4Grouped, "int4-grouped", 4, WeightScales::kPerGroup, Dtype::U8, false,
      kernels::QuantFormat::kInt4Grouped},
+    // Stored as U8 too, but told apart by its `_scale` (F8_E4M3) and `_scale_2` tensors
+    // (Checkpoint::is_nvfp4): stored_format(U8) is the container's row above.
+    {WeightFormat::kNvfp4, "nvfp4", 4, WeightScales::kPerBlock16AndMatrix, Dtype::U8, false,
+     std::nullopt},
 }};
 
 // The row of `format`.
@@ -82,7 +90,7 @@ constexpr WeightFormat weight_format(kernels::QuantFormat container) {
   return WeightFormat::kF32;  // not reached: every container format has a row
 }
 
-// "f32", "bf16", "fp8-block", "int8-row", "int4-row", "int4-grouped".
+// "f32", "bf16", "fp8-block", "int8-row", "int4-row", "int4-grouped", "nvfp4".
 constexpr std::string_view weight_format_name(WeightFormat format) {
   return format_row(format).name;
 }

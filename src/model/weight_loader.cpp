@@ -28,6 +28,7 @@ class Loader {
   // Every float weight is checked for NaN/Inf as it is loaded: 1.7 ms for the 11.7 M weights of
   // the embedded model (about 7% of its 22 ms load, 2 cores), against a constant token stream.
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    if (checkpoint_.is_nvfp4(name)) check_nvfp4(name);  // then dequantized by load_f32
     Matrix m;
     m.rows = rows;
     m.cols = cols;
@@ -43,6 +44,11 @@ class Loader {
       check_declared(name);
       return keep_stored_ ? WeightFormat::kInt4Row : WeightFormat::kF32;
     }
+    if (checkpoint_.is_nvfp4(name)) {
+      check_nvfp4(name);
+      return keep_stored_ ? WeightFormat::kNvfp4 : WeightFormat::kF32;
+    }
+    check_u8_scales(name);
     const TensorView* view = checkpoint_.find(name);
     if (!keep_stored_ || view == nullptr) return WeightFormat::kF32;
     const std::optional<WeightFormat> stored = stored_format(view->dtype);
@@ -57,6 +63,51 @@ class Loader {
           "{}: tensor '{}_packed' is a compressed-tensors INT4 weight, but config.json has no "
           "quantization_config with quant_method 'compressed-tensors'",
           checkpoint_.dir().string(), name);
+  }
+  // In an NVFP4 checkpoint, a U8 weight that is not NVFP4 must be a container's (with `.qs`).
+  void check_u8_scales(const std::string& name) const {
+    const TensorView* view = checkpoint_.find(name);
+    if (view && view->dtype == Dtype::U8 && c_.nvfp4 && !checkpoint_.is_nvfp4(name) &&
+        !checkpoint_.find(name + kQuantScaleSuffix))
+      fail(
+          "{}: tensor '{}' is U8 but has neither NVFP4 scales ('{}_scale' F8_E4M3 and "
+          "'{}_scale_2' F32) nor container scales ('{}{}')",
+          view->file->string(), name, name, name, name, kQuantScaleSuffix);
+  }
+  // An NVFP4 weight is read only with a ModelOpt NVFP4 declaration, outside the modules it
+  // excludes, and (quant_algo NVFP4) with its input_scale.
+  void check_nvfp4(const std::string& name) const {
+    const Checkpoint::Nvfp4Tensors& t = *checkpoint_.nvfp4_tensors(name);
+    const std::string file = t.weight->file->string();
+    if (!c_.nvfp4)
+      fail(
+          "{}: tensor '{}' is an NVFP4 weight ('{}_scale' F8_E4M3, '{}_scale_2'), but config.json "
+          "has no quantization_config with quant_method 'modelopt' and the model directory has no "
+          "hf_quant_config.json",
+          file, name, name, name);
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    if (const std::string entry = c_.nvfp4->excluded_by(module); !entry.empty())
+      fail(
+          "{}: tensor '{}' is NVFP4, but '{}' in {} excludes its module from quantization (an "
+          "excluded module keeps its checkpoint dtype)",
+          file, name, entry, c_.nvfp4->declared_in);
+    if (c_.nvfp4->input_scales && !t.input_scale)
+      fail("{}: NVFP4 tensor '{}' has no '{}.input_scale' (quant_algo NVFP4)", file, name, module);
+  }
+  // A routed expert's matrix: NVFP4 as stored whatever keep_stored (as a container's experts stay
+  // quantized), else as a projection; with row_end >= 0 only rows [row_begin, row_end).
+  Matrix expert_matrix(const std::string& name, int64_t rows, int64_t cols, int64_t row_begin = 0,
+                       int64_t row_end = -1) const {
+    if (!checkpoint_.is_nvfp4(name)) {
+      const Matrix m = projection(name, rows, cols);
+      return row_end < 0 ? m : slice_rows(m, row_begin, row_end);
+    }
+    check_nvfp4(name);
+    Matrix m;
+    m.rows = row_end < 0 ? rows : row_end - row_begin;
+    m.cols = cols;
+    m.nvfp4 = checkpoint_.load_nvfp4(name, rows, cols, row_begin, row_end);
+    return m;
   }
   // A projection, in kept_format(name).
   // by_rows: the caller reads the matrix row by row itself, so a container weight keeps its rows;
@@ -78,6 +129,9 @@ class Loader {
         break;
       case WeightFormat::kFp8Block:
         m.fp8 = checkpoint_.load_fp8(name, {rows, cols});
+        break;
+      case WeightFormat::kNvfp4:
+        m.nvfp4 = checkpoint_.load_nvfp4(name, rows, cols);
         break;
       case WeightFormat::kInt8Row:
       case WeightFormat::kInt4Row:
@@ -127,10 +181,24 @@ class Loader {
   MlpWeights expert(const std::string& prefix, int64_t intermediate, ExpertSlice slice = {}) const {
     const std::string names[3] = {prefix + "gate_proj.weight", prefix + "up_proj.weight",
                                   prefix + "down_proj.weight"};
-    int quantized = 0;
+    int quantized = 0, nvfp4 = 0;
     for (const auto& name : names) {
+      check_u8_scales(name);
       quantized += checkpoint_.is_quantized(name);
+      nvfp4 += checkpoint_.is_nvfp4(name);
       if (checkpoint_.is_packed_int4(name)) check_declared(name);
+    }
+    if (nvfp4 > 0 && quantized == 0) {
+      // NVFP4 as stored; of a slice, only the slice's gate and up rows are read.
+      const int64_t h = c_.hidden_size;
+      if (!slice.whole()) naming(prefix, [&] { check_expert_slice(slice, intermediate, false); });
+      const int64_t b = slice.whole() ? 0 : slice.begin, e = slice.whole() ? -1 : slice.end;
+      MlpWeights w;
+      w.gate = expert_matrix(names[0], intermediate, h, b, e);
+      w.up = expert_matrix(names[1], intermediate, h, b, e);
+      w.down = expert_matrix(names[2], h, intermediate);
+      if (!slice.whole()) w.down = naming(prefix, [&] { return slice_cols(w.down, b, e); });
+      return w;
     }
     if (quantized == 0) {
       MlpWeights w = mlp(prefix, intermediate);
@@ -142,6 +210,11 @@ class Loader {
         if (!checkpoint_.is_quantized(name)) {
           const TensorView* view = checkpoint_.find(name);
           if (!view) fail("{}: tensor '{}' is missing", checkpoint_.dir().string(), name);
+          if (checkpoint_.is_nvfp4(name))
+            fail(
+                "{}: tensor '{}' is NVFP4 but the other matrices of its expert are container "
+                "weights (U8 with '.qs' scales)",
+                view->file->string(), name);
           fail(
               "{}: tensor '{}' has dtype {} but the other matrices of its expert are quantized "
               "(U8)",

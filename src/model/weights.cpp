@@ -137,6 +137,9 @@ void add(WeightBytes& b, const Matrix& m) {
     case WeightFormat::kFp8Block:
       b.fp8 += m.bytes();
       return;
+    case WeightFormat::kNvfp4:
+      b.nvfp4 += m.bytes();
+      return;
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped:

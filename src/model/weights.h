@@ -1,9 +1,9 @@
 // Model weights, loaded from a Checkpoint with every shape checked against the config
 // (model/weight_loader.cpp). Expert ranks load only the routed experts they own. Routed experts of
-// a colibri container stay quantized in memory; with LoadOptions::keep_stored (the engine) its
-// projections, dense MLPs and shared experts also stay as stored (container int8/int4, BF16, or
-// FP8: the formats of model/weight_format.h), run by their kernels. Otherwise (the reference)
-// every other tensor is converted to fp32 at load.
+// a colibri container stay quantized in memory, and NVFP4 ones stay NVFP4; with
+// LoadOptions::keep_stored (the engine) its projections, dense MLPs and shared experts also stay as
+// stored (container int8/int4, BF16, FP8 or NVFP4: the formats of model/weight_format.h), run by
+// their kernels. Otherwise (the reference) every other tensor is converted to fp32 at load.
 #pragma once
 
 #include <cstdint>
@@ -118,8 +118,9 @@ struct ModelWeights {
 
 // Bytes of the weights held in memory, by representation (norms and biases count as fp32).
 struct WeightBytes {
-  uint64_t f32 = 0, bf16 = 0, fp8 = 0, quantized = 0;  // fp8, quantized: with their scales
-  uint64_t total() const { return f32 + bf16 + fp8 + quantized; }
+  // fp8, quantized (int8/int4 containers), nvfp4: with their scales
+  uint64_t f32 = 0, bf16 = 0, fp8 = 0, quantized = 0, nvfp4 = 0;
+  uint64_t total() const { return f32 + bf16 + fp8 + quantized + nvfp4; }
 };
 WeightBytes weight_bytes(const ModelWeights& w);
 
@@ -127,9 +128,9 @@ struct LoadOptions {
   bool dense = true;  // embeddings, attention, routers, shared experts, dense MLPs, lm_head
   bool mtp = true;
   // Projections (attention, indexer, lm_head), dense MLPs and shared experts stay in their
-  // stored precision when it is a container's int8/int4, BF16, or FP8 E4M3 with column blocks a
-  // multiple of 16 (kv_b_proj: int8 rows or BF16 only, as the absorbed attention reads it by
-  // rows); embeddings, norms and routers are fp32.
+  // stored precision when it is a container's int8/int4, BF16, FP8 E4M3 with column blocks a
+  // multiple of 16, or NVFP4 (kv_b_proj: int8 rows or BF16 only, as the absorbed attention reads
+  // it by rows; NVFP4 and FP8 ones are dequantized); embeddings, norms and routers are fp32.
   bool keep_stored = false;
   // Only the matrices split_targets lists and each layer's kv_b_proj, as `dense` with
   // keep_stored would load them (a rank that serves rows of split linears and attends for heads
@@ -181,9 +182,9 @@ MlpWeights slice_expert(const MlpWeights& w, ExpertSlice slice);
 // in a container format, starts at a whole row tile.
 void check_expert_slice(ExpertSlice slice, int64_t inter, bool quantized);
 
-// One routed expert as stored (a container's int8/int4, BF16, or FP8 with column blocks a multiple
-// of 16; fp32 otherwise), as the engine's load_model_weights holds it, or its `slice`. Thread-safe:
-// the checkpoint is only read.
+// One routed expert as stored (a container's int8/int4, BF16, NVFP4, or FP8 with column blocks a
+// multiple of 16; fp32 otherwise), as the engine's load_model_weights holds it, or its `slice`.
+// Thread-safe: the checkpoint is only read.
 MlpWeights load_routed_expert(const ModelConfig& config, const Checkpoint& checkpoint, int layer,
                               int expert, ExpertSlice slice = {});
 

@@ -240,9 +240,9 @@ std::string Node::memory_line(const std::string& host) const {
   const auto gb = [](uint64_t bytes) { return double(bytes) / 1e9; };
   std::string line = fmt::format(
       "rank {}@{} ({}): weights {:.3f} GB (fp32 {:.3f}, bf16 {:.3f}, fp8 {:.3f}, "
-      "int8/int4 {:.3f})",
+      "int8/int4 {:.3f}, nvfp4 {:.3f})",
       rank_, host, role_name(layout_.ranks[size_t(rank_)].role), gb(w.total()), gb(w.f32),
-      gb(w.bf16), gb(w.fp8), gb(w.quantized));
+      gb(w.bf16), gb(w.fp8), gb(w.quantized), gb(w.nvfp4));
   if (expert_store_)
     line += fmt::format(", routed experts {:.3f} GB resident ({:.3f} pinned)",
                         gb(expert_store_->resident_bytes() + expert_store_->pinned_bytes()),
@@ -340,8 +340,8 @@ uint64_t Node::expert_bytes() const {
   const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) *
                         uint64_t(config_.hidden_size) * sizeof(float);
   // Routed experts stay as stored (load_routed_expert): a container's packed bytes and scales
-  // (compressed-tensors INT4: its packed bytes, scales widened to fp32), BF16, FP8 with its scales;
-  // other dtypes become fp32.
+  // (compressed-tensors INT4: its packed bytes, scales widened to fp32), BF16, FP8 with its scales,
+  // NVFP4 with its block scales and global scale; other dtypes become fp32.
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
   if (!checkpoint_ || layer == config_.num_layers) return fp32;
@@ -353,6 +353,10 @@ uint64_t Node::expert_bytes() const {
       const bool down = std::string_view(proj) == "down_proj";
       const int64_t h = config_.hidden_size, inter = config_.moe_intermediate_size;
       bytes += checkpoint_->quant_bytes(name, down ? h : inter, down ? inter : h);
+      continue;
+    }
+    if (const Checkpoint::Nvfp4Tensors* nvfp4 = checkpoint_->nvfp4_tensors(name)) {
+      bytes += nvfp4->held_bytes();  // NVFP4: codes, block scales and the global, as stored
       continue;
     }
     const TensorView* w = checkpoint_->find(name);
@@ -370,6 +374,10 @@ uint64_t Node::expert_bytes() const {
     }
   }
   return bytes;
+}
+
+uint64_t Node::resident_expert_bytes() const {
+  return expert_store_ ? expert_store_->resident_bytes() + expert_store_->pinned_bytes() : 0;
 }
 
 Engine& Node::engine() {

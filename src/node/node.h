@@ -92,8 +92,10 @@ class Node {
   const NodeOptions& options() const { return options_; }
   ElemType wire_type() const { return wire_type_; }
   Profiler& profiler() { return *profiler_; }
-  // In-memory bytes of one routed expert (quantized in a container, else fp32).
+  // In-memory bytes of one routed expert (as stored: container, BF16, FP8 or NVFP4; else fp32).
   uint64_t expert_bytes() const;
+  // Bytes of the routed experts this rank's store holds in RAM (pinned included); 0 without one.
+  uint64_t resident_expert_bytes() const;
   // An expert rank's part of a change of placement (prepare: read the experts it gains; commit:
   // switch its table, drop what it lost).
   void on_placement_change(const PlacementChange& change);

@@ -33,14 +33,16 @@ std::string read_text(const std::filesystem::path& path, const char* what) {
   return s.str();
 }
 
-// The format `name` is stored (and kept) in: a container's int8/int4, FP8, BF16 or F32; `fallback`
-// when the checkpoint has no such tensor. `elements` tells int4 from int8.
+// The format `name` is stored (and kept) in: a container's int8/int4 (NVFP4 as int4), FP8, BF16 or
+// F32; `fallback` when the checkpoint has no such tensor. `elements` tells int4 from int8.
 std::string stored_format(const Checkpoint& checkpoint, const std::string& name, uint64_t elements,
                           const std::string& fallback) {
   const TensorView* w = checkpoint.find(name);
   if (!w) return fallback;
   if (w->dtype == Dtype::U8 && checkpoint.find(name + kQuantScaleSuffix))
     return uint64_t(w->nbytes) * 2 <= elements ? "int4" : "int8";
+  // NVFP4 is planned as int4 g64: the same 4.5 bits a weight (its kernels are not calibrated).
+  if (checkpoint.is_nvfp4(name)) return "int4";
   if (w->dtype == Dtype::F8_E4M3) return "fp8";
   if (w->dtype == Dtype::F32) return "fp32";
   return "bf16";

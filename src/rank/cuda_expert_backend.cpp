@@ -28,6 +28,7 @@ std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
     case WeightFormat::kBF16:
       return cuda::WeightFormat::kBF16;
     case WeightFormat::kFp8Block:
+    case WeightFormat::kNvfp4:
       return std::nullopt;
     case WeightFormat::kInt8Row:
       return cuda::WeightFormat::kInt8Row;

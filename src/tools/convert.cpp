@@ -32,14 +32,17 @@ using nlohmann::json;
 // Files copied unchanged from the source directory when present.
 constexpr const char* kCopiedFiles[] = {
     "config.json",           "generation_config.json",  "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"};
+    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+    "hf_quant_config.json"};
 
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-enum class Storage { kF32, kBF16, kQuant };
+// kNvfp4: an NVFP4 weight written as stored (its codes, block scales, second-level and input
+// scales), read back as NVFP4 by the loader.
+enum class Storage { kF32, kBF16, kQuant, kNvfp4 };
 
 // How one source tensor is written.
 struct Plan {
@@ -49,6 +52,7 @@ struct Plan {
   QuantSpec spec{QuantFormat::kInt8Row, 0};
   std::string expert;      // "model.layers.L.mlp.experts.E." for routed experts, else empty
   bool as_stored = false;  // a compressed-tensors INT4 weight, written with its own numbers
+  const Checkpoint::Nvfp4Tensors* nvfp4 = nullptr;  // Storage::kNvfp4: its tensors
 
   int64_t numel() const {
     int64_t n = 1;
@@ -58,6 +62,7 @@ struct Plan {
   uint64_t data_bytes() const {
     if (storage == Storage::kF32) return 4 * uint64_t(numel());
     if (storage == Storage::kBF16) return 2 * uint64_t(numel());
+    if (storage == Storage::kNvfp4) return uint64_t(numel()) / 2;
     return uint64_t(kernels::packed_bytes(spec.format, shape[0], shape[1]));
   }
   uint64_t scale_bytes() const {
@@ -100,9 +105,39 @@ void check_resolvable(const Plan& p, const TensorView& view) {
                      : "choose another --group-size");
 }
 
+// The NVFP4 weight `name` belongs to as one of its scales (`<weight>_scale`, `<weight>_scale_2`,
+// `<module>.input_scale`), or empty.
+std::string nvfp4_weight_of_scale(const Checkpoint& checkpoint, const std::string& name) {
+  for (const std::string_view suffix : {"_scale_2", "_scale"})
+    if (ends_with(name, suffix)) {
+      const std::string weight = name.substr(0, name.size() - suffix.size());
+      if (checkpoint.is_nvfp4(weight)) return weight;
+    }
+  constexpr std::string_view kInput = ".input_scale";
+  if (ends_with(name, kInput)) {
+    const std::string weight = name.substr(0, name.size() - kInput.size()) + ".weight";
+    if (checkpoint.is_nvfp4(weight)) return weight;
+  }
+  return {};
+}
+
 std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o,
                                 const TensorView& view) {
   const std::string& name = view.name;
+  // NVIDIA ModelOpt NVFP4: no container format holds its numbers (E2M1 times an E4M3 scale per 16
+  // columns times a per-tensor scale), so by default it is written as stored, its scales with it,
+  // and loaded as NVFP4 again; with nvfp4_as_stored false it is dequantized and quantized as a
+  // float weight of its kind.
+  if (!nvfp4_weight_of_scale(checkpoint, name).empty()) return std::nullopt;  // with its weight
+  if (const Checkpoint::Nvfp4Tensors* t = checkpoint.nvfp4_tensors(name); t && o.nvfp4_as_stored) {
+    Plan p;
+    p.name = name;
+    p.shape = {t->rows, t->cols};
+    p.storage = Storage::kNvfp4;
+    p.expert = expert_of(name);
+    p.nvfp4 = t;
+    return p;
+  }
   // compressed-tensors INT4: `<weight>_packed` stands for the weight, its `_scale` and `_shape`
   // are read with it. Its numbers are the container's: written as they are, in its group size.
   for (const std::string_view suffix : {"_packed", "_scale", "_shape"}) {
@@ -126,14 +161,16 @@ std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptio
         checkpoint.find(name.substr(0, name.size() - std::string_view("_scale_inv").size()));
     if (base && base->dtype == Dtype::F8_E4M3) return std::nullopt;  // folded into its weight
   }
-  if (view.dtype == Dtype::U8)
+  const bool nvfp4 = checkpoint.is_nvfp4(name);  // requantized: planned as its float values
+  if (view.dtype == Dtype::U8 && !nvfp4)
     fail("{}: tensor '{}' is U8: the source is already quantized", view.file->string(), name);
-  if (!is_float_dtype(view.dtype))
+  if (!is_float_dtype(view.dtype) && !nvfp4)
     fail("{}: tensor '{}' has dtype {}, expected a float type", view.file->string(), name,
          dtype_name(view.dtype));
   Plan p;
   p.name = name;
   p.shape = view.shape;
+  if (nvfp4) p.shape = {checkpoint.nvfp4_tensors(name)->rows, checkpoint.nvfp4_tensors(name)->cols};
   // Norms, the router and its bias, biases and anything not a 2-D weight stay F32.
   if (view.shape.size() != 2 || !ends_with(name, ".weight") ||
       name.find("norm") != std::string::npos || ends_with(name, "mlp.gate.weight"))
@@ -183,7 +220,11 @@ std::vector<ShardSlot> slots_of(const std::vector<Unit>& units) {
   std::vector<ShardSlot> slots;
   for (const Unit& unit : units) {
     for (const Plan& p : unit) {
-      if (p.storage == Storage::kQuant)
+      if (p.storage == Storage::kNvfp4) {
+        const Checkpoint::Nvfp4Tensors& t = *p.nvfp4;
+        for (const TensorView* v : {t.weight, t.scale, t.global, t.input_scale})
+          if (v) slots.push_back({v->name, std::string(dtype_name(v->dtype)), v->shape, v->nbytes});
+      } else if (p.storage == Storage::kQuant)
         slots.push_back(quant_slots(p.name, p.spec, p.shape[0], p.shape[1])[0]);
       else
         slots.push_back(
@@ -239,12 +280,14 @@ std::string read_text(const fs::path& path) {
 json manifest_of(const ConvertOptions& o, const std::vector<fs::path>& shards) {
   json sources = json::array();
   for (const fs::path& s : shards) sources.push_back({s.filename().string(), fs::file_size(s)});
-  return {{"container", "colibri int4/int8"},
-          {"expert_bits", o.expert_bits},
-          {"group_size", o.group_size},
-          {"dense_bits", o.dense_bits},
-          {"io_bits", o.io_bits},
-          {"source_shards", sources}};
+  json manifest = {{"container", "colibri int4/int8"},
+                   {"expert_bits", o.expert_bits},
+                   {"group_size", o.group_size},
+                   {"dense_bits", o.dense_bits},
+                   {"io_bits", o.io_bits},
+                   {"source_shards", sources}};
+  if (!o.nvfp4_as_stored) manifest["nvfp4"] = "requantize";
+  return manifest;
 }
 
 }  // namespace
@@ -435,6 +478,21 @@ ConvertResult convert_checkpoint(const ConvertOptions& o) {
       for (const Plan& p : unit) {
         if (o.stop_after_tensors >= 0 && written_tensors >= o.stop_after_tensors)
           fail("{}: stopped after {} tensors as asked", partial.string(), written_tensors);
+        if (p.storage == Storage::kNvfp4) {
+          // As stored, checked as the loader checks it (no NaN block scale, finite scales).
+          const Nvfp4Matrix m = checkpoint.load_nvfp4(p.name, p.shape[0], p.shape[1]);
+          out.write(m.codes.data(), m.codes.size());
+          out.write(m.scales.data(), m.scales.size());
+          out.write(&m.global, sizeof(float));
+          if (const TensorView* input = p.nvfp4->input_scale) {
+            float value = 0;
+            checkpoint.shard_of(*input).read(*input, &value);
+            out.write(&value, sizeof(float));
+          }
+          ++written_tensors;
+          ++done_tensors;
+          continue;
+        }
         if (p.as_stored) {
           quantized.push_back(checkpoint.load_quant(p.name, p.shape[0], p.shape[1]));
           out.write(quantized.back().data.data(), quantized.back().data.size());

@@ -1,6 +1,7 @@
-// colibri-convert: a Hugging Face checkpoint (BF16/F16/F32, FP8 with 128x128 block scales, or
-// compressed-tensors pack-quantized INT4, whose weights keep their numbers and group size) to
-// colibri's int4/int8 container (model/container.h). One output shard per input shard,
+// colibri-convert: a Hugging Face checkpoint (BF16/F16/F32, FP8 with 128x128 block scales,
+// compressed-tensors pack-quantized INT4, whose weights keep their numbers and group size, or
+// NVIDIA ModelOpt NVFP4, whose weights are copied as stored) to colibri's int4/int8 container
+// (model/container.h). One output shard per input shard,
 // written one tensor at a time; every shard is written as `<name>.partial` and renamed when
 // complete, so an interrupted run leaves nothing loadable, and a rerun with the same parameters
 // keeps the shards already complete.
@@ -65,6 +66,11 @@ struct ConvertOptions {
   int dense_bits =
       8;            // attention, dense MLPs, shared experts, indexer: 4, 8, 16 (BF16) or 32 (F32)
   int io_bits = 8;  // embeddings and lm_head: 8, 16 (BF16) or 32 (F32)
+  // NVFP4 weights (NVIDIA ModelOpt): true: copied as stored with their scales (the container holds
+  // no format with their numbers; the copied config.json and hf_quant_config.json declare them, so
+  // they load as NVFP4); false ("requantize"): dequantized and quantized as the float weights of
+  // their kind (expert_bits, dense_bits, io_bits).
+  bool nvfp4_as_stored = true;
   // Called once per tensor written, and once per shard skipped because it was already complete.
   std::function<void(const std::string& line)> progress;
   // For tests: stop (throwing Error) after writing this many tensors in this run; < 0 = never.

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   std::string input, output;
   CLI::App app{
       "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, FP8 with block "
-      "scales, or compressed-tensors INT4, whose weights keep their numbers and group size) to "
+      "scales, compressed-tensors INT4, whose weights keep their numbers and group size, or "
+      "NVIDIA ModelOpt NVFP4, whose weights are copied as stored unless --nvfp4 requantize) to "
       "colibri's int4/int8 container: U8 packed weights with F32 '.qs' scales, HF tensor names, "
       "one output "
       "shard per input shard. Interrupted runs resume: shards are written as '.partial' and "
@@ -35,8 +36,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--io-bits", options.io_bits, "embeddings and lm_head: 8, 16 (BF16) or 32 (F32)")
       ->capture_default_str();
+  std::string nvfp4 = "keep";
+  app.add_option("--nvfp4", nvfp4,
+                 "NVFP4 (ModelOpt) weights: keep (copied as stored with their scales, loaded as "
+                 "NVFP4) or requantize (dequantized, then quantized as the float weights of their "
+                 "kind)")
+      ->check(CLI::IsMember({"keep", "requantize"}))
+      ->capture_default_str();
   app.footer("Norms, routers (mlp.gate.weight), e_score_correction_bias and biases stay F32.");
   CLI11_PARSE(app, argc, argv);
+  options.nvfp4_as_stored = nvfp4 == "keep";
   options.input_dir = input;
   options.output_dir = output;
   options.progress = [](const std::string& line) {

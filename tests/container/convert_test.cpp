@@ -284,6 +284,57 @@ TEST(Convert, CompressedTensorsInt4KeepsItsNumbers) {
   }
 }
 
+// NVIDIA ModelOpt NVFP4 in (the glm5_nvfp4 parity fixture): by default its weights are copied as
+// stored, their scales with them, and load as NVFP4 again with the same bytes; with dense and io
+// weights kept at 16 bits the converted model is the source, bit for bit. With nvfp4_as_stored
+// false they are dequantized and quantized as the float weights of their kind.
+TEST(Convert, Nvfp4WeightsAreCopiedAsStoredOrRequantized) {
+  const fs::path source = kData / "parity" / "glm5_nvfp4" / "model";
+  const auto from = load(source);
+  TempDir out;
+  ConvertOptions o = options_for(source, out.path() / "kept");
+  o.dense_bits = 16;
+  o.io_bits = 16;
+  convert_checkpoint(o);
+  EXPECT_TRUE(fs::exists(out.path() / "kept" / "hf_quant_config.json"));
+  const auto kept = load(out.path() / "kept");
+  ASSERT_TRUE(kept->config.nvfp4);
+  int nvfp4 = 0;
+  for (const std::string& name : from->checkpoint->names()) {
+    const Checkpoint::Nvfp4Tensors* t = from->checkpoint->nvfp4_tensors(name);
+    if (!t) continue;
+    ++nvfp4;
+    const Checkpoint::Nvfp4Tensors* u = kept->checkpoint->nvfp4_tensors(name);
+    ASSERT_NE(u, nullptr) << name;
+    ASSERT_NE(u->input_scale, nullptr) << name;
+    const Nvfp4Matrix a = from->checkpoint->load_nvfp4(name, t->rows, t->cols);
+    const Nvfp4Matrix b = kept->checkpoint->load_nvfp4(name, t->rows, t->cols);
+    EXPECT_TRUE(a.codes == b.codes && a.scales == b.scales && a.global == b.global) << name;
+  }
+  EXPECT_GT(nvfp4, 3 * 16 * 3);  // the routed experts and the coordinator's linears
+  const int layer = 1;
+  EXPECT_EQ(kept->weights.layers[layer].experts[0].gate.format(), WeightFormat::kNvfp4);
+  // Everything else at 16 bits (the fixture's BF16 and F32): the same model.
+  std::ifstream meta_file(kData / "parity" / "glm5_nvfp4" / "golden" / "meta.json");
+  const auto meta = nlohmann::json::parse(meta_file);
+  const std::vector<int> prompt = meta.at("prompt_ids").get<std::vector<int>>();
+  ReferenceModel want_model(from->config, from->weights), got_model(kept->config, kept->weights);
+  KvCache want_cache(from->config), got_cache(kept->config);
+  EXPECT_EQ(got_model.forward(prompt, got_cache), want_model.forward(prompt, want_cache));
+
+  ConvertOptions r = options_for(source, out.path() / "requantized");
+  r.nvfp4_as_stored = false;
+  convert_checkpoint(r);
+  const auto requantized = load(out.path() / "requantized");
+  for (const std::string& name : requantized->checkpoint->names())
+    EXPECT_FALSE(requantized->checkpoint->is_nvfp4(name) || name.ends_with("_scale_2") ||
+                 name.ends_with(".input_scale"))
+        << name;
+  const MlpWeights& expert = requantized->weights.layers[layer].experts[0];
+  ASSERT_TRUE(expert.quantized());
+  EXPECT_EQ(expert.quant.gate.format, QuantFormat::kInt4Row);  // int4 g64: one group a row of 64
+}
+
 // A weight the quantizer cannot take is named with its tensor; an output that is a file is
 // refused with one line and kept.
 TEST(Convert, ANonFiniteWeightIsNamedAndAFileAsOutputIsRefused) {

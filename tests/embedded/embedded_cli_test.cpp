@@ -114,14 +114,14 @@ TEST(EmbeddedCli, StartupReportsResidentMemoryByRepresentation) {
   ASSERT_EQ(run.exit_code, 0) << run.out;
   const size_t at = run.out.find("memory: rank 0@");
   ASSERT_NE(at, std::string::npos) << run.out;
-  double total = 0, f32 = 0, bf16 = 0, fp8 = 0, quantized = 0, rss = 0;
+  double total = 0, f32 = 0, bf16 = 0, fp8 = 0, quantized = 0, nvfp4 = 0, rss = 0;
   const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
   const size_t weights = line.find("weights ");
   ASSERT_NE(weights, std::string::npos) << line;
   ASSERT_EQ(std::sscanf(line.c_str() + weights,
-                        "weights %lf GB (fp32 %lf, bf16 %lf, fp8 %lf, int8/int4 %lf)", &total, &f32,
-                        &bf16, &fp8, &quantized),
-            5)
+                        "weights %lf GB (fp32 %lf, bf16 %lf, fp8 %lf, int8/int4 %lf, nvfp4 %lf)",
+                        &total, &f32, &bf16, &fp8, &quantized, &nvfp4),
+            6)
       << line;
   ASSERT_NE(line.find("RSS "), std::string::npos) << line;
   ASSERT_EQ(std::sscanf(line.c_str() + line.find("RSS "), "RSS %lf GB", &rss), 1) << line;
@@ -129,7 +129,8 @@ TEST(EmbeddedCli, StartupReportsResidentMemoryByRepresentation) {
   EXPECT_GT(f32, 0.0) << line;
   EXPECT_EQ(fp8, 0.0) << line;
   EXPECT_EQ(quantized, 0.0) << line;
-  EXPECT_NEAR(total, f32 + bf16 + fp8 + quantized, 0.002) << line;
+  EXPECT_EQ(nvfp4, 0.0) << line;
+  EXPECT_NEAR(total, f32 + bf16 + fp8 + quantized + nvfp4, 0.002) << line;
   EXPECT_GE(rss, total) << line;
 }
 

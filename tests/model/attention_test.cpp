@@ -11,7 +11,7 @@ namespace {
 
 Matrix random_matrix(std::mt19937& rng, int64_t rows, int64_t cols, float scale) {
   std::normal_distribution<float> normal(0.0f, scale);
-  Matrix m{rows, cols, std::vector<float>(size_t(rows * cols)), {}, {}, {}, 0, {}};
+  Matrix m{rows, cols, std::vector<float>(size_t(rows * cols)), {}, {}, {}, 0, {}, {}};
   for (float& v : m.data) v = normal(rng);
   return m;
 }

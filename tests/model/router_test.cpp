@@ -20,7 +20,7 @@ struct RouterSetup {
     config.topk_group = topk_group;
     config.norm_topk_prob = true;
     config.routed_scaling_factor = 2.5f;
-    layer.router = Matrix{int64_t(logits.size()), 1, std::move(logits), {}, {}, {}, 0, {}};
+    layer.router = Matrix{int64_t(logits.size()), 1, std::move(logits), {}, {}, {}, 0, {}, {}};
     layer.router_bias = std::move(bias);
   }
 };

@@ -17,6 +17,7 @@ namespace {
 constexpr int64_t kRows = 16, kCols = 64;
 constexpr int kGroupSize = 16;                      // int4-grouped
 constexpr int64_t kBlockRows = 8, kBlockCols = 32;  // FP8
+constexpr int64_t kNvfp4Block = 16;                 // NVFP4: a scale byte a block of 16
 
 // A [kRows, kCols] matrix in `format`, ones (their values do not matter here).
 Matrix matrix_in(WeightFormat format) {
@@ -37,6 +38,11 @@ Matrix matrix_in(WeightFormat format) {
       m.fp8.block_cols = kBlockCols;
       m.fp8.scales.assign(size_t(kRows / kBlockRows * (kCols / kBlockCols)), 1.0f);
       break;
+    case WeightFormat::kNvfp4:
+      m.nvfp4.codes.assign(count / 2, 0x22);             // 1.0, 1.0
+      m.nvfp4.scales.assign(count / kNvfp4Block, 0x38);  // 1.0
+      m.nvfp4.global = 1.0f;
+      break;
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:
     case WeightFormat::kInt4Grouped: {
@@ -56,17 +62,19 @@ Matrix matrix_in(WeightFormat format) {
   return m;
 }
 
-// The scales of such a matrix, from the row's kind of scale.
-int64_t scale_count(WeightScales scales) {
+// The bytes of the scales of such a matrix of `rows`, from the row's kind of scale.
+int64_t scale_bytes(WeightScales scales, int64_t rows = kRows) {
   switch (scales) {
     case WeightScales::kNone:
       return 0;
     case WeightScales::kPerRow:
-      return kRows;
+      return 4 * rows;
     case WeightScales::kPerGroup:
-      return kRows * (kCols / kGroupSize);
+      return 4 * rows * (kCols / kGroupSize);
     case WeightScales::kPerBlock:
-      return kRows / kBlockRows * (kCols / kBlockCols);
+      return 4 * (rows / kBlockRows * (kCols / kBlockCols));
+    case WeightScales::kPerBlock16AndMatrix:
+      return rows * (kCols / kNvfp4Block) + 4;
   }
   return -1;
 }
@@ -78,11 +86,12 @@ TEST(WeightFormats, EachRowDescribesTheMatrixHoldingIt) {
     EXPECT_EQ(m.format(), row.format);
     EXPECT_EQ(weight_format_name(m.format()), row.name);
     EXPECT_EQ(m.quantized(), is_container(row.format));
-    EXPECT_EQ(m.bytes(),
-              uint64_t(kRows * kCols * row.element_bits / 8 + 4 * scale_count(row.scales)));
+    EXPECT_EQ(m.bytes(), uint64_t(kRows * kCols * row.element_bits / 8 + scale_bytes(row.scales)));
     const Matrix rows = slice_rows(m, row_slice_step(m), kRows);
     EXPECT_EQ(rows.format(), row.format);
-    EXPECT_EQ(rows.bytes() * kRows, m.bytes() * (kRows - row_slice_step(m)));
+    const int64_t kept = kRows - row_slice_step(m);
+    EXPECT_EQ(rows.bytes(),
+              uint64_t(kept * kCols * row.element_bits / 8 + scale_bytes(row.scales, kept)));
     EXPECT_EQ(slice_cols(m, kCols / 2, kCols).format(), row.format);
     if (row.container) {
       EXPECT_EQ(weight_format(*row.container), row.format);
@@ -102,7 +111,8 @@ TEST(WeightFormats, StoredDtypesAreKeptInTheirRowsFormat) {
   EXPECT_EQ(stored_format(Dtype::BF16), WeightFormat::kBF16);
   EXPECT_EQ(stored_format(Dtype::F8_E4M3), WeightFormat::kFp8Block);
   ASSERT_TRUE(stored_format(Dtype::U8).has_value());
-  EXPECT_TRUE(is_container(*stored_format(Dtype::U8)));
+  EXPECT_TRUE(is_container(*stored_format(Dtype::U8)));  // NVFP4: told by its scale tensors
+  EXPECT_FALSE(is_container(WeightFormat::kNvfp4));
   EXPECT_FALSE(stored_format(Dtype::F16).has_value()) << "converted to fp32";
 }
 

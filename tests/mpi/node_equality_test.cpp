@@ -157,7 +157,9 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   const ModelWeights weights = load_model_weights(config, checkpoint);
   ReferenceModel reference(config, weights);
   const std::vector<float> expected = run_one_token_per_call(reference, g);
-  testing::LocalModel local(options.model_dir);
+  // The NVFP4 copy's single process keeps its linears NVFP4, as the node does.
+  const bool nvfp4 = fixture == "glm5_nvfp4";
+  testing::LocalModel local(options.model_dir, /*keep_stored=*/nvfp4);
   const std::vector<float> single_process =
       run_sequence(*local.engine(EngineOptions{options.max_rows, 0, 1}), g);
 
@@ -177,9 +179,9 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
     EXPECT_EQ(distributed, single_process);
   }
   EXPECT_LE(max_vs_reference, 1e-5f);
-  // The compressed-tensors INT4 copy (routed experts run as stored): within 1e-4 of transformers
-  // on its weights dequantized.
-  EXPECT_LE(max_vs_transformers, fixture == "kimi_w4a16" ? 1e-4f : 1e-3f);
+  // The compressed-tensors INT4 and NVFP4 copies (routed experts, and NVFP4's linears, run as
+  // stored): within 1e-4 of transformers on their weights dequantized.
+  EXPECT_LE(max_vs_transformers, fixture == "kimi_w4a16" || nvfp4 ? 1e-4f : 1e-3f);
   const int vocab = config.vocab_size;
   for (size_t row = 0; row * vocab < expected.size(); ++row) {
     const std::span<const float> a(&distributed[row * vocab], size_t(vocab)),
@@ -264,7 +266,8 @@ TEST_P(NodeSplitLinears, LogitsAndGreedyTokensEqualTheReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, NodeSplitLinears,
-                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi",
+                                                              "glm5_nvfp4"),
                                             ::testing::Bool()),
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) +
@@ -368,6 +371,52 @@ INSTANTIATE_TEST_SUITE_P(CompressedTensors, NodeEquality,
                          ::testing::Combine(::testing::Values("kimi_w4a16"),
                                             ::testing::Values("round-robin", "balanced")),
                          equality_case_name);
+
+// The NVFP4 copy of glm5 (NVIDIA ModelOpt: every Linear NVFP4 but layer 0's attention, the router
+// and lm_head), its routed experts and the coordinator's linears loaded as stored on every rank.
+INSTANTIATE_TEST_SUITE_P(Nvfp4, NodeEquality,
+                         ::testing::Combine(::testing::Values("glm5_nvfp4"),
+                                            ::testing::Values("round-robin", "balanced")),
+                         equality_case_name);
+
+// NVFP4 routed experts are resident as stored: each owner's resident expert bytes are the stored
+// bytes of the experts it owns (codes, block scales and each matrix's global scale), and every
+// rank's memory line has its nvfp4 weights.
+TEST(NodeMemory, Nvfp4ExpertsAreResidentAsStored) {
+  NodeOptions options;
+  options.model_dir = kParityDir / "glm5_nvfp4" / "model";
+  Node node(MPI_COMM_WORLD, options);
+  const ModelConfig& config = node.config();
+  const Checkpoint checkpoint(options.model_dir, config.fp8_block, config.int4_group_size);
+  uint64_t owned = 0, one_expert = 0;
+  for (int l = 0; l < config.num_layers; ++l) {
+    if (!config.layer_is_moe[size_t(l)]) continue;
+    for (int e = 0; e < config.n_routed_experts; ++e) {
+      uint64_t bytes = 0;
+      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+        const Checkpoint::Nvfp4Tensors* t =
+            checkpoint.nvfp4_tensors(expert_prefix(l, e) + m + ".weight");
+        ASSERT_NE(t, nullptr) << expert_prefix(l, e) << m;
+        bytes += t->weight->nbytes + t->scale->nbytes + sizeof(float);
+      }
+      one_expert = bytes;
+      if (node.placement().holds(l, e, node.rank())) owned += bytes;
+    }
+  }
+  EXPECT_EQ(node.expert_bytes(), one_expert);
+  if (world_size() > 1 && !node.is_coordinator()) {
+    EXPECT_GT(owned, 0u);
+    EXPECT_EQ(node.resident_expert_bytes(), owned) << "rank " << node.rank();
+  }
+  if (node.is_coordinator()) {
+    ASSERT_EQ(node.memory_report().size(), size_t(world_size()));
+    for (const std::string& line : node.memory_report())
+      EXPECT_NE(line.find(", nvfp4 "), std::string::npos) << line;
+    node.shutdown();
+  } else {
+    node.serve();
+  }
+}
 
 // Every routed expert has exactly one owner; expert ranks load exactly what they own and the
 // coordinator loads no routed expert.

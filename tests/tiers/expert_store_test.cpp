@@ -19,9 +19,9 @@ constexpr uint64_t kExpertBytes = 3 * 4 * kFloats;  // one expert's MlpWeights::
 MlpWeights make_expert(int layer, int expert) {
   MlpWeights w;
   const float tag = float(layer * 100 + expert);
-  w.gate = Matrix{16, 16, std::vector<float>(kFloats, tag), {}, {}, {}, 0, {}};
-  w.up = Matrix{16, 16, std::vector<float>(kFloats, tag + 0.5f), {}, {}, {}, 0, {}};
-  w.down = Matrix{16, 16, std::vector<float>(kFloats, -tag), {}, {}, {}, 0, {}};
+  w.gate = Matrix{16, 16, std::vector<float>(kFloats, tag), {}, {}, {}, 0, {}, {}};
+  w.up = Matrix{16, 16, std::vector<float>(kFloats, tag + 0.5f), {}, {}, {}, 0, {}, {}};
+  w.down = Matrix{16, 16, std::vector<float>(kFloats, -tag), {}, {}, {}, 0, {}, {}};
   return w;
 }
 

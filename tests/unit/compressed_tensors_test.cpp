@@ -92,7 +92,8 @@ TEST(CompressedTensorsConfig, RefusalsNameTheField) {
          q["config_groups"]["group_1"]["weights"]["group_size"] = 64;
        },
        "differs from another group's"},
-      {[](json& q) { q["quant_method"] = "modelopt"; }, "NVFP4 (modelopt)"},
+      {[](json& q) { q["quant_method"] = "awq"; }, "quantization_config.quant_method 'awq'"},
+      {[](json& q) { q["quant_method"] = "modelopt"; }, "quantization_config has no quant_algo"},
   };
   for (const Case& c : cases) {
     json config = w4a16_config(group_weights(32));
