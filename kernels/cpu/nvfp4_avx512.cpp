@@ -1,0 +1,111 @@
+// NVFP4 with int8 activations on AVX-512 VNNI (compiled with -mavx512f -mavx512bw -mavx512vl
+// -mavx512vnni -mfma; called only after CPUID). The operations and the activation layout:
+// nvfp4_detail.h.
+//
+// A super-step is 256 columns of one weight row: 128 code bytes and 16 scale bytes. The codes'
+// 32-bit words are split into even and odd words (two vpermt2d), so that lane L of both holds
+// block L's 16 codes; low and high nibbles become 2 * e2m1 + 12 by a vpshufb table, and four
+// vpdpbusd against the activations' four vectors give each block's integer sum in its lane. The
+// 16 scale bytes become e4m3 * 2^-8 through FP16 (the E4M3 bits shifted into an FP16's, then
+// vcvtph2ps: exact, subnormals included). The weights are decoded once per super-step for up to
+// 8 rows of activations.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/batch_tiles.h"
+#include "cpu/nvfp4_detail.h"
+
+// GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+namespace colibri::kernels::detail {
+namespace {
+
+constexpr int kMaxTile = 8;               // rows of activations per pass over a weight row
+constexpr int64_t kPrefetchBytes = 4096;  // ahead in the codes, as the int4 kernels do
+
+// 16 E4M3 bytes as e4m3 * 2^-8: the byte's sign to bit 15 and its seven other bits to bits
+// 7-13 of an FP16 (whose exponent bias is 8 more than E4M3's).
+inline __m512 block_scales(const uint8_t* s) {
+  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 1),
+                                     _mm256_set1_epi16(short(0xBF80)));
+  return _mm512_cvtph_ps(h);
+}
+
+// One weight row's super-steps against T rows of activations.
+template <int T>
+[[gnu::flatten]] void row_tile(const Nvfp4Weights& w, int64_t o, const Nvfp4Activations& x,
+                               int64_t t0, float* y, int64_t y_stride) {
+  const int64_t blocks = w.cols / kNvfp4Block;
+  const uint8_t* codes = w.codes + o * (w.cols / 2);
+  const uint8_t* scales = w.scales + o * blocks;
+  const int64_t padded = x.steps * kNvfp4SuperStep, sums = x.steps * kNvfp4Sums;
+  const __m512i lut = _mm512_broadcast_i32x4(
+      _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[T];
+  for (int t = 0; t < T; ++t) acc[t] = _mm512_setzero_ps();
+
+  const auto step = [&](const uint8_t* c, const uint8_t* s, int64_t k) {
+    const __m512i a = _mm512_loadu_si512(c), b = _mm512_loadu_si512(c + 64);
+    const __m512i p = _mm512_permutex2var_epi32(a, even, b);  // block L's bytes 0-3 in lane L
+    const __m512i q = _mm512_permutex2var_epi32(a, odd, b);   // its bytes 4-7
+    const __m512i wa = _mm512_shuffle_epi8(lut, _mm512_and_si512(p, low4));
+    const __m512i wb = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), low4));
+    const __m512i wc = _mm512_shuffle_epi8(lut, _mm512_and_si512(q, low4));
+    const __m512i wd = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(q, 4), low4));
+    const __m512 e = block_scales(s);
+    for (int t = 0; t < T; ++t) {
+      const int8_t* xq = x.q + (t0 + t) * padded + k * kNvfp4SuperStep;
+      const int64_t at = (t0 + t) * sums + k * kNvfp4Sums;
+      __m512i d0 = _mm512_loadu_si512(x.bias + at);
+      d0 = _mm512_dpbusd_epi32(d0, wa, _mm512_loadu_si512(xq));
+      d0 = _mm512_dpbusd_epi32(d0, wb, _mm512_loadu_si512(xq + 64));
+      __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wc, _mm512_loadu_si512(xq + 128));
+      d1 = _mm512_dpbusd_epi32(d1, wd, _mm512_loadu_si512(xq + 192));
+      const __m512 m = _mm512_mul_ps(e, _mm512_loadu_ps(x.scale + at));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(d0, d1)), m, acc[t]);
+    }
+  };
+  const int64_t full = blocks / kNvfp4Sums;
+  for (int64_t k = 0; k < full; ++k) {
+    const char* ahead = reinterpret_cast<const char*>(codes + k * 128 + kPrefetchBytes);
+    _mm_prefetch(ahead, _MM_HINT_T0);
+    _mm_prefetch(ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(scales + k * kNvfp4Sums + kPrefetchBytes / 8),
+                 _MM_HINT_T0);
+    step(codes + k * 128, scales + k * kNvfp4Sums, k);
+  }
+  if (full < x.steps) {  // the last blocks, zero-padded (zero scales: they add nothing)
+    alignas(64) uint8_t c[128] = {}, s[16] = {};
+    const int64_t left = blocks - full * kNvfp4Sums;
+    std::memcpy(c, codes + full * 128, size_t(left * 8));
+    std::memcpy(s, scales + full * kNvfp4Sums, size_t(left));
+    step(c, s, full);
+  }
+  for (int t = 0; t < T; ++t) {
+    // The tree of halves (nvfp4_detail.h).
+    const __m256 h8 =
+        _mm256_add_ps(_mm512_castps512_ps256(acc[t]),
+                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1)));
+    const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+    y[(t0 + t) * y_stride + o] = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+  }
+}
+
+}  // namespace
+
+void nvfp4_int8_rows_avx512vnni(const Nvfp4Weights& w, const Nvfp4Activations& x, float* y,
+                                int64_t y_stride, int64_t row_begin, int64_t row_end) {
+  for (int64_t o = row_begin; o < row_end; ++o)
+    for_tiles<kMaxTile>(x.n, [&]<int T>(int64_t t0) { row_tile<T>(w, o, x, t0, y, y_stride); });
+}
+
+}  // namespace colibri::kernels::detail
