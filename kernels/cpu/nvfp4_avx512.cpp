@@ -35,12 +35,13 @@ constexpr int kMaxTile = 4;  // rows of activations per pass: 8 accumulators, 8 
 constexpr int64_t kPrefetchBytes = 8192;
 
 // 16 E4M3 bytes as e4m3 * 2^-8: the byte's sign to bit 15 and its seven other bits to bits
-// 7-13 of an FP16 (whose exponent bias is 8 more than E4M3's).
+// 7-13 of an FP16 (whose exponent bias is 8 more than E4M3's): sign-extended to 16 bits and
+// shifted left by 7, bit 15 is the sign (a copy of it), bits 7-13 the rest; bit 14, the sign
+// again, is cleared.
 inline __m512 block_scales(const uint8_t* s) {
-  const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-  const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(b, 8), 1),
-                                     _mm256_set1_epi16(short(0xBF80)));
-  return _mm512_cvtph_ps(h);
+  const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  return _mm512_cvtph_ps(
+      _mm256_and_si256(_mm256_slli_epi16(b, 7), _mm256_set1_epi16(short(0xBF80))));
 }
 
 // R weight rows' super-steps (decoded once) against T rows of activations (each loaded once for
@@ -107,7 +108,8 @@ template <int R, int T>
       const char* ahead = reinterpret_cast<const char*>(c[r] + kPrefetchBytes);
       _mm_prefetch(ahead, _MM_HINT_T1);
       _mm_prefetch(ahead + 64, _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(s[r] + kPrefetchBytes / 8), _MM_HINT_T1);
+      if (k % 4 == 0)  // 16 scale bytes a step: a line every 4
+        _mm_prefetch(reinterpret_cast<const char*>(s[r] + kPrefetchBytes / 8), _MM_HINT_T1);
     }
     step(c, s, k);
   }
