@@ -62,8 +62,8 @@ template <int T>
     for (int t = 0; t < T; ++t) {
       const int8_t* xq = x.q + (t0 + t) * padded + k / 2 * kNvfp4SuperStep + half;
       const int64_t at = (t0 + t) * sums + k * 8;
-      const auto load = [](const int8_t* p) {
-        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const auto load = [](const int8_t* from) {
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from));
       };
       const __m256i pairs =
           _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(wa, load(xq)),

@@ -105,9 +105,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Nvfp4Cuda,
                          testing::Values(Shape{1, 2048, 6144}, Shape{3, 6144, 2048},
                                          Shape{8, 257, 1024}, Shape{11, 40, 32}, Shape{1, 33, 48},
                                          Shape{5, 70, 272}),
-                         [](const testing::TestParamInfo<Shape>& info) {
+                         [](const testing::TestParamInfo<Shape>& shape_info) {
                            std::ostringstream name;
-                           name << info.param;
+                           name << shape_info.param;
                            return name.str();
                          });
 
