@@ -1,10 +1,10 @@
 // NVFP4 weights as stored (ModelOpt): every E2M1 code under every E4M3 scale byte decodes to
 // code * scale * global, checked against an independent decoder; the dot and linear kernels on
 // every ISA this machine has are bit for bit the fp32 kernels on the dequantized matrix; the
-// int8-activation kernels on every ISA (VNNI and not) are bit for bit their scalar reference on
-// every code and scale byte and odd shapes, whatever the batch, and within the stated bound of
-// the exact product; the ModelOpt recipe rounds to nearest (ties to even) and its error stays
-// within half a step.
+// int8-activation kernels (scalar, AVX2, AVX-512 with and without VNNI; a kernel this CPU lacks
+// is skipped with the reason) are bit for bit their scalar reference on every code and scale byte
+// and odd shapes, whatever the batch, and within the stated bound of the exact product; the
+// ModelOpt recipe rounds to nearest (ties to even) and its error stays within half a step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,22 +24,18 @@ namespace {
 
 using test::available_isas;
 
-// f(isa) for every ISA here, and on AVX-512 once more with VNNI where the CPU has it (the int8
-// kernels without VNNI are the AVX2 ones); the switch restored after.
-template <typename F>
-void for_each_nvfp4_int8_kernel(F f) {
-  const bool saved = vnni_enabled() || !vnni_available();
-  for (QuantIsa isa : available_isas()) {
-    set_vnni(false);
-    f(isa, false);
-    set_vnni(true);
-    if (nvfp4_int8_vnni(isa)) f(isa, true);
-  }
-  set_vnni(saved);
-}
+// One int8-activation kernel: an ISA, and on AVX-512 whether VNNI is on (off: the AVX2 kernel).
+struct KernelCase {
+  QuantIsa isa;
+  bool vnni;
+};
 
-std::string kernel_name(QuantIsa isa, bool vnni) {
-  return std::string(quant_isa_name(isa)) + (vnni ? "+vnni" : "");
+bool cpu_has_avx512vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
 }
 
 // E2M1 by its definition: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is
@@ -166,31 +162,48 @@ TEST(Nvfp4, TheRecipesErrorIsWithinHalfAStepOfEachBlock) {
   EXPECT_EQ(scales[size_t(5 * cols / 16)], 0);
 }
 
-// The int8-activation product on every kernel against the scalar reference, bit for bit, for the
-// rows of x as one batch and one at a time.
-void expect_int8_kernels_equal_reference(const Nvfp4Weights& w, const std::vector<float>& x,
-                                         int64_t n, const std::string& what) {
-  std::vector<float> want(size_t(n * w.rows)), got(want.size()), one(size_t(w.rows));
-  linear_nvfp4_int8(QuantIsa::kScalar, x.data(), n, w, want.data());
-  double sum_abs = 0;
-  for (float v : want) sum_abs += std::abs(v);
-  EXPECT_GT(sum_abs, 0.0) << what << ": all-zero output proves nothing";
-  for_each_nvfp4_int8_kernel([&](QuantIsa isa, bool vnni) {
-    std::fill(got.begin(), got.end(), std::nanf(""));
+// Every int8-activation kernel in turn; skipped with the reason where this CPU or build lacks it.
+class Nvfp4Int8 : public testing::TestWithParam<KernelCase> {
+ protected:
+  void SetUp() override {
+    const KernelCase k = GetParam();
+    if (!quant_isa_available(k.isa))
+      GTEST_SKIP() << "this CPU or build lacks " << quant_isa_name(k.isa)
+                   << " (avx2: AVX2 + FMA; avx512: AVX-512 F, BW, VL + FMA)";
+    if (k.vnni && !cpu_has_avx512vnni()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+    saved_vnni_ = vnni_enabled() || !vnni_available();
+    set_vnni(k.vnni);
+    ASSERT_EQ(nvfp4_int8_vnni(k.isa), k.vnni) << "the case does not run the kernel it names";
+  }
+  void TearDown() override { set_vnni(saved_vnni_); }
+
+  // The product on this kernel against the scalar reference, bit for bit, for the rows of x as
+  // one batch and one at a time.
+  void expect_reference(const Nvfp4Weights& w, const std::vector<float>& x, int64_t n,
+                        const std::string& what) {
+    const QuantIsa isa = GetParam().isa;
+    std::vector<float> want(size_t(n * w.rows)), got(want.size(), std::nanf("")),
+        one(size_t(w.rows));
+    linear_nvfp4_int8(QuantIsa::kScalar, x.data(), n, w, want.data());
+    double sum_abs = 0;
+    for (float v : want) sum_abs += std::abs(v);
+    EXPECT_GT(sum_abs, 0.0) << what << ": all-zero output proves nothing";
     linear_nvfp4_int8(isa, x.data(), n, w, got.data());
     for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_EQ(got[i], want[i]) << what << " " << kernel_name(isa, vnni) << " n " << n << " y["
-                                 << i / size_t(w.rows) << ", " << i % size_t(w.rows) << "]";
+      ASSERT_EQ(got[i], want[i]) << what << " n " << n << " y[" << i / size_t(w.rows) << ", "
+                                 << i % size_t(w.rows) << "]";
     for (int64_t t = 0; t < n; ++t) {  // one row alone: the same bits
       linear_nvfp4_int8(isa, x.data() + t * w.cols, 1, w, one.data());
       for (int64_t r = 0; r < w.rows; ++r)
-        ASSERT_EQ(one[size_t(r)], want[size_t(t * w.rows + r)])
-            << what << " " << kernel_name(isa, vnni) << " row " << t << " alone";
+        ASSERT_EQ(one[size_t(r)], want[size_t(t * w.rows + r)]) << what << " row " << t << " alone";
     }
-  });
-}
+  }
 
-TEST(Nvfp4Int8, EveryKernelIsTheReferenceOnEveryCodeUnderEveryScaleByte) {
+ private:
+  bool saved_vnni_ = true;
+};
+
+TEST_P(Nvfp4Int8, IsTheReferenceOnEveryCodeUnderEveryScaleByte) {
   // Row r: block b's scale is the (r + b)-th non-NaN byte and column c's code is (c + r) % 16,
   // so that every byte (both signs, subnormals, 448) meets every code in every position of a
   // super-step of 16 blocks and in the padded last one (17 blocks).
@@ -207,12 +220,12 @@ TEST(Nvfp4Int8, EveryKernelIsTheReferenceOnEveryCodeUnderEveryScaleByte) {
   }
   const Nvfp4Weights w{codes.data(), scales.data(), 0.0173f, rows, cols};
   for (int64_t n : {1, 3, 8, 11})
-    expect_int8_kernels_equal_reference(w, test::normal(n * cols, uint32_t(n)), n, "every byte");
+    expect_reference(w, test::normal(n * cols, uint32_t(n)), n, "every byte");
 }
 
 // Odd shapes, rows and batches; and the bound of linear.h against the exact product of x with the
 // weights (e2m1 * e4m3 * global in double).
-TEST(Nvfp4Int8, OddShapesEqualTheReferenceAndStayWithinTheBound) {
+TEST_P(Nvfp4Int8, OddShapesEqualTheReferenceAndStayWithinTheBound) {
   std::mt19937 rng(41);
   int checked = 0;
   for (int64_t cols : {16, 48, 240, 256, 272, 528, 1040, 2048})
@@ -227,9 +240,9 @@ TEST(Nvfp4Int8, OddShapesEqualTheReferenceAndStayWithinTheBound) {
         std::vector<float> x = test::normal(n * cols, uint32_t(cols * 7 + rows * 3 + n));
         x[0] = 40.0f;  // an outlier: its block's step is coarse
         const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
-        expect_int8_kernels_equal_reference(w, x, n, what);
+        expect_reference(w, x, n, what);
         std::vector<float> y(size_t(n * rows));
-        linear_nvfp4_int8(x.data(), n, w, y.data());
+        linear_nvfp4_int8(GetParam().isa, x.data(), n, w, y.data());
         const double u = std::ldexp(1.0, -24);
         for (int64_t t = 0; t < n; ++t)
           for (int64_t r = 0; r < rows; ++r) {
@@ -257,21 +270,36 @@ TEST(Nvfp4Int8, OddShapesEqualTheReferenceAndStayWithinTheBound) {
   EXPECT_GT(checked, 1000);
 }
 
-TEST(Nvfp4Int8, NonFiniteInputsGiveNanAndBadShapesAreRefused) {
+TEST_P(Nvfp4Int8, NonFiniteInputsGiveNan) {
   const int64_t rows = 3, cols = 64;
   std::vector<uint8_t> codes(size_t(rows * cols / 2), 0x21), scales(size_t(rows * cols / 16), 0x38);
   const Nvfp4Weights w{codes.data(), scales.data(), 1.0f, rows, cols};
   std::vector<float> x(size_t(cols), 1.0f), y(static_cast<size_t>(rows));
   x[5] = std::numeric_limits<float>::infinity();
-  for_each_nvfp4_int8_kernel([&](QuantIsa isa, bool vnni) {
-    linear_nvfp4_int8(isa, x.data(), 1, w, y.data());
-    for (float v : y) EXPECT_TRUE(std::isnan(v)) << kernel_name(isa, vnni);
-  });
-  const Nvfp4Weights odd{codes.data(), scales.data(), 1.0f, 1, 24};
-  EXPECT_THROW(linear_nvfp4_int8(x.data(), 1, odd, y.data()), std::invalid_argument);
+  linear_nvfp4_int8(GetParam().isa, x.data(), 1, w, y.data());
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
 }
 
-TEST(Nvfp4Int8, TheSelectedProductFollowsTheActivationsSwitch) {
+INSTANTIATE_TEST_SUITE_P(Kernels, Nvfp4Int8,
+                         testing::Values(KernelCase{QuantIsa::kScalar, false},
+                                         KernelCase{QuantIsa::kAvx2, false},
+                                         KernelCase{QuantIsa::kAvx512, false},
+                                         KernelCase{QuantIsa::kAvx512, true}),
+                         [](const testing::TestParamInfo<KernelCase>& kernel_info) {
+                           return std::string(quant_isa_name(kernel_info.param.isa)) +
+                                  (kernel_info.param.vnni ? "_vnni" : "");
+                         });
+
+TEST(Nvfp4Int8Selection, BadShapesAreRefused) {
+  std::vector<uint8_t> codes(16), scales(2);
+  const Nvfp4Weights odd{codes.data(), scales.data(), 1.0f, 1, 24};
+  std::vector<float> x(24), y(1);
+  EXPECT_THROW(linear_nvfp4_int8(x.data(), 1, odd, y.data()), std::invalid_argument);
+  EXPECT_THROW(linear_nvfp4_int8(QuantIsa::kScalar, x.data(), 1, odd, y.data()),
+               std::invalid_argument);
+}
+
+TEST(Nvfp4Int8Selection, TheSelectedProductFollowsTheActivationsSwitch) {
   const int64_t rows = 9, cols = 320;
   std::mt19937 rng(3);
   std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
