@@ -80,15 +80,11 @@ thread_local Buffers buffers;
 // Quantizes x [n, cols] into the layout of nvfp4_detail.h for weights with second-level scale
 // `global`.
 Nvfp4Activations quantize(QuantIsa isa, const float* x, int64_t n, int64_t cols, float global) {
-  static const auto position = [] {
-    std::array<uint8_t, kNvfp4SuperStep> p{};
-    for (int64_t c = 0; c < kNvfp4SuperStep; ++c) p[size_t(c)] = uint8_t(layout_position(c));
-    return p;
-  }();
   Buffers& b = buffers;
   const int64_t steps = (cols + kNvfp4SuperStep - 1) / kNvfp4SuperStep;
   const int64_t padded = steps * kNvfp4SuperStep, blocks = steps * kNvfp4Sums;
   const int64_t blocks64 = (cols + kInt8Block - 1) / kInt8Block;
+  // Zeros where no block writes: the padded blocks of the last super-step.
   b.q.assign(size_t(n * padded), 0);
   b.bias.assign(size_t(n * blocks), 0);
   b.scale.assign(size_t(n * blocks), 0.0f);
@@ -111,13 +107,21 @@ Nvfp4Activations quantize(QuantIsa isa, const float* x, int64_t n, int64_t cols,
     int8_t* q = b.q.data() + t * padded;
     int32_t* bias = b.bias.data() + t * blocks;
     float* scale = b.scale.data() + t * blocks;
-    for (int64_t c = 0; c < cols; ++c) {
-      const int8_t v = b.natural[size_t(c)];
-      q[c / kNvfp4SuperStep * kNvfp4SuperStep + position[size_t(c % kNvfp4SuperStep)]] = v;
-      bias[c / kNvfp4Block] -= 12 * v;
-    }
-    for (int64_t blk = 0; blk < cols / kNvfp4Block; ++blk)
+    for (int64_t blk = 0; blk < cols / kNvfp4Block; ++blk) {
+      // Block blk's 16 inputs to its lane of the super-step's four vectors (layout_position).
+      const int8_t* v = b.natural.data() + blk * kNvfp4Block;
+      int8_t* lane = q + blk / kNvfp4Sums * kNvfp4SuperStep + 4 * (blk % kNvfp4Sums);
+      int32_t sum = 0;
+      for (int k = 0; k < 4; ++k) {
+        lane[k] = v[2 * k];
+        lane[64 + k] = v[2 * k + 1];
+        lane[128 + k] = v[8 + 2 * k];
+        lane[192 + k] = v[9 + 2 * k];
+        sum += v[2 * k] + v[2 * k + 1] + v[8 + 2 * k] + v[9 + 2 * k];
+      }
+      bias[blk] = -12 * sum;
       scale[blk] = b.block_scale[size_t(blk * kNvfp4Block / kInt8Block)] * factor;
+    }
   }
   return {n, cols, steps, b.q.data(), b.bias.data(), b.scale.data()};
 }
