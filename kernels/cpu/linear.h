@@ -68,9 +68,11 @@ void linear_nvfp4(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w
 // sum of (2 * e2m1) * q exact in int32 (vpdpbusd with AVX-512 VNNI, else pmaddubsw), then scaled
 // by e4m3 * global * s in fp32 (cpu/nvfp4_detail.h has the operations and their order). Every
 // ISA gives the scalar reference's bits (isa kScalar), and a row's result does not depend on n or
-// the thread count. Against linear_nvfp4: each input is rounded to a multiple of its block's s,
-// so |y_int8 - y| <= sum over i of |w_i| * amax_k(i) / 254, plus fp32 rounding of the two sums
-// (about cols / 16 + 4 roundings of terms of at most the partial sums' magnitude each).
+// the thread count. Against the exact product y = sum of w_i * x_i (w: dequantize_nvfp4's
+// weights), each input is rounded to a multiple of its block's s, so
+//   |y_int8 - y| <= sum over i of |w_i| * amax_k(i) / 254
+// plus the fp32 roundings (the scale product, a partial sum's cols / 256 fused multiply-adds, the
+// 4 levels of the final sum): to first order (cols / 256 + 6) * 2^-24 * sum of |w_i * q_i * s_k|.
 void linear_nvfp4_int8(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
 void linear_nvfp4_int8(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y);
 // Whether linear_nvfp4_int8 on `isa` uses VNNI now (AVX-512 VNNI, set_vnni in quant.h).
