@@ -8,9 +8,9 @@
 // vpdpbusd against the activations' four vectors give each block's integer sum in its lane. The
 // 16 scale bytes become e4m3 * 2^-8 through FP16 (the E4M3 bits shifted into an FP16's, then
 // vcvtph2ps: exact, subnormals included). Two weight rows at a time (four for one row of
-// activations), decoded once per super-step for up to 4 rows of activations, each activation
-// load serving every weight row: at 8 rows of activations their loads from L2, not the weights,
-// bound the kernel (one weight row at a time ran at about half the speed).
+// activations and short rows), decoded once per super-step for up to 4 rows of activations, each
+// activation load serving every weight row: at 8 rows of activations their loads from L2, not the
+// weights, bound the kernel (one weight row at a time ran at about half the speed).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -26,10 +26,13 @@
 namespace colibri::kernels::detail {
 namespace {
 
-constexpr int kRows = 2;       // weight rows per pass
-constexpr int kRowsAlone = 4;  // the same for one row of activations (one thread, 320 x 6144 in
-                               // L2: 28 against 25 GB/s with two)
-constexpr int kMaxTile = 4;    // rows of activations per pass: 8 accumulators, 8 weight vectors
+constexpr int kRows = 2;  // weight rows per pass
+// One row of activations with rows of at most kShortRow columns: four weight rows a pass. One
+// thread, from DRAM: GLM-5.2's down (6144 x 2048) 23 against 20 GB/s with two; its gate
+// (2048 x 6144) 17 against 21 with four, whose four streams 3 KiB apart prefetch worse.
+constexpr int kRowsAlone = 4;
+constexpr int64_t kShortRow = 2048;
+constexpr int kMaxTile = 4;  // rows of activations per pass: 8 accumulators, 8 weight vectors
 // Software prefetch of the codes and scales this far ahead, into L2: one thread streamed 13 GB/s
 // with 4 KiB into L1 (the int4 kernels' choice), 20 GB/s with 8 KiB into L2, against ~28 GB/s of
 // read bandwidth (AMD EPYC VM, GLM-5.2's 2048 x 6144, one row of activations; 4 and 12 KiB into
@@ -145,7 +148,7 @@ template <int R, int T>
 void nvfp4_int8_rows_avx512vnni(const Nvfp4Weights& w, const Nvfp4Activations& x, float* y,
                                 int64_t y_stride, int64_t row_begin, int64_t row_end) {
   int64_t o = row_begin;
-  if (x.n == 1)  // four weight rows a pass: one row of activations leaves the registers for them
+  if (x.n == 1 && w.cols <= kShortRow)
     for (; o + kRowsAlone <= row_end; o += kRowsAlone)
       rows_tile<kRowsAlone, 1>(w, o, x, 0, y, y_stride);
   for (; o + kRows <= row_end; o += kRows)
