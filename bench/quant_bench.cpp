@@ -22,7 +22,9 @@
 // thread measured at the start (a loop of tdpbssd on resident tiles) where the CPU has AMX.
 //
 // --format nvfp4: NVFP4 experts as stored (E2M1 codes, E4M3 scales a 16 columns, a second-level
-// scale; kernels::linear_nvfp4), fp32 activations, the three products and the gating between them.
+// scale), the three products and the gating between them: kernels::linear_nvfp4 with f32
+// activations (bit for bit the fp32 product on the dequantized weights), linear_nvfp4_int8 with
+// int8 ones (VNNI where the ISA's int8 kernel uses it, labelled so); rows layout only.
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/mman.h>
@@ -141,7 +143,7 @@ uint64_t read_sum(const uint8_t* p, size_t bytes) {
 struct FormatChoice {
   QuantFormat format;
   int group_size;
-  bool nvfp4 = false;  // NVFP4 as stored (kernels::linear_nvfp4), fp32 activations, rows
+  bool nvfp4 = false;  // NVFP4 as stored (kernels::linear_nvfp4 and _int8), rows
 };
 
 FormatChoice parse_format(const std::string& name) {
@@ -169,10 +171,12 @@ struct ExpertSet {
   std::unique_ptr<Buffer> packed, scales;
   std::vector<Expert> experts;
   size_t bytes_per_expert = 0;  // packed + scales: what one FFN call must read
+  bool nvfp4 = false;
 
   ExpertSet(int count, int64_t hidden, int64_t inter, FormatChoice fc) {
     if (fc.nvfp4) {
-      nvfp4(count, hidden, inter);
+      this->nvfp4 = true;
+      nvfp4_experts(count, hidden, inter);
       return;
     }
     const size_t gate_bytes = size_t(kernels::packed_bytes(fc.format, inter, hidden));
@@ -206,7 +210,7 @@ struct ExpertSet {
 
   // NVFP4: each matrix's codes (rows x cols / 2) then its E4M3 scales (rows x cols / 16, bytes
   // 0x30-0x3F: 0.5 to 0.94), random codes, a second-level scale of 0.02.
-  void nvfp4(int count, int64_t hidden, int64_t inter) {
+  void nvfp4_experts(int count, int64_t hidden, int64_t inter) {
     const size_t gate_codes = size_t(inter * hidden / 2), gate_scales = size_t(inter * hidden / 16);
     const size_t per = 3 * (gate_codes + gate_scales);
     bytes_per_expert = per + 3 * sizeof(float);
@@ -256,11 +260,17 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
     Expert e = set.experts[cursor];
     cursor = (cursor + 1) % size_t(count);
     if (e.nv_gate.codes != nullptr) {  // NVFP4: three products and the gating between them
-      kernels::linear_nvfp4(isa, x.data(), batch, e.nv_gate, gate.data());
-      kernels::linear_nvfp4(isa, x.data(), batch, e.nv_up, up.data());
+      const auto linear = [&](const float* in, const kernels::Nvfp4Weights& w, float* out) {
+        if (acts == kernels::QuantActivations::kInt8)
+          kernels::linear_nvfp4_int8(isa, in, batch, w, out);
+        else
+          kernels::linear_nvfp4(isa, in, batch, w, out);
+      };
+      linear(x.data(), e.nv_gate, gate.data());
+      linear(x.data(), e.nv_up, up.data());
       for (size_t i = 0; i < gate.size(); ++i)
         gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-      kernels::linear_nvfp4(isa, gate.data(), batch, e.nv_down, y.data());
+      linear(gate.data(), e.nv_down, y.data());
       return;
     }
     e.gate.layout = e.up.layout = e.down.layout = layout;
@@ -305,7 +315,9 @@ Result run_config(const BenchOptions& options, const ExpertSet& set, const Buffe
   res.activations = kernels::quant_activations_name(acts);
   res.layout = layout == kernels::QuantLayout::kTiles ? "tiles" : "rows";
   const bool int8 = acts == kernels::QuantActivations::kInt8;
-  if (int8 && kernels::int8_activations_amx(isa, batch))
+  if (set.nvfp4) {
+    if (int8 && kernels::nvfp4_int8_vnni(isa)) res.isa += "+vnni";
+  } else if (int8 && kernels::int8_activations_amx(isa, batch))
     res.isa = "amx";
   else if (int8 && kernels::int8_activations_vnni(isa))
     res.isa += choice.amx ? "+vnni(amx<" + std::to_string(kernels::kAmxMinRows) + ")" : "+vnni";
@@ -397,9 +409,9 @@ int run(BenchOptions options) {
               const kernels::QuantActivations acts =
                   kernels::quant_activations_resolve(act_name.c_str());
               if (choice.amx && acts != kernels::QuantActivations::kInt8) continue;  // int8 only
-              if (fc.nvfp4 && (choice.amx || pairs || acts != kernels::QuantActivations::kF32 ||
+              if (fc.nvfp4 && (choice.amx || pairs || acts == kernels::QuantActivations::kMixed ||
                                layout_name != "rows"))
-                continue;  // NVFP4: fp32 activations, rows
+                continue;  // NVFP4: f32 or int8 activations, rows
               if (pairs && !(isa == QuantIsa::kAvx512 && acts == kernels::QuantActivations::kF32 &&
                              batch == 1 && kernels::bf16_pairs_available()))
                 continue;
@@ -486,7 +498,8 @@ int main(int argc, char** argv) {
   app.add_option("--layout", options.layouts, "rows and/or tiles, one configuration each")
       ->delimiter(',')
       ->check(CLI::IsMember({"rows", "tiles"}));
-  app.add_option("--format", options.format, "int4-gN (N a group size), int4-row or int8-row")
+  app.add_option("--format", options.format,
+                 "int4-gN (N a group size), int4-row, int8-row or nvfp4")
       ->capture_default_str();
   app.add_option("--hidden", options.hidden, "hidden size (gate/up cols, down rows)")
       ->capture_default_str()

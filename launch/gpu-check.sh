@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA expert backend in one run, on one GPU machine, in under 6 minutes:
 # device facts, the GPU tests (each CUDA kernel against its kernels/cpu oracle, int4/int8/BF16/
-# fp32, whole and phased as a request with VRAM misses runs; the CUDA expert backend against the
+# fp32/NVFP4, whole and phased as a request with VRAM misses runs; the CUDA expert backend against the
 # CPU backend on every parity model, per MoE layer, with the VRAM tier holding a third of the
 # experts (misses uploaded or computed on the CPU), and end to end: logits and greedy tokens),
 # and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's shape, batch 1/8/16,
@@ -49,8 +49,8 @@ carry=$root/gpu-carry
 # MPI, which this GPU machine does not have, and it needs 2+ GPUs (it skips with "needs N GPUs,
 # found M" on fewer). Run it on a machine with 2+ GPUs and Open MPI:
 #   ctest --test-dir build -R gpu_nccl_transport --output-on-failure
-gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test cuda_expert_backend_test
-  cuda_coordinator_test)
+gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test nvfp4_cuda_test
+  cuda_expert_backend_test cuda_coordinator_test)
 # Need colibri_core's libraries: run only from the carried binaries.
 core_tests=(cuda_expert_backend_test cuda_coordinator_test)
 binaries=("${gpu_tests[@]}" gpu_expert_bench gpu_coordinator_bench colibri-gen-bench-model)

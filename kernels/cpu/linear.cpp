@@ -6,7 +6,9 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "cpu/nvfp4_detail.h"
 #include "cpu/quant.h"
 #include "cpu/vec_detail.h"
 
@@ -457,22 +459,55 @@ float dot_nvfp4_scalar(const float* a, const Nvfp4Weights& w, int64_t row) {
 
 namespace {
 
-void linear_nvfp4_with(DotNvfp4Fn dot, const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
+using WidenNvfp4Fn = void (*)(const Nvfp4Weights&, int64_t, float*);
+void widen_nvfp4_row_scalar(const Nvfp4Weights& w, int64_t row, float* out) {
+  const detail::Nvfp4Row p = nvfp4_row(w, row);
+  for (int64_t c = 0; c < w.cols; ++c) out[c] = value(p + c);
+}
+WidenNvfp4Fn widen_nvfp4_kernel(QuantIsa isa) {
+#if COLIBRI_VEC_X86
+  if (isa == QuantIsa::kAvx512) return detail::nvfp4_widen_row_avx512;
+  if (isa == QuantIsa::kAvx2) return detail::nvfp4_widen_row_avx2;
+#endif
+  return widen_nvfp4_row_scalar;
+}
+
+// One row of y per weight row and input row: at n = 1 the fused dot (each weight widened in
+// registers as it is read); for a batch, each weight row widened once into the thread's scratch
+// (it stays in L1/L2) and dot_f32 against it for every input row. Both are dot_f32 on the
+// dequantized row, so the results do not depend on n or on the thread count.
+void linear_nvfp4_with(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
   require_nvfp4(w);
   const int64_t rows = w.rows, cols = w.cols;
-#pragma omp parallel for schedule(static) collapse(2) if (rows * cols * n > (1 << 16))
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, nvfp4_row(w, r), cols);
+  if (n == 1) {
+    const DotNvfp4Fn dot = dot_nvfp4_kernel(isa);
+#pragma omp parallel for schedule(static) if (rows * cols > (1 << 16))
+    for (int64_t r = 0; r < rows; ++r) y[r] = dot(x, nvfp4_row(w, r), cols);
+    return;
+  }
+  const WidenNvfp4Fn widen = widen_nvfp4_kernel(isa);
+  const DotFn dot = dot_kernel(isa);
+#pragma omp parallel if (rows * cols * n > (1 << 16))
+  {
+    thread_local std::vector<float> wide;
+    if (int64_t(wide.size()) < cols) wide.resize(size_t(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      widen(w, r, wide.data());
+      for (int64_t t = 0; t < n; ++t) y[t * rows + r] = dot(x + t * cols, wide.data(), cols);
+    }
+  }
 }
 
 }  // namespace
 
 void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
-  linear_nvfp4_with(selected_dot_nvfp4(), x, n, w, y);
+  static const QuantIsa isa = quant_isa_selected();
+  linear_nvfp4_with(isa, x, n, w, y);
 }
 void linear_nvfp4(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y) {
   require_available(isa);
-  linear_nvfp4_with(dot_nvfp4_kernel(isa), x, n, w, y);
+  linear_nvfp4_with(isa, x, n, w, y);
 }
 
 void dequantize_nvfp4(const Nvfp4Weights& w, float* out) {

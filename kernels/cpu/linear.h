@@ -60,8 +60,28 @@ struct Nvfp4Weights {
   float global;
   int64_t rows, cols;
 };
+// For a batch (n > 1) each weight row is widened once for every input row.
 void linear_nvfp4(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
 void linear_nvfp4(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y);
+// The same product with int8 activations: each row of x quantized by the container's rule
+// (quant.h, "int8 activations": blocks of 64 inputs, s = amax / 127), each 16-column block's
+// sum of (2 * e2m1) * q exact in int32 (vpdpbusd with AVX-512 VNNI, else pmaddubsw), then scaled
+// by e4m3 * global * s in fp32 (cpu/nvfp4_detail.h has the operations and their order). Every
+// ISA gives the scalar reference's bits (isa kScalar), and a row's result does not depend on n or
+// the thread count. Against the exact product y = sum of w_i * x_i (w: dequantize_nvfp4's
+// weights), each input is rounded to a multiple of its block's s, so
+//   |y_int8 - y| <= sum over i of |w_i| * amax_k(i) / 254
+// plus the fp32 roundings (the scale product, a partial sum's cols / 256 fused multiply-adds, the
+// 4 levels of the final sum): to first order (cols / 256 + 6) * 2^-24 * sum of |w_i * q_i * s_k|.
+void linear_nvfp4_int8(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
+void linear_nvfp4_int8(QuantIsa isa, const float* x, int64_t n, const Nvfp4Weights& w, float* y);
+// Whether linear_nvfp4_int8 on `isa` uses VNNI now (AVX-512 VNNI, set_vnni in quant.h).
+bool nvfp4_int8_vnni(QuantIsa isa);
+// Whether linear_nvfp4_selected takes int8 activations: COLIBRI_ACTIVATIONS as the container's
+// kernels read it (quant_activations_selected: int8 or mixed, NVFP4 being 4-bit weights; f32 not).
+bool nvfp4_int8_activations();
+// linear_nvfp4_int8 or linear_nvfp4, by nvfp4_int8_activations().
+void linear_nvfp4_selected(const float* x, int64_t n, const Nvfp4Weights& w, float* y);
 // dot_f32(a, row `row` of w dequantized, w.cols); on an explicit ISA, and the scalar reference.
 float dot_nvfp4(const float* a, const Nvfp4Weights& w, int64_t row);
 float dot_nvfp4(QuantIsa isa, const float* a, const Nvfp4Weights& w, int64_t row);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cpu/nvfp4_detail.h"
 #include "cpu/vec_detail.h"
 
 namespace colibri::kernels::detail {
@@ -171,6 +172,11 @@ float dot_fp8_avx2(const float* a, Fp8Row b, int64_t n) {
 
 float dot_nvfp4_avx2(const float* a, Nvfp4Row b, int64_t n) {
   return dot(a, b, n);
+}
+
+void nvfp4_widen_row_avx2(const Nvfp4Weights& w, int64_t row, float* out) {
+  const Nvfp4Row p{w.codes + row * (w.cols / 2), w.scales + row * (w.cols / 16), w.global, 0};
+  for (int64_t c = 0; c < w.cols; c += 8) _mm256_storeu_ps(out + c, load(p + c));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cpu/nvfp4_detail.h"
 #include "cpu/vec_detail.h"
 
 // GCC 12 warns inside the intrinsic headers (their _mm512_undefined_* operands, GCC PR 105593).
@@ -125,6 +126,11 @@ float dot_nvfp4_avx512(const float* a, Nvfp4Row b, int64_t n) {
 
 float dot_fp8_avx512(const float* a, Fp8Row b, int64_t n) {
   return dot(a, b, n);
+}
+
+void nvfp4_widen_row_avx512(const Nvfp4Weights& w, int64_t row, float* out) {
+  const Nvfp4Row p{w.codes + row * (w.cols / 2), w.scales + row * (w.cols / 16), w.global, 0};
+  for (int64_t c = 0; c < w.cols; c += 16) _mm512_storeu_ps(out + c, load(p + c));
 }
 
 namespace {

@@ -181,6 +181,26 @@ __global__ void combine_kernel(ExpertGroup g) {
   g.out[i] = acc;
 }
 
+// grid ceil(rows / 8): warp w of block b computes y[t, 8b + w] for every t < n, T at a time.
+template <int T>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    matrix_linear_kernel(DeviceMatrix w, const float* x, int64_t n, float* y) {
+  const int lane = int(threadIdx.x) % kWarpSize;
+  const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
+  if (r >= w.rows) return;  // whole warps only
+  for (int64_t t0 = 0; t0 < n; t0 += T) {
+    const float* xs[T];
+    slot_inputs<T>(x, nullptr, w.cols, int(t0), int(n), xs);
+    float acc[T];
+    row_dot<T>(w, r, xs, lane, acc);
+#pragma unroll
+    for (int t = 0; t < T; ++t) {
+      const float sum = warp_sum(acc[t]);
+      if (lane == 0 && t0 + t < n) y[(t0 + t) * w.rows + r] = sum;
+    }
+  }
+}
+
 template <int T>
 void launch_projections(const ExpertGroup& g, cudaStream_t stream) {
   const dim3 gate_grid(unsigned((g.inter + kWarpsPerBlock - 1) / kWarpsPerBlock),
@@ -220,6 +240,8 @@ const char* weight_format_name(WeightFormat format) {
       return "f32";
     case WeightFormat::kBF16:
       return "bf16";
+    case WeightFormat::kNvfp4:
+      return "nvfp4";
   }
   return "unknown";
 }
@@ -235,6 +257,8 @@ int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols
       return rows * cols * 4;
     case WeightFormat::kBF16:
       return rows * cols * 2;
+    case WeightFormat::kNvfp4:
+      return rows * (cols / 2);
   }
   return 0;
 }
@@ -248,6 +272,7 @@ int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t col
       return rows;
     case WeightFormat::kF32:
     case WeightFormat::kBF16:
+    case WeightFormat::kNvfp4:
       return 0;
   }
   return 0;
@@ -266,6 +291,7 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
   if (!data) fail("null data");
   const bool dense = format == WeightFormat::kF32 || format == WeightFormat::kBF16;
   if (!dense && !scales) fail("null scales");
+  if (format == WeightFormat::kNvfp4) fail("NVFP4 matrices are described by device_matrix_nvfp4");
   if (format < WeightFormat::kInt4Row || format > WeightFormat::kBF16) fail("unknown format");
   DeviceMatrix m;
   m.format = format;
@@ -291,8 +317,29 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
     case WeightFormat::kBF16:
       wide = wide && cols % 8 == 0;
       break;
+    case WeightFormat::kNvfp4:
+      break;
   }
   m.wide = wide ? 1 : 0;
+  return m;
+}
+
+DeviceMatrix device_matrix_nvfp4(int64_t rows, int64_t cols, const uint8_t* codes,
+                                 const uint8_t* e4m3_scales, float global, const char* what) {
+  const auto fail = [&](const std::string& why) {
+    throw std::invalid_argument(std::string(what) + " (nvfp4, " + std::to_string(rows) + "x" +
+                                std::to_string(cols) + "): " + why);
+  };
+  if (rows <= 0 || cols <= 0 || cols % 16 != 0) fail("empty shape, or cols not a multiple of 16");
+  if (!codes || !e4m3_scales) fail("null codes or scales");
+  DeviceMatrix m;
+  m.format = WeightFormat::kNvfp4;
+  m.rows = rows;
+  m.cols = cols;
+  m.data = codes;
+  m.e4m3_scales = e4m3_scales;
+  m.global = global;
+  m.wide = cols % 32 == 0 && aligned16(codes) ? 1 : 0;
   return m;
 }
 
@@ -336,6 +383,21 @@ void expert_ffn_combine(const ExpertGroup& g, cudaStream_t stream) {
   constexpr int kCombineThreads = 256;
   combine_kernel<<<unsigned((n + kCombineThreads - 1) / kCombineThreads), kCombineThreads, 0,
                    stream>>>(g);
+  CHECK_CUDA_LAUNCH();
+}
+
+void matrix_linear(const DeviceMatrix& w, const float* x, int64_t n, float* y,
+                   cudaStream_t stream) {
+  if (n <= 0 || w.rows <= 0) return;
+  if (n > (int64_t(1) << 30)) throw std::invalid_argument("matrix_linear: too many rows of x");
+  if (!aligned16(x)) throw std::invalid_argument("matrix_linear: x must be 16-byte aligned");
+  const unsigned blocks = unsigned((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  if (n == 1)
+    matrix_linear_kernel<1><<<blocks, kThreadsPerBlock, 0, stream>>>(w, x, n, y);
+  else if (n <= 4)
+    matrix_linear_kernel<4><<<blocks, kThreadsPerBlock, 0, stream>>>(w, x, n, y);
+  else
+    matrix_linear_kernel<kMaxSlotsPerPass><<<blocks, kThreadsPerBlock, 0, stream>>>(w, x, n, y);
   CHECK_CUDA_LAUNCH();
 }
 

@@ -8,7 +8,10 @@
 //      is the order and rounding of the CPU's run_expert_pairs.
 // fp32 activations and fp32 accumulation. Weights stay in colibri's container layout
 // (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), dense BF16 (the
-// checkpoint's bits, widened in registers as kernels::linear_bf16 does) or dense fp32.
+// checkpoint's bits, widened in registers as kernels::linear_bf16 does), dense fp32, or NVFP4 as
+// stored (kernels/cpu/linear.h, Nvfp4Weights: E2M1 codes two a byte, an E4M3 scale a 16 columns,
+// the fp32 second-level scale; widened in registers, each 16 columns' sum of x * e2m1 scaled once
+// by e4m3 * global).
 // Each warp computes one output row for up to 8 slots at a time, dequantising 16-byte loads of
 // the packed row in registers; the CPU oracle is kernels::quant_expert_ffn / mlp_forward
 // (tests/gpu/expert_ffn_cuda_test.cpp). When an expert of the request has 8 or more slots and
@@ -29,7 +32,8 @@ enum class WeightFormat : int32_t {
   kInt4Grouped = 1,
   kInt8Row = 2,
   kF32 = 3,
-  kBF16 = 4
+  kBF16 = 4,
+  kNvfp4 = 5
 };
 
 const char* weight_format_name(WeightFormat format);
@@ -43,6 +47,10 @@ struct DeviceMatrix {
                                // [rows, cols]
   const float* scales = nullptr;  // int formats: [rows] or [rows, ceil(cols / group_size)]
   int32_t wide = 0;               // set by device_matrix(): rows can be read in 16-byte loads
+  // kNvfp4 (data: the codes [rows, cols / 2]): the E4M3 scale bytes [rows, cols / 16] and the
+  // second-level scale.
+  const uint8_t* e4m3_scales = nullptr;
+  float global = 0.0f;
 };
 
 // Checks the description (format, group size, non-null pointers, shape) and decides whether the
@@ -52,7 +60,14 @@ struct DeviceMatrix {
 DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
                            const void* data, const float* scales, const char* what);
 
-// Bytes of W's data and scales on the device.
+// NVFP4 weights as stored (kernels::Nvfp4Weights, in device memory): cols a positive multiple of
+// 16; the 16-byte path when cols % 32 == 0 and the codes are 16-byte aligned. Throws
+// std::invalid_argument naming `what`. device_matrix() refuses kNvfp4 (its scales are bytes).
+DeviceMatrix device_matrix_nvfp4(int64_t rows, int64_t cols, const uint8_t* codes,
+                                 const uint8_t* e4m3_scales, float global, const char* what);
+
+// Bytes of W's data and scales on the device (kNvfp4: the codes; its rows * cols / 16 scale
+// bytes are not floats and are not counted by device_matrix_scale_count).
 int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols);
 int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size);
 
@@ -91,5 +106,10 @@ void expert_ffn_grouped_no_combine(const ExpertGroup& group, cudaStream_t stream
 
 // The third launch alone: out from y_slots and the row index.
 void expert_ffn_combine(const ExpertGroup& group, cudaStream_t stream);
+
+// y[n, w.rows] = x[n, w.cols] · W^T for a matrix of any format above (the projections' per-row
+// code: one warp a row, up to 8 rows of x a pass). x, y device memory, x 16-byte aligned; y must
+// not overlap x. Asynchronous on `stream`.
+void matrix_linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream);
 
 }  // namespace colibri::cuda

@@ -137,6 +137,47 @@ COLIBRI_LANE void bf16x8_to_float(uint4 q, float (&w)[8]) {
   }
 }
 
+// NVFP4: an E2M1 code (the low 4 bits of `code`; higher bits ignored) exactly, its magnitude
+// bits placed in an fp32's exponent and mantissa fields (e2m1 * 2^-126, a subnormal for 0.5)
+// times 2^126.
+COLIBRI_LANE float e2m1_value(uint32_t code) {
+  return lane_bits_to_float(((code & 7u) << 22) | ((code & 8u) << 28)) * 0x1p126f;
+}
+// An E4M3 byte (not a NaN) exactly, the same way (as kernels/cpu/vec_detail.h's e4m3_value).
+COLIBRI_LANE float e4m3_value(uint32_t byte) {
+  return lane_bits_to_float(((byte & 0x7Fu) << 20) | ((byte & 0x80u) << 24)) * 0x1p120f;
+}
+// NVFP4 weight (row r, column i) as the CPU dequantizes it: (e2m1 * e4m3, exact) * global.
+COLIBRI_LANE float nvfp4_weight(const DeviceMatrix& w, int64_t r, int64_t i) {
+  const uint8_t b = static_cast<const uint8_t*>(w.data)[r * (w.cols / 2) + i / 2];
+  const float scale = e4m3_value(w.e4m3_scales[r * (w.cols / 16) + i / 16]);
+  return e2m1_value((i & 1) ? b >> 4 : b) * scale * w.global;
+}
+
+// 32 NVFP4 weights (one 16-byte load, columns 32c .. 32c + 31: two blocks of 16) against T
+// inputs: each block's sum of x * e2m1 scaled once by its e4m3 * global.
+template <int T>
+COLIBRI_LANE void nvfp4_chunk(uint4 q, float scale0, float scale1, int64_t c,
+                              const float4* const (&x4)[T], float (&acc)[T]) {
+  const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+  COLIBRI_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    float part[T];
+    COLIBRI_UNROLL
+    for (int t = 0; t < T; ++t) part[t] = 0.0f;
+    COLIBRI_UNROLL
+    for (int k = 2 * half; k < 2 * half + 2; ++k) {
+      float w[8];
+      COLIBRI_UNROLL
+      for (int j = 0; j < 8; ++j) w[j] = e2m1_value(words[k] >> (4 * j));  // column 8k + j
+      dot8<T>(w, x4, c * 8 + 2 * k, part);
+    }
+    const float scale = half ? scale1 : scale0;
+    COLIBRI_UNROLL
+    for (int t = 0; t < T; ++t) acc[t] = fmaf(part[t], scale, acc[t]);
+  }
+}
+
 COLIBRI_LANE bool is_wide_int4(const DeviceMatrix& w) {
   return w.wide && (w.format == WeightFormat::kInt4Row || w.format == WeightFormat::kInt4Grouped);
 }
@@ -214,6 +255,24 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
         }
         return;
       }
+      case WeightFormat::kNvfp4: {
+        const uint4* row =
+            reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + r * (cols / 2));
+        const uint8_t* scales = w.e4m3_scales + r * (cols / 16);
+        const int64_t chunks = cols / 32;
+        const auto scale = [&](int64_t block) {
+          return e4m3_value(lane_load(scales + block)) * w.global;
+        };
+        for (int64_t c = lane; c < chunks; c += 2 * kWarpSize) {
+          const int64_t c1 = c + kWarpSize;
+          const bool second = c1 < chunks;
+          const uint4 q0 = lane_load(row + c);
+          const uint4 q1 = second ? lane_load(row + c1) : make_uint4(0, 0, 0, 0);
+          nvfp4_chunk<T>(q0, scale(2 * c), scale(2 * c + 1), c, x4, acc);
+          if (second) nvfp4_chunk<T>(q1, scale(2 * c1), scale(2 * c1 + 1), c1, x4, acc);
+        }
+        return;
+      }
       case WeightFormat::kBF16: {
         // 8 weights per 16-byte load: a BF16 value is the high half of its fp32 bits.
         const uint4* row =
@@ -251,6 +310,9 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
         break;
       case WeightFormat::kBF16:
         wv = lane_bits_to_float(uint32_t(static_cast<const uint16_t*>(w.data)[r * cols + i]) << 16);
+        break;
+      case WeightFormat::kNvfp4:
+        wv = nvfp4_weight(w, r, i);
         break;
       default:
         wv = static_cast<const float*>(w.data)[r * cols + i];

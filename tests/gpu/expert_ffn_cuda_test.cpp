@@ -1,7 +1,8 @@
 // colibri::cuda::expert_ffn_grouped (through ExpertGroupBuffers) against its CPU oracle:
 // kernels::quant_expert_ffn (container formats) or linear_f32 + silu_mul (fp32 experts) per
 // expert, then each row's weighted sum over its experts in ascending order, as run_expert_pairs
-// does. Table: format x shape x rows x experts x top-k. BF16 experts against kernels::linear_bf16.
+// does. Table: format x shape x rows x experts x top-k. BF16 experts against kernels::linear_bf16,
+// NVFP4 ones against fp32 on kernels::dequantize_nvfp4.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -63,7 +64,9 @@ struct Matrix {
   std::vector<uint8_t> data;   // container bytes (int formats)
   std::vector<uint16_t> bf16;  // kBF16: the bits (values are exactly these)
   std::vector<float> scales;
+  std::vector<uint8_t> e4m3;  // kNvfp4: the scale bytes
   void* d_data = nullptr;
+  void* d_e4m3 = nullptr;
   float* d_scales = nullptr;
   DeviceMatrix device;
 
@@ -84,6 +87,21 @@ struct Matrix {
       }
       CHECK_CUDA(cudaMalloc(&d_data, bf16.size() * 2));
       CHECK_CUDA(cudaMemcpy(d_data, bf16.data(), bf16.size() * 2, cudaMemcpyHostToDevice));
+    } else if (c.format == WeightFormat::kNvfp4) {
+      // The ModelOpt recipe; values become the CPU's dequantization (the oracle's weights).
+      data.resize(size_t(rows * cols / 2));
+      e4m3.resize(size_t(rows * cols / 16));
+      const float global =
+          kernels::quantize_nvfp4(values.data(), rows, cols, data.data(), e4m3.data());
+      kernels::dequantize_nvfp4({data.data(), e4m3.data(), global, rows, cols}, values.data());
+      CHECK_CUDA(cudaMalloc(&d_data, data.size()));
+      CHECK_CUDA(cudaMemcpy(d_data, data.data(), data.size(), cudaMemcpyHostToDevice));
+      CHECK_CUDA(cudaMalloc(&d_e4m3, e4m3.size()));
+      CHECK_CUDA(cudaMemcpy(d_e4m3, e4m3.data(), e4m3.size(), cudaMemcpyHostToDevice));
+      device =
+          colibri::cuda::device_matrix_nvfp4(rows, cols, static_cast<const uint8_t*>(d_data),
+                                             static_cast<const uint8_t*>(d_e4m3), global, what);
+      return;
     } else if (c.format != WeightFormat::kF32) {
       const kernels::QuantFormat qf = quant_format(c.format);
       group = c.format == WeightFormat::kInt4Grouped ? c.group_size : 0;
@@ -102,6 +120,7 @@ struct Matrix {
     device = colibri::cuda::device_matrix(c.format, group, rows, cols, d_data, d_scales, what);
   }
   ~Matrix() {
+    cudaFree(d_e4m3);
     cudaFree(d_data);
     cudaFree(d_scales);
   }
@@ -136,7 +155,7 @@ void cpu_expert(const Case& c, const Expert& e, const float* x, int n, float* y)
     kernels::linear_bf16(g.data(), n, e.down.bf16.data(), c.hidden, c.inter, y);
     return;
   }
-  if (c.format != WeightFormat::kF32) {
+  if (c.format != WeightFormat::kF32 && c.format != WeightFormat::kNvfp4) {
     kernels::quant_expert_ffn(e.gate.view(c), e.up.view(c), e.down.view(c), x, n, y);
     return;
   }
@@ -347,9 +366,11 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
 // 1/2/4/8-slot passes (3, 5, 9), 16, and 33 (several 8-slot passes per expert). BF16: wide
 // (widths % 8 == 0) and per-element. Every case also runs phased (two device phases and experts
 // whose y rows come from the host), as the CUDA backend runs a request with VRAM misses, and
-// with the tensor cores off. Tensor cores (int4, 8+ slots per expert): GLM-like g64 at 16 rows
-// on 8 experts, g128, row scales, and a width (200) whose down matrix takes the per-row path
-// inside the tensor-core launch and whose gate/up tiles end past the last row.
+// with the tensor cores off. NVFP4 (the CPU oracle: dequantize_nvfp4, then fp32): wide (widths %
+// 32 == 0) at 1, 3 and 16 rows, and per-element (80 and 48). Tensor cores (int4, 8+ slots per
+// expert): GLM-like g64 at 16 rows on 8 experts, g128, row scales, and a width (200) whose down
+// matrix takes the per-row path inside the tensor-core launch and whose gate/up tiles end past the
+// last row.
 INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                          testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
                                          Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
@@ -374,7 +395,11 @@ INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
                                          Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4},
                                          Case{WeightFormat::kBF16, 0, 256, 128, 1, 8, 8},
                                          Case{WeightFormat::kBF16, 0, 512, 192, 16, 6, 2},
-                                         Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2}),
+                                         Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2},
+                                         Case{WeightFormat::kNvfp4, 0, 256, 128, 1, 8, 8},
+                                         Case{WeightFormat::kNvfp4, 0, 512, 192, 16, 6, 2},
+                                         Case{WeightFormat::kNvfp4, 0, 6144, 64, 3, 4, 2},
+                                         Case{WeightFormat::kNvfp4, 0, 80, 48, 9, 3, 2}),
                          [](const testing::TestParamInfo<Case>& param_info) {
                            std::ostringstream name;
                            name << param_info.param;

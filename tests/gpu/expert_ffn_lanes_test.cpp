@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/linear.h"
 #include "cpu/quant.h"
 #include "cuda/expert_ffn_lanes.cuh"
 
@@ -78,6 +79,17 @@ struct HostMatrix {
         u &= 0xFFFF0000u;
         std::memcpy(&values[i], &u, 4);
       }
+    } else if (c.format == WeightFormat::kNvfp4) {
+      // The ModelOpt recipe's codes and scales; values become exactly the CPU's dequantization.
+      data = std::make_unique<Aligned>(size_t(c.rows * c.cols / 2));
+      scales = std::make_unique<Aligned>(size_t(c.rows * c.cols / 16));
+      auto* codes = static_cast<uint8_t*>(data->p);
+      auto* bytes = static_cast<uint8_t*>(scales->p);
+      const float global = kernels::quantize_nvfp4(values.data(), c.rows, c.cols, codes, bytes);
+      const kernels::Nvfp4Weights w{codes, bytes, global, c.rows, c.cols};
+      kernels::dequantize_nvfp4(w, values.data());
+      m = colibri::cuda::device_matrix_nvfp4(c.rows, c.cols, codes, bytes, global, "test matrix");
+      return;
     } else {
       const auto qf = quant_format(c.format);
       data = std::make_unique<Aligned>(size_t(kernels::packed_bytes(qf, c.rows, c.cols)));
@@ -175,6 +187,32 @@ TEST(ExpertFfnLanes, FusedGateUpEqualsTwoRowDots) {
   }
 }
 
+// NVFP4's lanes decode every E2M1 code and every E4M3 byte exactly, and a weight as the CPU
+// dequantizes it (kernels::dequantize_nvfp4), under every scale byte.
+TEST(ExpertFfnLanes, Nvfp4DecodesEveryCodeAndScaleByteAsTheCpu) {
+  for (uint32_t code = 0; code < 16; ++code) {
+    std::vector<uint8_t> pairs(8, uint8_t(code | (code << 4)));
+    const uint8_t one = 0x38;  // 1.0
+    float want[16];
+    kernels::dequantize_nvfp4({pairs.data(), &one, 1.0f, 1, 16}, want);
+    EXPECT_EQ(lanes::e2m1_value(code | 0xF0u), want[0]) << "code " << code;
+    EXPECT_EQ(std::signbit(lanes::e2m1_value(code)), std::signbit(want[1])) << "code " << code;
+  }
+  std::vector<uint8_t> codes(8), bytes(1);
+  for (int c = 0; c < 16; c += 2) codes[size_t(c / 2)] = uint8_t(c | ((c + 1) << 4));
+  float want[16];
+  for (int b = 0; b < 256; ++b) {
+    if ((b & 0x7F) == 0x7F) continue;  // NaN
+    bytes[0] = uint8_t(b);
+    const float global = 0.0371f;
+    kernels::dequantize_nvfp4({codes.data(), bytes.data(), global, 1, 16}, want);
+    const DeviceMatrix m =
+        colibri::cuda::device_matrix_nvfp4(1, 16, codes.data(), bytes.data(), global, "byte");
+    for (int c = 0; c < 16; ++c)
+      ASSERT_EQ(lanes::nvfp4_weight(m, 0, c), want[c]) << "byte " << b << " code " << c;
+  }
+}
+
 // The emulated byte permute is PTX prmt's default mode, as the dequantisation uses it.
 TEST(ExpertFfnLanes, BytePermuteBuildsTheMagicFloats) {
   for (uint32_t b = 0; b < 256; ++b)
@@ -206,7 +244,10 @@ INSTANTIATE_TEST_SUITE_P(
         Case{WeightFormat::kInt8Row, 0, 3, 16, true},
         Case{WeightFormat::kInt8Row, 0, 3, 300, false}, Case{WeightFormat::kF32, 0, 3, 1024, true},
         Case{WeightFormat::kF32, 0, 3, 35, false}, Case{WeightFormat::kBF16, 0, 3, 2048, true},
-        Case{WeightFormat::kBF16, 0, 3, 264, true}, Case{WeightFormat::kBF16, 0, 3, 37, false}),
+        Case{WeightFormat::kBF16, 0, 3, 264, true}, Case{WeightFormat::kBF16, 0, 3, 37, false},
+        Case{WeightFormat::kNvfp4, 0, 3, 256, true}, Case{WeightFormat::kNvfp4, 0, 2, 6144, true},
+        Case{WeightFormat::kNvfp4, 0, 4, 32, true}, Case{WeightFormat::kNvfp4, 0, 3, 48, false},
+        Case{WeightFormat::kNvfp4, 0, 3, 16, false}),
     [](const testing::TestParamInfo<Case>& param_info) {
       std::ostringstream name;
       name << param_info.param;

@@ -1,12 +1,18 @@
 // NVFP4 weights as stored (ModelOpt): every E2M1 code under every E4M3 scale byte decodes to
 // code * scale * global, checked against an independent decoder; the dot and linear kernels on
 // every ISA this machine has are bit for bit the fp32 kernels on the dequantized matrix; the
+// int8-activation kernels (scalar, AVX2, AVX-512 with and without VNNI; a kernel this CPU lacks
+// is skipped with the reason) are bit for bit their scalar reference on every code and scale byte
+// and odd shapes, whatever the batch, and within the stated bound of the exact product; the
 // ModelOpt recipe rounds to nearest (ties to even) and its error stays within half a step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
@@ -17,6 +23,20 @@ namespace colibri::kernels {
 namespace {
 
 using test::available_isas;
+
+// One int8-activation kernel: an ISA, and on AVX-512 whether VNNI is on (off: the AVX2 kernel).
+struct KernelCase {
+  QuantIsa isa;
+  bool vnni;
+};
+
+bool cpu_has_avx512vnni() {
+#if defined(__x86_64__)
+  return __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
 
 // E2M1 by its definition: sign bit 3, exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is
 // subnormal (0 or 0.5).
@@ -140,6 +160,166 @@ TEST(Nvfp4, TheRecipesErrorIsWithinHalfAStepOfEachBlock) {
     }
   for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(back[size_t(5 * cols + c)], 0.0f);
   EXPECT_EQ(scales[size_t(5 * cols / 16)], 0);
+}
+
+// Every int8-activation kernel in turn; skipped with the reason where this CPU or build lacks it.
+class Nvfp4Int8 : public testing::TestWithParam<KernelCase> {
+ protected:
+  void SetUp() override {
+    const KernelCase k = GetParam();
+    if (!quant_isa_available(k.isa))
+      GTEST_SKIP() << "this CPU or build lacks " << quant_isa_name(k.isa)
+                   << " (avx2: AVX2 + FMA; avx512: AVX-512 F, BW, VL + FMA)";
+    if (k.vnni && !cpu_has_avx512vnni()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI";
+    saved_vnni_ = vnni_enabled() || !vnni_available();
+    set_vnni(k.vnni);
+    ASSERT_EQ(nvfp4_int8_vnni(k.isa), k.vnni) << "the case does not run the kernel it names";
+  }
+  void TearDown() override { set_vnni(saved_vnni_); }
+
+  // The product on this kernel against the scalar reference, bit for bit, for the rows of x as
+  // one batch and one at a time.
+  void expect_reference(const Nvfp4Weights& w, const std::vector<float>& x, int64_t n,
+                        const std::string& what) {
+    const QuantIsa isa = GetParam().isa;
+    std::vector<float> want(size_t(n * w.rows)), got(want.size(), std::nanf("")),
+        one(size_t(w.rows));
+    linear_nvfp4_int8(QuantIsa::kScalar, x.data(), n, w, want.data());
+    double sum_abs = 0;
+    for (float v : want) sum_abs += std::abs(v);
+    EXPECT_GT(sum_abs, 0.0) << what << ": all-zero output proves nothing";
+    linear_nvfp4_int8(isa, x.data(), n, w, got.data());
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], want[i]) << what << " n " << n << " y[" << i / size_t(w.rows) << ", "
+                                 << i % size_t(w.rows) << "]";
+    for (int64_t t = 0; t < n; ++t) {  // one row alone: the same bits
+      linear_nvfp4_int8(isa, x.data() + t * w.cols, 1, w, one.data());
+      for (int64_t r = 0; r < w.rows; ++r)
+        ASSERT_EQ(one[size_t(r)], want[size_t(t * w.rows + r)]) << what << " row " << t << " alone";
+    }
+  }
+
+ private:
+  bool saved_vnni_ = true;
+};
+
+TEST_P(Nvfp4Int8, IsTheReferenceOnEveryCodeUnderEveryScaleByte) {
+  // Row r: block b's scale is the (r + b)-th non-NaN byte and column c's code is (c + r) % 16,
+  // so that every byte (both signs, subnormals, 448) meets every code in every position of a
+  // super-step of 16 blocks and in the padded last one (17 blocks).
+  std::vector<uint8_t> bytes;
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7F) != 0x7F) bytes.push_back(uint8_t(b));
+  const int64_t rows = int64_t(bytes.size()), cols = 272, blocks = cols / 16;
+  std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * blocks));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; c += 2)
+      codes[size_t(r * cols / 2 + c / 2)] = uint8_t(((c + r) % 16) | (((c + 1 + r) % 16) << 4));
+    for (int64_t b = 0; b < blocks; ++b)
+      scales[size_t(r * blocks + b)] = bytes[size_t((r + b) % rows)];
+  }
+  const Nvfp4Weights w{codes.data(), scales.data(), 0.0173f, rows, cols};
+  for (int64_t n : {1, 3, 8, 11})
+    expect_reference(w, test::normal(n * cols, uint32_t(n)), n, "every byte");
+}
+
+// Odd shapes, rows and batches; and the bound of linear.h against the exact product of x with the
+// weights (e2m1 * e4m3 * global in double).
+TEST_P(Nvfp4Int8, OddShapesEqualTheReferenceAndStayWithinTheBound) {
+  std::mt19937 rng(41);
+  int checked = 0;
+  for (int64_t cols : {16, 48, 240, 256, 272, 528, 1040, 2048, 2064})
+    for (int64_t rows : {1, 7, 33}) {
+      std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
+      for (uint8_t& c : codes) c = uint8_t(rng());
+      for (uint8_t& s : scales) s = uint8_t(0x20 + rng() % 0x40);  // 2^-3 .. 2^4, positive
+      const Nvfp4Weights w{codes.data(), scales.data(), 0.0021f, rows, cols};
+      std::vector<float> wide(size_t(rows * cols));
+      dequantize_nvfp4(w, wide.data());
+      for (int64_t n : {1, 2, 5, 9, 17}) {
+        std::vector<float> x = test::normal(n * cols, uint32_t(cols * 7 + rows * 3 + n));
+        x[0] = 40.0f;  // an outlier: its block's step is coarse
+        const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+        expect_reference(w, x, n, what);
+        std::vector<float> y(size_t(n * rows));
+        linear_nvfp4_int8(GetParam().isa, x.data(), n, w, y.data());
+        const double u = std::ldexp(1.0, -24);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = 0; r < rows; ++r) {
+            double exact = 0, rounding = 0, products = 0;
+            for (int64_t c = 0; c < cols; ++c) {
+              const float* block = x.data() + t * cols + c / 64 * 64;
+              float amax = 0;
+              for (int64_t k = 0; k < std::min<int64_t>(64, cols - c / 64 * 64); ++k)
+                amax = std::max(amax, std::abs(block[k]));
+              const double wc = wide[size_t(r * cols + c)], xc = x[size_t(t * cols + c)];
+              exact += wc * xc;
+              rounding += std::abs(wc) * amax / 254.0;
+              products += std::abs(wc) * (std::abs(xc) + amax / 254.0);
+            }
+            // Each input within amax / 254; the fp32 sums (cols / 256 fma a partial sum, 4 levels
+            // of the tree, the scale product, the weights' own rounding), twice for slack.
+            const double bound =
+                rounding * (1 + 1e-6) + 2 * (double(cols) / 256 + 8) * u * products;
+            ASSERT_LE(std::abs(y[size_t(t * rows + r)] - exact), bound)
+                << what << " n " << n << " y[" << t << ", " << r << "]";
+            ++checked;
+          }
+      }
+    }
+  EXPECT_GT(checked, 1000);
+}
+
+TEST_P(Nvfp4Int8, NonFiniteInputsGiveNan) {
+  const int64_t rows = 3, cols = 64;
+  std::vector<uint8_t> codes(size_t(rows * cols / 2), 0x21), scales(size_t(rows * cols / 16), 0x38);
+  const Nvfp4Weights w{codes.data(), scales.data(), 1.0f, rows, cols};
+  std::vector<float> x(size_t(cols), 1.0f), y(static_cast<size_t>(rows));
+  x[5] = std::numeric_limits<float>::infinity();
+  linear_nvfp4_int8(GetParam().isa, x.data(), 1, w, y.data());
+  for (float v : y) EXPECT_TRUE(std::isnan(v));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Nvfp4Int8,
+                         testing::Values(KernelCase{QuantIsa::kScalar, false},
+                                         KernelCase{QuantIsa::kAvx2, false},
+                                         KernelCase{QuantIsa::kAvx512, false},
+                                         KernelCase{QuantIsa::kAvx512, true}),
+                         [](const testing::TestParamInfo<KernelCase>& kernel_info) {
+                           return std::string(quant_isa_name(kernel_info.param.isa)) +
+                                  (kernel_info.param.vnni ? "_vnni" : "");
+                         });
+
+TEST(Nvfp4Int8Selection, BadShapesAreRefused) {
+  std::vector<uint8_t> codes(16), scales(2);
+  const Nvfp4Weights odd{codes.data(), scales.data(), 1.0f, 1, 24};
+  std::vector<float> x(24), y(1);
+  EXPECT_THROW(linear_nvfp4_int8(x.data(), 1, odd, y.data()), std::invalid_argument);
+  EXPECT_THROW(linear_nvfp4_int8(QuantIsa::kScalar, x.data(), 1, odd, y.data()),
+               std::invalid_argument);
+}
+
+TEST(Nvfp4Int8Selection, TheSelectedProductFollowsTheActivationsSwitch) {
+  const int64_t rows = 9, cols = 320;
+  std::mt19937 rng(3);
+  std::vector<uint8_t> codes(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
+  for (uint8_t& c : codes) c = uint8_t(rng());
+  for (uint8_t& s : scales) s = uint8_t(0x30 + rng() % 16);
+  const Nvfp4Weights w{codes.data(), scales.data(), 0.01f, rows, cols};
+  const std::vector<float> x = test::normal(2 * cols, 8);
+  std::vector<float> f32(size_t(2 * rows)), int8(f32.size()), got(f32.size());
+  linear_nvfp4(x.data(), 2, w, f32.data());
+  linear_nvfp4_int8(x.data(), 2, w, int8.data());
+  ASSERT_NE(f32, int8) << "the two precisions should differ on random data";
+  const QuantActivations saved = quant_activations_selected();
+  for (QuantActivations a :
+       {QuantActivations::kF32, QuantActivations::kInt8, QuantActivations::kMixed}) {
+    set_quant_activations(a);
+    EXPECT_EQ(nvfp4_int8_activations(), a != QuantActivations::kF32);
+    linear_nvfp4_selected(x.data(), 2, w, got.data());
+    EXPECT_EQ(got, a == QuantActivations::kF32 ? f32 : int8) << quant_activations_name(a);
+  }
+  set_quant_activations(saved);
 }
 
 }  // namespace
