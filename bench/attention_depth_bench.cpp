@@ -76,8 +76,10 @@ __attribute__((target("avx512f"))) float fma_avx512(int64_t iters) {
   __m512 acc[16];
   const __m512 step = _mm512_set1_ps(0.999f);
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_set1_ps(float(i));
-  for (int64_t k = 0; k < iters; ++k)
+  for (int64_t k = 0; k < iters; ++k) {
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(acc[i], step, step);
+  }
   __m512 total = acc[0];
   for (int i = 1; i < 16; ++i) total = _mm512_add_ps(total, acc[i]);
   return _mm512_reduce_add_ps(total);
@@ -86,8 +88,10 @@ __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
   __m256 acc[16];
   const __m256 step = _mm256_set1_ps(0.999f);
   for (int i = 0; i < 16; ++i) acc[i] = _mm256_set1_ps(float(i));
-  for (int64_t k = 0; k < iters; ++k)
+  for (int64_t k = 0; k < iters; ++k) {
+#pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) acc[i] = _mm256_fmadd_ps(acc[i], step, step);
+  }
   __m256 total = acc[0];
   for (int i = 1; i < 16; ++i) total = _mm256_add_ps(total, acc[i]);
   alignas(32) float lanes[8];

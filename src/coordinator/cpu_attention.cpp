@@ -430,9 +430,48 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   if (w.remote_heads) w.remote_heads->finish(n, heads_out_.data());
 }
 
+namespace {
+
+// Rows [t0, ..) of another KeySlots.
+class OffsetKeys final : public KeySlots {
+ public:
+  OffsetKeys(const KeySlots& keys, int t0) : keys_(keys), t0_(t0) {}
+  int fill(int t, int32_t* slots) const override { return keys_.fill(t0_ + t, slots); }
+  int dense_through(int t, int* seq) const override { return keys_.dense_through(t0_ + t, seq); }
+
+ private:
+  const KeySlots& keys_;
+  int t0_;
+};
+
+}  // namespace
+
+// A model of fewer heads than a vector of columns: a row of chosen keys alone fills too little of
+// the blocked products, and the row path is faster there (bench/attention_depth_bench on the
+// embedded model's 4 heads). The model's heads decide, not a call's (a rank's share of them).
+constexpr int kMlaBlockedHeads = 16;
+
 void MlaHeads::run(const Call& call, bool by_rows) {
   if (by_rows || call.n < 2) return run_by_rows(call);
-  run_blocked(call);
+  if (c_.num_heads >= kMlaBlockedHeads) return run_blocked(call);
+  // Runs of rows alike (every position, or chosen keys) in turn, each on its path.
+  int seq = 0;
+  for (int t0 = 0; t0 < call.n;) {
+    const bool dense = call.keys->dense_through(t0, &seq) >= 0;
+    int t1 = t0 + 1;
+    while (t1 < call.n && (call.keys->dense_through(t1, &seq) >= 0) == dense) ++t1;
+    const OffsetKeys keys(*call.keys, t0);
+    Call part = call;
+    part.n = t1 - t0;
+    part.q += size_t(t0) * call.q_stride * c_.qk_head_dim();
+    part.out += size_t(t0) * call.out_stride * c_.v_head_dim;
+    part.keys = &keys;
+    if (dense && part.n > 1)
+      run_blocked(part);
+    else
+      run_by_rows(part);
+    t0 = t1;
+  }
 }
 
 void MlaHeads::run_by_rows(const Call& call) {

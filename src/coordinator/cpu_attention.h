@@ -52,7 +52,8 @@ class MlaHeads {
   // of rows and heads at a time (GEMM-shaped products, online softmax): rows of one sequence
   // that see every position share the blocks, and a row of chosen keys reads them once for all
   // its heads. Each row and head's result depends only on its own keys, not on the batch, the
-  // grouping or the threads.
+  // grouping or the threads. On a model of fewer than 16 heads, rows of chosen keys take the row
+  // path.
   void run(const Call& call, bool by_rows);
 
  private:

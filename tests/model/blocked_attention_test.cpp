@@ -148,8 +148,12 @@ class ChosenKeys final : public KeySlots {
   int topk_;
 };
 
-TEST(BlockedAttention, MlaMatchesTheRowPathWithinItsBound) {
-  const ModelConfig c = odd_config();
+// 17 heads: every row blocked; 3 heads: rows of chosen keys on the row path, bit for bit.
+class BlockedMla : public ::testing::TestWithParam<int> {};
+
+TEST_P(BlockedMla, MatchesTheRowPathWithinItsBound) {
+  ModelConfig c = odd_config();
+  c.num_heads = GetParam();
   KvManager kv(c, 1024, 3);
   const Rows rows(kv);
   fill_cache(c, kv);
@@ -196,7 +200,18 @@ TEST(BlockedAttention, MlaMatchesTheRowPathWithinItsBound) {
               largest);
   EXPECT_GT(largest, 0.1f);
   EXPECT_LE(worst, 1e-5f * largest);
+  if (c.num_heads < 16) {
+    for (int t = 0; t < n; ++t) {
+      if (s.count[size_t(t)] == 0) continue;
+      for (int i = 0; i < heads * dv; ++i) {
+        const size_t at = size_t(t) * heads * dv + size_t(i);
+        ASSERT_EQ(blocked_one[at], want[at]) << "row " << t << " of chosen keys";
+      }
+    }
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, BlockedMla, ::testing::Values(3, 17));
 
 }  // namespace
 }  // namespace colibri
