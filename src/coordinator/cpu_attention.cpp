@@ -683,8 +683,8 @@ void MlaHeads::attend_item(const Call& call, const Item& item, int c0, int chunk
     }
     // s[i, c] = latent_i . q_latent[:, c] + rope_i . q_rope[:, c]
     std::fill_n(s, size_t(kb) * m, 0.0f);
-    kernels::axpy_rows_f32({latent, r, kb, r, m, nullptr, s, m}, q_latent);
-    kernels::axpy_rows_f32({k_rope, dr, kb, dr, m, nullptr, s, m}, q_rope);
+    kernels::axpy_rows_f32({latent, r, kb, r, m, nullptr, s, m, nullptr, false}, q_latent);
+    kernels::axpy_rows_f32({k_rope, dr, kb, dr, m, nullptr, s, m, nullptr, false}, q_rope);
     for (int c = 0; c < m; ++c) {
       const int visible = std::min(kb, limit[c] - k0 + 1);  // keys of the block column c sees
       float* pc = p + size_t(c) * kMlaKeyBlock;
@@ -713,7 +713,7 @@ void MlaHeads::attend_item(const Call& call, const Item& item, int c0, int chunk
       sum[c] += total;
     }
     // o[c, :] += sum over the block's keys of p[c, i] * latent_i
-    kernels::axpy_rows_f32({p, kMlaKeyBlock, m, kb, r, nullptr, o, r}, latent);
+    kernels::axpy_rows_f32({p, kMlaKeyBlock, m, kb, r, nullptr, o, r, nullptr, false}, latent);
   }
   for (int j = 0; j < item.rows; ++j)
     for (int h = 0; h < nh; ++h) {
