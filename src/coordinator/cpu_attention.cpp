@@ -206,10 +206,10 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
 
 bool attention_blocked() {
   static const bool blocked = [] {
-    const char* v = std::getenv("COLIBRI_ATTENTION");
-    if (!v || !*v || std::string_view(v) == "blocked") return true;
-    if (std::string_view(v) == "rows") return false;
-    fail("COLIBRI_ATTENTION={}: expected rows or blocked", v);
+    const char* v = std::getenv("COLIBRI_BLOCKED_ATTENTION");
+    if (!v || std::string_view(v) == "1") return true;
+    if (std::string_view(v) == "0") return false;
+    fail("COLIBRI_BLOCKED_ATTENTION='{}' must be 0 (off) or 1 (on)", v);
   }();
   return blocked;
 }

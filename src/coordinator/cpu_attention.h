@@ -114,7 +114,7 @@ class IndexerTopk {
   std::vector<int> scored_;     // blocked: the rows that need scores
 };
 
-// True unless COLIBRI_ATTENTION=rows: prompt chunks take the blocked paths.
+// True unless COLIBRI_BLOCKED_ATTENTION=0: prompt chunks take the blocked paths.
 bool attention_blocked();
 
 class CpuAttention final : public AttentionBackend {

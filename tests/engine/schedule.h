@@ -164,7 +164,7 @@ inline OracleCheck expect_engine_matches_oracle(Engine& engine, ReferenceModel& 
   const ScheduleRun run = run_schedule(engine, seqs, /*chunk=*/5);
   // Prompt chunks' blocked attention (online softmax, GEMM-shaped sums) is not the oracle's
   // row-by-row order: within 5e-5 of its logits (1.5e-5 seen on the parity models);
-  // COLIBRI_ATTENTION=rows gives its bits (ctest engine_vs_oracle_row_attention).
+  // COLIBRI_BLOCKED_ATTENTION=0 gives its bits (ctest engine_vs_oracle_row_attention).
   const bool blocked = attention_blocked();
   const float bound = bitwise && !blocked ? 0.0f : blocked ? 5e-5f : 1e-5f;
   float worst = 0;
