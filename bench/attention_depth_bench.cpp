@@ -82,7 +82,9 @@ __attribute__((target("avx512f"))) float fma_avx512(int64_t iters) {
   }
   __m512 total = acc[0];
   for (int i = 1; i < 16; ++i) total = _mm512_add_ps(total, acc[i]);
-  return _mm512_reduce_add_ps(total);
+  alignas(64) float lanes[16];  // through memory: GCC 12's _mm512_reduce_add_ps warns
+  _mm512_store_ps(lanes, total);
+  return lanes[0] + lanes[15];
 }
 __attribute__((target("avx2,fma"))) float fma_avx2(int64_t iters) {
   __m256 acc[16];

@@ -47,8 +47,8 @@ class MlaHeads {
     int out_stride = 0;
   };
   explicit MlaHeads(const ModelConfig& config) : c_(config) {}
-  // by_rows: each row reads its keys on its own, the softmax over all of them at once (the path
-  // before blocking; a call of one row takes it). Otherwise keys are read in blocks for a group
+  // by_rows: each row reads its keys on its own, per block of heads, the softmax over all of them
+  // at once (a call of one row always takes it). Otherwise keys are read in blocks for a group
   // of rows and heads at a time (GEMM-shaped products, online softmax): rows of one sequence
   // that see every position share the blocks, and a row of chosen keys reads them once for all
   // its heads. Each row and head's result depends only on its own keys, not on the batch, the
@@ -98,8 +98,8 @@ class IndexerTopk {
     int* selected = nullptr;  // [n, topk] chosen positions, ascending
     int* count = nullptr;     // [n] keys chosen; 0 = every position the row sees
   };
-  // by_rows: each row reads every key on its own (the path before blocking; decode uses it).
-  void run(const Call& call, bool by_rows = false);
+  // by_rows: each row reads every key on its own (a call of one row always takes it).
+  void run(const Call& call, bool by_rows);
 
  private:
   void run_by_rows(const Call& call);
