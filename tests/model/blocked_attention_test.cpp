@@ -42,18 +42,23 @@ ModelConfig odd_config() {
   return c;
 }
 
-// Rows of three sequences: a chunk of 110 rows at positions 40..149 (across index_topk, a chunk of
-// the blocked MLA and its key blocks), one row at 250, and a chunk of 3 rows at 300..302.
+// Rows of five sequences: a row at position 20, a chunk of 110 rows at positions 40..149 (across
+// index_topk, a chunk of the blocked MLA and its key blocks), 2 rows at 5..6, one row at 250, and
+// a chunk of 3 rows at 300..302.
 struct Rows {
   std::vector<BatchRow> rows;
   explicit Rows(KvManager& kv) {
-    const int a = kv.open(), b = kv.open(), c = kv.open();
+    const int a = kv.open(), b = kv.open(), c = kv.open(), d = kv.open(), e = kv.open();
     for (int tokens = 16; tokens <= 304; tokens += 16) {  // blocks handed out in turn
       kv.reserve(a, std::min(tokens, 150));
       kv.reserve(b, std::min(tokens, 251));
       kv.reserve(c, tokens);
+      kv.reserve(d, std::min(tokens, 21));
+      kv.reserve(e, std::min(tokens, 7));
     }
+    rows.push_back({0, d, 20, false});  // a decode row that sees every position
     for (int p = 40; p < 150; ++p) rows.push_back({0, a, p, false});
+    for (int p = 5; p < 7; ++p) rows.push_back({0, e, p, false});
     rows.push_back({0, b, 250, false});
     for (int p = 300; p < 303; ++p) rows.push_back({0, c, p, false});
   }
@@ -101,7 +106,7 @@ void fill_cache(const ModelConfig& c, KvManager& kv) {
 
 TEST(BlockedAttention, IndexerChoosesTheRowPathsKeys) {
   const ModelConfig c = odd_config();
-  KvManager kv(c, 1024, 3);
+  KvManager kv(c, 1024, 5);
   const Rows rows(kv);
   fill_cache(c, kv);
   const int saved = omp_get_max_threads();
@@ -154,7 +159,7 @@ class BlockedMla : public ::testing::TestWithParam<int> {};
 TEST_P(BlockedMla, MatchesTheRowPathWithinItsBound) {
   ModelConfig c = odd_config();
   c.num_heads = GetParam();
-  KvManager kv(c, 1024, 3);
+  KvManager kv(c, 1024, 5);
   const Rows rows(kv);
   fill_cache(c, kv);
   const Selection s = select(c, kv, rows, true);
