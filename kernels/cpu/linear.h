@@ -124,6 +124,8 @@ struct AxpyRows {
   float* y;
   int64_t y_stride;
   const int32_t* x_rows = nullptr;
+  // Fetch X's rows a few ahead (rows scattered in memory); false for rows already in cache.
+  bool fetch_ahead = true;
   int64_t row(int64_t term) const { return x_rows ? x_rows[term] : term; }
 };
 void axpy_rows_f32(const AxpyRows& a, const float* x);

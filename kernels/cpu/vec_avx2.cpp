@@ -226,7 +226,7 @@ void axpy_rows_tile(const AxpyRows& a, const X* x, int64_t t0, int64_t c0) {
   for (int64_t k = 0; k < a.k; ++k) {
     // The first strip walks the rows down a column: it fetches each row whole a few rows ahead,
     // so that the later strips find them in cache.
-    if (c0 == 0 && k + kAxpyAhead < a.k) {
+    if (a.fetch_ahead && c0 == 0 && k + kAxpyAhead < a.k) {
       const char* ahead = reinterpret_cast<const char*>(x + a.row(k + kAxpyAhead) * a.m);
       for (int64_t b = 0; b < a.m * int64_t(sizeof(X)); b += 64)
         _mm_prefetch(ahead + b, _MM_HINT_T0);

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <numeric>
+#include <string_view>
 
 #include "common/error.h"
 #include "cpu/elementwise.h"
@@ -172,10 +175,6 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
   }
 
   grow(selected_, size_t(n) * topk);
-  const int threads = omp_get_max_threads();
-  grow(scratch_, size_t(threads) * size_t(max_keys_));
-  grow(order_, size_t(threads) * size_t(max_keys_));
-  grow(key_slots_, size_t(threads) * size_t(max_keys_));
   // Each row's queries transposed, [dim, padded heads], and its head weights, zero-padded to a
   // multiple of 8 heads (index_scores' layout).
   const int padded = (heads + 7) / 8 * 8;
@@ -191,54 +190,161 @@ void CpuAttention::select_keys(int layer, const IndexerWeights& w, const float* 
             head < heads ? index_q_[(size_t(t) * heads + head) * dim + d] : 0.0f;
     }
   }
-  const float score_scale = 1.0f / std::sqrt(float(dim));
-  const auto visible = [&](int t) { return batch_->rows[size_t(t)].pos + 1; };
+  IndexerTopk::Call call;
+  call.n = n;
+  call.rows = batch_->rows.data();
+  call.kv = &kv_;
+  call.keys = keys;
+  call.q_t = index_q_t_.data();
+  call.weights = index_w_padded_.data();
+  call.padded = padded;
+  call.dim = dim;
+  call.scale = 1.0f / std::sqrt(float(dim));
+  call.topk = topk;
+  call.selected = selected_.data();
+  call.count = selected_count_.data();
+  topk_.run(call, !attention_blocked());
+}
+
+bool attention_blocked() {
+  static const bool blocked = [] {
+    const char* v = std::getenv("COLIBRI_BLOCKED_ATTENTION");
+    if (!v || std::string_view(v) == "1") return true;
+    if (std::string_view(v) == "0") return false;
+    fail("COLIBRI_BLOCKED_ATTENTION='{}' must be 0 (off) or 1 (on)", v);
+  }();
+  return blocked;
+}
+
+// The top-k set under a strict order (score, then position) is unique: selecting it in linear
+// time gives what a partial sort would, then it is sorted by position.
+void IndexerTopk::choose(const Call& call, int t, const float* scores, int* order) const {
+  const int visible = call.rows[t].pos + 1, topk = call.topk;
+  std::iota(order, order + visible, 0);
+  std::nth_element(order, order + (topk - 1), order + visible, [&](int a, int b) {
+    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
+  });
+  std::sort(order, order + topk);
+  std::copy_n(order, topk, call.selected + size_t(t) * topk);
+  call.count[t] = topk;
+}
+
+void IndexerTopk::run(const Call& call, bool by_rows) {
+  if (by_rows || call.n < 2) return run_by_rows(call);
+  for (int t0 = 0; t0 < call.n;) {
+    int t1 = t0 + 1;
+    while (t1 < call.n && call.rows[t1].seq == call.rows[t0].seq) ++t1;
+    if (t1 - t0 < 2) {
+      Call one = call;
+      one.n = 1;
+      one.rows += t0;
+      one.q_t += size_t(t0) * call.dim * call.padded;
+      one.weights += size_t(t0) * call.padded;
+      one.selected += size_t(t0) * call.topk;
+      one.count += t0;
+      run_by_rows(one);
+    } else {
+      run_blocked(call, t0, t1);
+    }
+    t0 = t1;
+  }
+}
+
+void IndexerTopk::run_by_rows(const Call& call) {
+  const int n = call.n, topk = call.topk;
+  int max_keys = 0;
+  for (int t = 0; t < n; ++t) max_keys = std::max(max_keys, call.rows[t].pos + 1);
+  const int threads = omp_get_max_threads();
+  grow(scores_, size_t(threads) * size_t(max_keys));
+  grow(order_, size_t(threads) * size_t(max_keys));
+  grow(slots_, size_t(threads) * size_t(max_keys));
+  const auto visible = [&](int t) { return call.rows[t].pos + 1; };
   // Row t's index scores of positions [begin, end).
   const auto score = [&](int t, int begin, int end, float* scores) {
-    const int seq = batch_->rows[size_t(t)].seq;
-    int32_t* slots = &key_slots_[size_t(omp_get_thread_num()) * max_keys_];
-    for (int s = begin; s < end; ++s) slots[s] = kv_.slot(seq, s);
-    const kernels::IndexQuery query{&index_q_t_[size_t(t) * dim * padded],
-                                    &index_w_padded_[size_t(t) * padded], padded, dim, score_scale};
-    kernels::index_scores(query, keys, slots + begin, end - begin, scores + begin);
-  };
-  // The top-k set under a strict order (score, then position) is unique: selecting it in linear
-  // time gives what a partial sort would, then it is sorted by position.
-  const auto choose = [&](int t, const float* scores, int* order) {
-    std::iota(order, order + visible(t), 0);
-    std::nth_element(order, order + (topk - 1), order + visible(t), [&](int a, int b) {
-      return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-    });
-    std::sort(order, order + topk);
-    std::copy_n(order, topk, &selected_[size_t(t) * topk]);
-    selected_count_[size_t(t)] = topk;
+    const int seq = call.rows[t].seq;
+    int32_t* slots = &slots_[size_t(omp_get_thread_num()) * max_keys];
+    for (int s = begin; s < end; ++s) slots[s] = call.kv->slot(seq, s);
+    const kernels::IndexQuery query{call.q_t + size_t(t) * call.dim * call.padded,
+                                    call.weights + size_t(t) * call.padded, call.padded, call.dim,
+                                    call.scale};
+    kernels::index_scores(query, call.keys, slots + begin, end - begin, scores + begin);
   };
   if (n >= threads) {  // a row per thread
 #pragma omp parallel for schedule(dynamic)
     for (int t = 0; t < n; ++t) {
       if (visible(t) <= topk) {  // every visible key is selected
-        selected_count_[size_t(t)] = 0;
+        call.count[t] = 0;
         continue;
       }
       const int thread = omp_get_thread_num();
-      float* scores = &scratch_[size_t(thread) * max_keys_];
+      float* scores = &scores_[size_t(thread) * max_keys];
       score(t, 0, visible(t), scores);
-      choose(t, scores, &order_[size_t(thread) * max_keys_]);
+      choose(call, t, scores, &order_[size_t(thread) * max_keys]);
     }
     return;
   }
   // Fewer rows than threads (decode): each row's keys are split across the threads.
   for (int t = 0; t < n; ++t) {
-    selected_count_[size_t(t)] = 0;
+    call.count[t] = 0;
     if (visible(t) <= topk) continue;
 #pragma omp parallel
     {
       const int parts = omp_get_num_threads(), part = omp_get_thread_num();
       const int64_t begin = int64_t(visible(t)) * part / parts;
       const int64_t end = int64_t(visible(t)) * (part + 1) / parts;
-      score(t, int(begin), int(end), scratch_.data());
+      score(t, int(begin), int(end), scores_.data());
     }
-    choose(t, scratch_.data(), order_.data());
+    choose(call, t, scores_.data(), order_.data());
+  }
+}
+
+// Rows of a block share the key blocks: kIndexRowBlock rows' queries (16 KB each on GLM-5's 32
+// heads x 128) stay in L2 while each block of kIndexKeyBlock keys (128 KB) is read once for them
+// all, instead of every row streaming the whole key cache.
+constexpr int kIndexRowBlock = 16;
+constexpr int kIndexKeyBlock = 256;
+
+void IndexerTopk::run_blocked(const Call& call, int t0, int t1) {
+  const int topk = call.topk, seq = call.rows[t0].seq;
+  scored_.clear();
+  int visible = 0;
+  for (int t = t0; t < t1; ++t) {
+    call.count[t] = 0;
+    if (call.rows[t].pos + 1 <= topk) continue;  // every visible key is selected
+    scored_.push_back(t);
+    visible = std::max(visible, call.rows[t].pos + 1);
+  }
+  const int rows = int(scored_.size());
+  if (rows == 0) return;
+  grow(slots_, size_t(visible));
+  grow(scores_, size_t(rows) * size_t(visible));
+  const int threads = omp_get_max_threads();
+  grow(order_, size_t(threads) * size_t(visible));
+  for (int s = 0; s < visible; ++s) slots_[size_t(s)] = call.kv->slot(seq, s);
+  const int key_blocks = (visible + kIndexKeyBlock - 1) / kIndexKeyBlock;
+  const int row_blocks = (rows + kIndexRowBlock - 1) / kIndexRowBlock;
+#pragma omp parallel
+  {
+    // A row block's key blocks in turn: the threads share its queries.
+#pragma omp for schedule(dynamic)
+    for (int task = 0; task < row_blocks * key_blocks; ++task) {
+      const int r0 = task / key_blocks * kIndexRowBlock, b = task % key_blocks;
+      const int r1 = std::min(rows, r0 + kIndexRowBlock), begin = b * kIndexKeyBlock;
+      for (int i = r0; i < r1; ++i) {
+        const int t = scored_[size_t(i)];
+        const int end = std::min(call.rows[t].pos + 1, begin + kIndexKeyBlock);
+        if (end <= begin) continue;
+        const kernels::IndexQuery query{call.q_t + size_t(t) * call.dim * call.padded,
+                                        call.weights + size_t(t) * call.padded, call.padded,
+                                        call.dim, call.scale};
+        kernels::index_scores(query, call.keys, slots_.data() + begin, end - begin,
+                              &scores_[size_t(i) * visible + begin]);
+      }
+    }
+#pragma omp for schedule(dynamic)
+    for (int i = 0; i < rows; ++i)
+      choose(call, scored_[size_t(i)], &scores_[size_t(i) * visible],
+             &order_[size_t(omp_get_thread_num()) * visible]);
   }
 }
 
@@ -258,6 +364,11 @@ class CpuAttention::BatchKeys final : public KeySlots {
     const int seq = a_.batch_->rows[size_t(t)].seq;
     for (int i = 0; i < count; ++i) slots[i] = a_.kv_.slot(seq, selected ? selected[i] : i);
     return count;
+  }
+  int dense_through(int t, int* seq) const override {
+    if (a_.selected_count_[size_t(t)] > 0) return -1;
+    *seq = a_.batch_->rows[size_t(t)].seq;
+    return a_.batch_->rows[size_t(t)].pos;
   }
 
  private:
@@ -317,11 +428,55 @@ void CpuAttention::attend(int layer, const AttentionWeights& w) {
   call.max_keys = max_keys_;
   call.out = heads_out_.data();
   call.out_stride = heads;
-  heads_.run(call);
+  heads_.run(call, !attention_blocked());
   if (w.remote_heads) w.remote_heads->finish(n, heads_out_.data());
 }
 
-void MlaHeads::run(const Call& call) {
+namespace {
+
+// Rows [t0, ..) of another KeySlots.
+class OffsetKeys final : public KeySlots {
+ public:
+  OffsetKeys(const KeySlots& keys, int t0) : keys_(keys), t0_(t0) {}
+  int fill(int t, int32_t* slots) const override { return keys_.fill(t0_ + t, slots); }
+  int dense_through(int t, int* seq) const override { return keys_.dense_through(t0_ + t, seq); }
+
+ private:
+  const KeySlots& keys_;
+  int t0_;
+};
+
+}  // namespace
+
+// A model of fewer heads than a vector of columns: a row of chosen keys alone fills too little of
+// the blocked products, and the row path is faster there (bench/attention_depth_bench on the
+// embedded model's 4 heads). The model's heads decide, not a call's (a rank's share of them).
+constexpr int kMlaBlockedHeads = 16;
+
+void MlaHeads::run(const Call& call, bool by_rows) {
+  if (by_rows || call.n < 2) return run_by_rows(call);
+  if (c_.num_heads >= kMlaBlockedHeads) return run_blocked(call);
+  // Runs of rows alike (every position, or chosen keys) in turn, each on its path.
+  int seq = 0;
+  for (int t0 = 0; t0 < call.n;) {
+    const bool dense = call.keys->dense_through(t0, &seq) >= 0;
+    int t1 = t0 + 1;
+    while (t1 < call.n && (call.keys->dense_through(t1, &seq) >= 0) == dense) ++t1;
+    const OffsetKeys keys(*call.keys, t0);
+    Call part = call;
+    part.n = t1 - t0;
+    part.q += size_t(t0) * call.q_stride * c_.qk_head_dim();
+    part.out += size_t(t0) * call.out_stride * c_.v_head_dim;
+    part.keys = &keys;
+    if (dense && part.n > 1)
+      run_blocked(part);
+    else
+      run_by_rows(part);
+    t0 = t1;
+  }
+}
+
+void MlaHeads::run_by_rows(const Call& call) {
   const int n = call.n, heads = call.heads, dn = c_.qk_nope_head_dim;
   const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), dv = c_.v_head_dim;
   const int r = c_.kv_lora_rank, max_keys = call.max_keys;
@@ -394,6 +549,181 @@ void MlaHeads::run(const Call& call) {
       }
     }
   }
+}
+
+// Rows of a call taken together (q_abs and o_latent held for them), keys per block (latent rows
+// 2 KiB each at rank 512: a block of 64 is 128 KiB, in L2 for both products), and the columns
+// (rows x heads) an item aims for: its queries in latent space [kv_lora_rank, columns] and its
+// o_latent [columns, kv_lora_rank] stay in L2 across the key blocks.
+constexpr int kMlaChunkRows = 64;
+constexpr int kMlaKeyBlock = 64;
+constexpr int kMlaColumns = 128;
+
+void MlaHeads::run_blocked(const Call& call) {
+  const int n = call.n, heads = call.heads, dn = c_.qk_nope_head_dim;
+  const int dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim(), dv = c_.v_head_dim;
+  const int r = c_.kv_lora_rank;
+  const Matrix& kv_b = *call.kv_b;
+  if (heads == 0) return;
+  const int threads = omp_get_max_threads();
+  const int chunk_rows = std::min(n, kMlaChunkRows);
+  grow(q_abs_, size_t(heads) * chunk_rows * r);
+  grow(o_latent_, size_t(heads) * chunk_rows * r);
+  // Per thread: queries [r + dr, columns], scores [block, columns], probabilities [columns,
+  // block], o [columns, r], running max and sum [columns], the block's latent and rope rows.
+  const int columns = std::max(kMlaColumns, heads);
+  const size_t per_thread = size_t(r + dr) * columns + 2 * size_t(kMlaKeyBlock) * columns +
+                            size_t(columns) * r + 2 * size_t(columns) +
+                            size_t(kMlaKeyBlock) * (r + dr);
+  grow(scratch_, size_t(threads) * per_thread);
+  grow(key_slots_, size_t(threads) * size_t(call.max_keys));
+  grow(limits_, size_t(threads) * columns);
+
+  for (int c0 = 0; c0 < n; c0 += chunk_rows) {
+    const int chunk = std::min(chunk_rows, n - c0);
+    // q_abs = W_UK^T q_nope for the chunk's rows, head by head: the bits of the row path.
+#pragma omp parallel for schedule(dynamic)
+    for (int h = 0; h < heads; ++h) {
+      float* q_abs = &q_abs_[size_t(h) * chunk_rows * r];
+      std::fill_n(q_abs, size_t(chunk) * r, 0.0f);
+      kv_b_axpy_rows(kv_b, int64_t(h) * (dn + dv), dn,
+                     call.q + (size_t(c0) * call.q_stride + h) * dq, int64_t(call.q_stride) * dq,
+                     chunk, q_abs);
+    }
+    // Items: a row of chosen keys alone; rows of one sequence that see every position together,
+    // up to kMlaColumns columns. Heads split further when there are fewer items than threads.
+    items_.clear();
+    for (int t = c0; t < c0 + chunk;) {
+      int seq = -1, next_seq = -1;
+      Item item{t, 1, 0, heads, call.keys->dense_through(t, &seq) >= 0};
+      if (item.dense) {
+        const int most = std::max(1, kMlaColumns / heads);
+        while (t + item.rows < c0 + chunk && item.rows < most &&
+               call.keys->dense_through(t + item.rows, &next_seq) >= 0 && next_seq == seq)
+          ++item.rows;
+      }
+      items_.push_back(item);
+      t += item.rows;
+    }
+    const int parts = std::min(heads, (threads + int(items_.size()) - 1) / int(items_.size()));
+    if (parts > 1) {
+      const size_t whole = items_.size();
+      for (size_t i = 0; i < whole; ++i)
+        for (int p = 0; p < parts; ++p) {
+          Item part = items_[i];
+          part.h0 = heads * p / parts;
+          part.heads = heads * (p + 1) / parts - part.h0;
+          if (p == 0)
+            items_[i] = part;
+          else
+            items_.push_back(part);
+        }
+    }
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < int(items_.size()); ++i) {
+      const int thread = omp_get_thread_num();
+      attend_item(call, items_[size_t(i)], c0, chunk_rows, &scratch_[size_t(thread) * per_thread],
+                  &key_slots_[size_t(thread) * size_t(call.max_keys)],
+                  &limits_[size_t(thread) * columns]);
+    }
+    // out = W_UV o_latent, head by head: each row of W_UV read once for the chunk's rows.
+#pragma omp parallel for schedule(dynamic)
+    for (int h = 0; h < heads; ++h) {
+      const int64_t uv_row = int64_t(h) * (dn + dv) + dn;
+      const float* o_latent = &o_latent_[size_t(h) * chunk_rows * r];
+      for (int j = 0; j < dv; ++j)
+        for (int t = 0; t < chunk; ++t)
+          call.out[(size_t(c0 + t) * call.out_stride + h) * dv + j] =
+              kv_b_dot(kv_b, uv_row + j, o_latent + size_t(t) * r);
+    }
+  }
+}
+
+void MlaHeads::attend_item(const Call& call, const Item& item, int c0, int chunk, float* scratch,
+                           int32_t* slots, int* limit) {
+  const int dn = c_.qk_nope_head_dim, dr = c_.qk_rope_head_dim, dq = c_.qk_head_dim();
+  const int r = c_.kv_lora_rank, nh = item.heads, m = item.rows * nh;
+  const float scale = c_.softmax_scale();
+  const int columns = std::max(kMlaColumns, call.heads);
+  float* q_latent = scratch;                          // [r, m]
+  float* q_rope = q_latent + size_t(r) * columns;     // [dr, m]
+  float* s = q_rope + size_t(dr) * columns;           // [block, m] scores
+  float* p = s + size_t(kMlaKeyBlock) * columns;      // [m, block] probabilities
+  float* o = p + size_t(kMlaKeyBlock) * columns;      // [m, r]
+  float* most = o + size_t(columns) * r;              // [m] running max
+  float* sum = most + columns;                        // [m] running sum
+  float* latent = sum + columns;                      // [block, r]
+  float* k_rope = latent + size_t(kMlaKeyBlock) * r;  // [block, dr]
+  // Column c = row j of the item, head h: its queries, transposed.
+  for (int j = 0; j < item.rows; ++j) {
+    const int t = item.t0 + j;
+    int seq = 0;
+    const int pos = item.dense ? call.keys->dense_through(t, &seq) : -1;
+    for (int h = 0; h < nh; ++h) {
+      const int c = j * nh + h, head = item.h0 + h;
+      const float* qa = &q_abs_[(size_t(head) * chunk + (t - c0)) * r];
+      const float* qr = call.q + (size_t(t) * call.q_stride + head) * dq + dn;
+      for (int d = 0; d < r; ++d) q_latent[size_t(d) * m + c] = qa[d];
+      for (int d = 0; d < dr; ++d) q_rope[size_t(d) * m + c] = qr[d];
+      limit[c] = pos;
+    }
+  }
+  // The keys: the last row's (a dense item's rows see a prefix of them).
+  const int keys = call.keys->fill(item.t0 + item.rows - 1, slots);
+  for (int c = 0; c < m; ++c) {
+    if (!item.dense) limit[c] = keys - 1;
+    most[c] = -std::numeric_limits<float>::infinity();
+    sum[c] = 0.0f;
+  }
+  std::fill_n(o, size_t(m) * r, 0.0f);
+  for (int k0 = 0; k0 < keys; k0 += kMlaKeyBlock) {
+    const int kb = std::min(kMlaKeyBlock, keys - k0);
+    for (int i = 0; i < kb; ++i) {
+      const size_t slot = size_t(slots[k0 + i]);
+      std::copy_n(call.latent + slot * r, r, latent + size_t(i) * r);
+      std::copy_n(call.k_rope + slot * dr, dr, k_rope + size_t(i) * dr);
+    }
+    // s[i, c] = latent_i . q_latent[:, c] + rope_i . q_rope[:, c]
+    std::fill_n(s, size_t(kb) * m, 0.0f);
+    kernels::axpy_rows_f32({latent, r, kb, r, m, nullptr, s, m, nullptr, false}, q_latent);
+    kernels::axpy_rows_f32({k_rope, dr, kb, dr, m, nullptr, s, m, nullptr, false}, q_rope);
+    for (int c = 0; c < m; ++c) {
+      const int visible = std::min(kb, limit[c] - k0 + 1);  // keys of the block column c sees
+      float* pc = p + size_t(c) * kMlaKeyBlock;
+      if (visible <= 0) {
+        std::fill_n(pc, kb, 0.0f);
+        continue;
+      }
+      float block_most = -std::numeric_limits<float>::infinity();
+      for (int i = 0; i < visible; ++i)
+        block_most = std::max(block_most, scale * s[size_t(i) * m + c]);
+      if (block_most > most[c]) {
+        const float factor = std::exp(most[c] - block_most);  // 0 for the first block
+        if (sum[c] != 0.0f) {
+          float* oc = o + size_t(c) * r;
+          for (int d = 0; d < r; ++d) oc[d] *= factor;
+        }
+        sum[c] *= factor;
+        most[c] = block_most;
+      }
+      float total = 0.0f;
+      for (int i = 0; i < visible; ++i) {
+        pc[i] = std::exp(scale * s[size_t(i) * m + c] - most[c]);
+        total += pc[i];
+      }
+      for (int i = visible; i < kb; ++i) pc[i] = 0.0f;
+      sum[c] += total;
+    }
+    // o[c, :] += sum over the block's keys of p[c, i] * latent_i
+    kernels::axpy_rows_f32({p, kMlaKeyBlock, m, kb, r, nullptr, o, r, nullptr, false}, latent);
+  }
+  for (int j = 0; j < item.rows; ++j)
+    for (int h = 0; h < nh; ++h) {
+      const int c = j * nh + h;
+      const float inv = 1.0f / sum[c];
+      float* out = &o_latent_[(size_t(item.h0 + h) * chunk + (item.t0 + j - c0)) * r];
+      for (int d = 0; d < r; ++d) out[d] = o[size_t(c) * r + d] * inv;
+    }
 }
 
 }  // namespace colibri

@@ -86,4 +86,11 @@ int RequestKeys::fill(int t, int32_t* slots) const {
   return row.pos + 1;
 }
 
+int RequestKeys::dense_through(int t, int* seq) const {
+  const RemoteHeads::Row& row = r_.rows[t];
+  if (row.selected > 0) return -1;
+  *seq = row.table;
+  return row.pos;
+}
+
 }  // namespace colibri

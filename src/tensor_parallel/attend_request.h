@@ -56,6 +56,8 @@ class RequestKeys final : public KeySlots {
   RequestKeys(const AttendRequest& request, int block_tokens)
       : r_(request), block_tokens_(block_tokens) {}
   int fill(int t, int32_t* slots) const override;
+  // A row with no chosen positions sees 0..pos of its block table's sequence.
+  int dense_through(int t, int* seq) const override;
 
  private:
   const AttendRequest& r_;

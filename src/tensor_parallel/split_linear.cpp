@@ -485,7 +485,7 @@ void LinearServer::attend(int count) {
     call.max_keys = a.max_keys;
     call.out = reinterpret_cast<float*>(reply_.data() + kHeaderBytes);
     call.out_stride = heads;
-    mla_.run(call);
+    mla_.run(call, !attention_blocked());
   }
   send_reply(wire::Opcode::kAttendReply, h, payload, size_t(count));
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "coordinator/batch_generate.h"
+#include "coordinator/cpu_attention.h"
 #include "coordinator/engine.h"
 #include "model/generate.h"
 #include "model/sampler.h"
@@ -161,11 +162,16 @@ inline OracleCheck expect_engine_matches_oracle(Engine& engine, ReferenceModel& 
   const std::vector<ScriptedSequence> seqs =
       make_sequences(count, engine.config().vocab_size, seed);
   const ScheduleRun run = run_schedule(engine, seqs, /*chunk=*/5);
+  // Prompt chunks' blocked attention (online softmax, GEMM-shaped sums) is not the oracle's
+  // row-by-row order: within 5e-5 of its logits (1.5e-5 seen on the parity models);
+  // COLIBRI_BLOCKED_ATTENTION=0 gives its bits (ctest engine_vs_oracle_row_attention).
+  const bool blocked = attention_blocked();
+  const float bound = bitwise && !blocked ? 0.0f : blocked ? 5e-5f : 1e-5f;
   float worst = 0;
   for (size_t i = 0; i < seqs.size(); ++i) {
     const std::vector<float> want = reference_logits(oracle, seqs[i]);
     const float diff = max_abs_diff(run.logits[i], want);
-    EXPECT_LE(diff, bitwise ? 0.0f : 1e-5f) << "sequence " << i << " of " << count;
+    EXPECT_LE(diff, bound) << "sequence " << i << " of " << count;
     worst = std::max(worst, diff);
     // No vacuous pass on zeros.
     EXPECT_GT(*std::max_element(want.begin(), want.end()), 0.0f);

@@ -330,7 +330,8 @@ class ScatteredKeys final : public KeySlots {
 
 // Split by heads (what --split-linears gives each rank of the attention): two parts of the heads,
 // each with kv_b_proj's rows of its heads, give the bits of all the heads in one call, for each
-// form the absorbed attention reads kv_b_proj in, on one thread and on several.
+// form the absorbed attention reads kv_b_proj in, on one thread and on several, row by row and
+// blocked.
 TEST(SplitHeads, TwoPartsOfTheHeadsGiveTheWholeCallsBits) {
   ModelConfig c;
   c.num_heads = 6;
@@ -356,6 +357,7 @@ TEST(SplitHeads, TwoPartsOfTheHeadsGiveTheWholeCallsBits) {
   ASSERT_EQ(bounds, (std::vector<int>{0, 3, 6}));
   EXPECT_TRUE(split_head_bounds(c, forms[0].m, 7).empty()) << "more parts than heads";
   // Runs heads [h0, h1) with kv_b's rows of them, into out's heads h0.. (row stride: all heads).
+  bool by_rows = true;
   const auto run = [&](const Matrix& kv_b, int h0, int h1, std::vector<float>& out) {
     MlaHeads mla(c);
     MlaHeads::Call call;
@@ -371,11 +373,14 @@ TEST(SplitHeads, TwoPartsOfTheHeadsGiveTheWholeCallsBits) {
     call.max_keys = 42;
     call.out = out.data() + size_t(h0) * dv;
     call.out_stride = heads;
-    mla.run(call);
+    mla.run(call, by_rows);
   };
   for (const Case& form : forms)
-    for (int threads : {1, 3}) {
-      SCOPED_TRACE(form.name + ", threads " + std::to_string(threads));
+    for (int round = 0; round < 4; ++round) {
+      const int threads = round % 2 ? 3 : 1;
+      by_rows = round < 2;
+      SCOPED_TRACE(form.name + ", threads " + std::to_string(threads) +
+                   (by_rows ? ", by rows" : ""));
       const int before = omp_get_max_threads();
       omp_set_num_threads(threads);
       std::vector<float> whole(size_t(n) * heads * dv, std::nanf("")), parts = whole;

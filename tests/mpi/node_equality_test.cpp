@@ -174,11 +174,12 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   // With one expert owner every row sums its experts in the single-process order: bitwise
   // equal to the single-process engine, split linears or not (each rank computes whole output
   // values). More owners reorder the sum of partials. The engine attends in the absorbed form
-  // where the reference expands prefill keys: equal within 1e-5.
+  // where the reference expands prefill keys: equal within 1e-5, or 5e-5 with prompt chunks'
+  // attention blocked (online softmax; COLIBRI_BLOCKED_ATTENTION=0: the row path).
   if (node.layout().owner_ranks().size() == 1) {
     EXPECT_EQ(distributed, single_process);
   }
-  EXPECT_LE(max_vs_reference, 1e-5f);
+  EXPECT_LE(max_vs_reference, attention_blocked() ? 5e-5f : 1e-5f);
   // The compressed-tensors INT4 and NVFP4 copies (routed experts, and NVFP4's linears, run as
   // stored): within 1e-4 of transformers on their weights dequantized.
   EXPECT_LE(max_vs_transformers, fixture == "kimi_w4a16" || nvfp4 ? 1e-4f : 1e-3f);
