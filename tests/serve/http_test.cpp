@@ -440,7 +440,13 @@ TEST(Serve, LogprobsAreTheLogSoftmaxOfTheCommandLinesLogits) {
     if (!chunk["choices"].empty() && chunk["choices"][0]["logprobs"].is_object())
       for (const json& v : chunk["choices"][0]["logprobs"]["token_logprobs"])
         streamed_logprobs.push_back(v.get<double>());
-  EXPECT_EQ(streamed_logprobs, lp["token_logprobs"].get<std::vector<double>>());
+  // The streamed request reuses the first one's prompt from the prefix cache: its last prompt row
+  // is attended alone (the row path) where the first request's prompt was a blocked chunk
+  // (COLIBRI_BLOCKED_ATTENTION), so the two agree within the blocked path's bound.
+  const std::vector<double> whole_logprobs = lp["token_logprobs"].get<std::vector<double>>();
+  ASSERT_EQ(streamed_logprobs.size(), whole_logprobs.size());
+  for (size_t i = 0; i < whole_logprobs.size(); ++i)
+    EXPECT_NEAR(streamed_logprobs[i], whole_logprobs[i], 5e-5) << "token " << i;
 
   json chat = {{"messages", {{{"role", "user"}, {"content", "Who made the heaven?"}}}},
                {"max_tokens", 6},
