@@ -124,10 +124,11 @@ std::string ServeMetrics::dashboard_state() const {
   Json phases = Json::object();
   for (int p = 0; p < kPhaseCount; ++p)
     if (d.phase_us_[size_t(p)] != 0) phases[phase_name(Phase(p))] = d.phase_us_[size_t(p)] * 1e-6;
-  doc["coordinator"] = {{"wall_s", view.wall_us * 1e-6},    {"busy_s", view.busy_us * 1e-6},
-                        {"wait_s", view.wait_us * 1e-6},    {"rows_dispatched", view.rows},
-                        {"pairs_dispatched", view.experts}, {"bytes_out", view.bytes_out},
-                        {"bytes_in", view.bytes_in},        {"phases_s", std::move(phases)}};
+  const LiveCounters& c = view.coordinator;
+  doc["coordinator"] = {{"wall_s", c.wall_us * 1e-6},    {"busy_s", c.busy_us * 1e-6},
+                        {"wait_s", c.wait_us * 1e-6},    {"rows_dispatched", c.rows},
+                        {"pairs_dispatched", c.experts}, {"bytes_out", c.bytes_out},
+                        {"bytes_in", c.bytes_in},        {"phases_s", std::move(phases)}};
 
   // Every rank of the layout, with what the coordinator saw of it.
   std::map<int, uint64_t> last_total, rows_total;

@@ -273,13 +273,8 @@ void Scheduler::update_engine_view() {
   EngineView view;
   if (Profiler* p = engine_.profiler()) {
     const RankReport& r = p->counters();  // not report(): that copies the trace events
-    view.wall_us = p->now_us();
-    view.busy_us = busy_us(r);
-    view.wait_us = wait_us(r);
-    view.rows = r.rows;
-    view.experts = r.experts;
-    view.bytes_in = r.bytes_in;
-    view.bytes_out = r.bytes_out;
+    view.coordinator = live_counters(r);
+    view.coordinator.wall_us = p->now_us();
     view.bytes_to_rank = r.bytes_to_rank;
     view.layer_phase_us = r.layer_phase_us;
     view.layer_exchanges = r.layer_exchanges;

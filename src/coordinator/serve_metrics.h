@@ -84,8 +84,7 @@ struct RankInfo {
 // the scheduler thread from the coordinator's Profiler (the same RankReport the profile table
 // prints), the engine's routes and the placement table.
 struct EngineView {
-  double wall_us = 0, busy_us = 0, wait_us = 0;  // common/profile.h busy_us() and wait_us()
-  uint64_t rows = 0, experts = 0, bytes_in = 0, bytes_out = 0;
+  LiveCounters coordinator;  // its wall, busy, wait, rows and pairs dispatched, bytes
   std::map<int, uint64_t> bytes_to_rank;
   std::vector<std::array<double, kPhaseCount>> layer_phase_us;  // [layer][phase]
   std::vector<LayerExchange> layer_exchanges;                   // [layer]
