@@ -554,6 +554,32 @@ class IndexerProbe:
 # --------------------------------------------------------------------------------------------------
 
 
+def init_from_model(model, mtp, config, model_dir):
+    """Loads a finished model's weights (model.safetensors, the MTP layer as model.layers.{n}.*)
+    into the training modules, through transformers' loader (it undoes the per-expert layout of
+    saved checkpoints); every tensor of both must be present."""
+    from safetensors.torch import load_file
+    from transformers import GlmMoeDsaForCausalLM
+
+    # A shell with the MTP layer as its last decoder layer reads all layers; its extra MTP tensors
+    # (enorm, hnorm, eh_proj, shared_head) are read directly.
+    shell, info = GlmMoeDsaForCausalLM.from_pretrained(
+        str(model_dir), config=mtp_config(config), dtype=torch.float32, attn_implementation="eager",
+        experts_implementation="eager", output_loading_info=True)
+    if info["missing_keys"]:
+        raise ValueError(f"{model_dir}: missing {sorted(info['missing_keys'])[:5]}")
+    n = config.num_hidden_layers
+    state = {k: v for k, v in shell.state_dict().items() if not k.startswith(f"model.layers.{n}.")}
+    model.load_state_dict(state, strict=True)
+    stored = load_file(str(model_dir / "model.safetensors"))
+    p = f"model.layers.{n}."
+    head = {"enorm.weight": stored[p + "enorm.weight"], "hnorm.weight": stored[p + "hnorm.weight"],
+            "eh_proj.weight": stored[p + "eh_proj.weight"], "head_norm.weight": stored[p + "shared_head.norm.weight"]}
+    head = {k: v.float() for k, v in head.items()}
+    head.update({"layer." + k: v for k, v in shell.model.layers[n].state_dict().items()})
+    mtp.load_state_dict(head, strict=True)
+
+
 def lr_at(args, step, progress):
     warm = min(1.0, (step + 1) / args.warmup_steps)
     cos = args.min_lr_ratio + (1 - args.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
@@ -605,6 +631,18 @@ def stage_train(args):
         gen.set_state(ck["gen"])
         step, train_time, tokens = ck["step"], ck["train_time"], ck["tokens"]
         log(f"resumed from {ckpt_path}: step {step}, {train_time:.0f}s, {tokens} tokens", log_path)
+    elif args.init_from is not None:
+        # A new run (optimizer, schedule, step count) from a finished model's weights; the log goes
+        # on below the earlier run's.
+        init_from_model(model, mtp, config, args.init_from)
+        args.out.mkdir(parents=True, exist_ok=True)
+        log(f"# --- a new run from the weights of {args.init_from / 'model.safetensors'} "
+            f"(bf16 values in fp32) ---", log_path)
+        log(f"# {platform.python_version()} torch {torch.__version__} threads {torch.get_num_threads()} "
+            f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}", log_path)
+        log(f"# batch {args.batch}x{args.seq_len} | last {args.long_frac:.0%} on rows of {args.long_seq_len} | "
+            f"lr {args.lr} | warmup {args.warmup_steps} | budget {args.time_budget_min} min | "
+            f"dense for the first {args.dense_frac:.0%} | bias gamma {args.bias_gamma} | seed {args.seed}", log_path)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
@@ -1082,6 +1120,8 @@ def main():
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
     ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="start training from this model folder's weights (a new optimizer and schedule)")
     ap.add_argument("--time-budget-min", type=float, default=40.0)
     ap.add_argument("--max-steps", type=int, default=0, help="step-based schedule instead of wall time")
     ap.add_argument("--threads", type=int, default=2)
