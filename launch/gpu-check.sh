@@ -2,7 +2,7 @@
 # Every GPU check of the CUDA expert backend in one run, on one GPU machine, in under 6 minutes:
 # device facts, the GPU tests (each CUDA kernel against its kernels/cpu oracle, int4/int8/BF16/
 # fp32/NVFP4, whole and phased as a request with VRAM misses runs; the CUDA expert backend against the
-# CPU backend on every parity model, per MoE layer, with the VRAM tier holding a third of the
+# CPU backend on every parity model (the NVFP4 copy as stored too), per MoE layer, with the VRAM tier holding a third of the
 # experts (misses uploaded or computed on the CPU), and end to end: logits and greedy tokens),
 # and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's shape, batch 1/8/16,
 # against device-to-device copy bandwidth measured in the same run; one expert's upload from

@@ -42,7 +42,8 @@ void linear_held(const Matrix& w, const float* x, int64_t n, float* y) {
                                   w.fp8.block_rows, w.fp8.block_cols},
                                  y);
     case WeightFormat::kNvfp4:
-      return kernels::linear_nvfp4(
+      // int8 activations where --activations selects them for 4-bit weights (int8, mixed).
+      return kernels::linear_nvfp4_selected(
           x, n, {w.nvfp4.codes.data(), w.nvfp4.scales.data(), w.nvfp4.global, rows, w.cols}, y);
     case WeightFormat::kInt8Row:
     case WeightFormat::kInt4Row:

@@ -237,8 +237,9 @@ std::vector<FlagRow> compute_rows() {
            "rest wait",
            [](auto& l) -> auto& { return l.node.max_seqs; }, in_range(1, 4096)),
     option("--activations", "", Use::kAny, Agree::kJob,
-           "activations of the products with int4/int8 weights: int8 (quantized per 64 inputs, "
-           "integer dot products), f32, or mixed (int8 for int4 weights, f32 for int8 weights)",
+           "activations of the products with int4/int8/NVFP4 weights: int8 (quantized per 64 "
+           "inputs, integer dot products), f32, or mixed (int8 for 4-bit weights, f32 for int8 "
+           "weights)",
            [](auto& l) -> auto& { return l.activations; }),
     option("--wire", "", Use::kAny, Agree::kJob,
            "element type of rows and partials between ranks: f32 or bf16 (halves the bytes)",

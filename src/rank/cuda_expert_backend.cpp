@@ -28,8 +28,9 @@ std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
     case WeightFormat::kBF16:
       return cuda::WeightFormat::kBF16;
     case WeightFormat::kFp8Block:
-    case WeightFormat::kNvfp4:
       return std::nullopt;
+    case WeightFormat::kNvfp4:
+      return cuda::WeightFormat::kNvfp4;
     case WeightFormat::kInt8Row:
       return cuda::WeightFormat::kInt8Row;
     case WeightFormat::kInt4Row:
@@ -40,16 +41,18 @@ std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
   return std::nullopt;
 }
 
-// The host bytes of one matrix of an expert: data and scales (none for BF16 and fp32).
+// The host bytes of one matrix of an expert: data and scales (none for BF16 and fp32; fp32 for
+// the container formats, E4M3 bytes for NVFP4, whose global scale travels in the description).
 struct HostMatrix {
   cuda::WeightFormat format;
   int group_size;
   int64_t rows, cols;
   const void* data;
   uint64_t data_bytes;
-  const float* scales;
+  const void* scales;
   uint64_t scale_bytes;
   const QuantMatrix* quant = nullptr;  // set for a container matrix (the GPU reads its rows)
+  float global = 0.0f;                 // NVFP4's second-level scale
 };
 
 // One matrix of an expert: `quant` when set (a quantized expert's), else `dense` in its format.
@@ -65,6 +68,17 @@ HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
   if (!q.empty())
     return {*cuda,           q.group_size,        q.rows, q.cols, q.data.data(), q.data.size(),
             q.scales.data(), 4 * q.scales.size(), &q};
+  if (format == WeightFormat::kNvfp4)
+    return {*cuda,
+            0,
+            dense.rows,
+            dense.cols,
+            dense.nvfp4.codes.data(),
+            dense.nvfp4.codes.size(),
+            dense.nvfp4.scales.data(),
+            dense.nvfp4.scales.size(),
+            nullptr,
+            dense.nvfp4.global};
   const void* data = format == WeightFormat::kBF16 ? static_cast<const void*>(dense.bf16.data())
                                                    : dense.data.data();
   return {*cuda, 0, dense.rows, dense.cols, data, dense.bytes(), nullptr, 0};
@@ -73,6 +87,16 @@ HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
 std::array<HostMatrix, 3> host_matrices(const MlpWeights& w) {
   return {host_matrix(w.gate, w.quant.gate), host_matrix(w.up, w.quant.up),
           host_matrix(w.down, w.quant.down)};
+}
+
+// A slot's description with the NVFP4 second-level scales of the expert it holds (each expert's
+// own; the codes and E4M3 scales are in the slot).
+cuda::DeviceExpert with_globals(cuda::DeviceExpert d, const MlpWeights& w) {
+  if (d.gate.format != cuda::WeightFormat::kNvfp4) return d;
+  d.gate.global = w.gate.nvfp4.global;
+  d.up.global = w.up.nvfp4.global;
+  d.down.global = w.down.nvfp4.global;
+  return d;
 }
 
 constexpr const char* kMatrixNames[3] = {"gate_proj", "up_proj", "down_proj"};
@@ -194,12 +218,18 @@ void CudaExpertBackend::init(const std::vector<std::pair<int, int>>& owned, uint
       const SlotMatrix& l = layout_[m];
       const std::string what =
           fmt::format("{} of VRAM slot {} on GPU {}", kMatrixNames[m], s, device_);
+      std::byte* slot = base + s * slot_bytes_;
       try {
-        dev[m] = cuda::device_matrix(
-            l.format, l.group_size, l.rows, l.cols, base + s * slot_bytes_ + l.data_at,
-            l.scale_bytes ? reinterpret_cast<const float*>(base + s * slot_bytes_ + l.scales_at)
-                          : nullptr,
-            what.c_str());
+        // NVFP4: the global scale is set from the expert uploaded into the slot (with_globals).
+        dev[m] =
+            l.format == cuda::WeightFormat::kNvfp4
+                ? cuda::device_matrix_nvfp4(
+                      l.rows, l.cols, reinterpret_cast<const uint8_t*>(slot + l.data_at),
+                      reinterpret_cast<const uint8_t*>(slot + l.scales_at), 1.0f, what.c_str())
+                : cuda::device_matrix(
+                      l.format, l.group_size, l.rows, l.cols, slot + l.data_at,
+                      l.scale_bytes ? reinterpret_cast<const float*>(slot + l.scales_at) : nullptr,
+                      what.c_str());
       } catch (const std::invalid_argument& e) {
         fail("{}", e.what());
       }
@@ -249,6 +279,7 @@ void CudaExpertBackend::upload(int layer, int expert, int slot) {
     std::memcpy(staging + l.data_at, h.data, h.data_bytes);
     if (h.scale_bytes) std::memcpy(staging + l.scales_at, h.scales, h.scale_bytes);
   }
+  slot_experts_[size_t(slot)] = with_globals(slot_experts_[size_t(slot)], w);
   CHECK_CUDA(cudaMemcpyAsync(static_cast<std::byte*>(memory_) + uint64_t(slot) * slot_bytes_,
                              staging, slot_bytes_, cudaMemcpyHostToDevice, copy_stream_));
   CHECK_CUDA(cudaEventRecord(staging_free_[k], copy_stream_));
@@ -301,6 +332,10 @@ void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
     }
     const size_t phase = plan[i].kind == VramPlanEntry::kHit ? 0 : 1;
     descriptions_[phase * n + i] = slot_experts_[size_t(plan[i].slot)];
+    // An expert uploaded now: its NVFP4 global scales, before the descriptions go to the device.
+    if (phase == 1)
+      descriptions_[phase * n + i] =
+          with_globals(descriptions_[phase * n + i], weights_of_(request.layer, plan[i].expert));
   }
   CHECK_CUDA(cudaSetDevice(device_));
   CHECK_CUDA(cudaEventRecord(start_, stream_));

@@ -7,7 +7,10 @@
 #include <memory>
 #include <set>
 
+#include "../engine/scoped_activations.h"
+#include "common/dtype.h"
 #include "coordinator/chat.h"
+#include "cpu/linear.h"
 #include "embedded_goldens.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -164,6 +167,59 @@ TEST(EmbeddedQuality, HeldOutPerplexityIsUnder45) {
   const ScoreResult score =
       score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids, 256);
   EXPECT_LE(score.perplexity, 45.0);
+}
+
+// m (fp32 or BF16) quantized to NVFP4 by ModelOpt's recipe (kernels::quantize_nvfp4).
+Matrix nvfp4_of(const Matrix& m) {
+  std::vector<float> w(size_t(m.rows * m.cols));
+  if (m.stored_bf16()) {
+    for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(m.bf16[i]);
+  } else {
+    EXPECT_EQ(m.format(), WeightFormat::kF32);
+    std::copy(m.data.begin(), m.data.end(), w.begin());
+  }
+  Matrix q;
+  q.rows = m.rows;
+  q.cols = m.cols;
+  q.nvfp4.codes.resize(w.size() / 2);
+  q.nvfp4.scales.resize(w.size() / 16);
+  q.nvfp4.global = kernels::quantize_nvfp4(w.data(), m.rows, m.cols, q.nvfp4.codes.data(),
+                                           q.nvfp4.scales.data());
+  return q;
+}
+
+// The routed experts in NVFP4 (as a ModelOpt export of this model would hold them): the held-out
+// perplexity stays near the BF16 model's, and int8 activations (the default for 4-bit weights)
+// stay within 1 % of fp32 ones.
+TEST(EmbeddedQuality, Nvfp4ExpertsWithInt8ActivationsKeepThePerplexity) {
+  const Tokenizer tokenizer = Tokenizer::load(kModelDir / "tokenizer.json");
+  const std::vector<int> ids = tokenizer.encode(read_text(kDataDir / "heldout.txt"), false);
+  ModelWeights weights = model().weights;
+  int converted = 0;
+  for (LayerWeights& layer : weights.layers)
+    for (MlpWeights& e : layer.experts) {
+      if (e.empty()) continue;
+      ASSERT_FALSE(e.quantized());
+      e.gate = nvfp4_of(e.gate), e.up = nvfp4_of(e.up), e.down = nvfp4_of(e.down);
+      ++converted;
+    }
+  ASSERT_GT(converted, 0);
+  const auto perplexity = [&](kernels::QuantActivations acts) {
+    const testing::ScopedActivations scoped(acts);
+    ReferenceModel reference(model().config, weights);
+    KvCache cache(model().config);
+    return score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids, 256)
+        .perplexity;
+  };
+  const double f32 = perplexity(kernels::QuantActivations::kF32);
+  const double int8 = perplexity(kernels::QuantActivations::kInt8);
+  const double bf16 =
+      read_json(kDataDir / "score.json").at("lowest_position_ties").at("perplexity").get<double>();
+  std::printf("NVFP4 experts: perplexity %.4f (fp32 activations), %.4f (int8), BF16 model %.4f\n",
+              f32, int8, bf16);
+  EXPECT_NE(f32, int8);  // the int8 path was taken
+  EXPECT_LE(std::abs(int8 / f32 - 1), 0.01);
+  EXPECT_LE(f32, 1.03 * bf16);
 }
 
 // The checkpoint carries one multi-token-prediction layer (num_nextn_predict_layers 1, its

@@ -49,7 +49,8 @@ std::filesystem::path parity_dir() {
 
 struct Case {
   std::string model;
-  int expert_bits;  // 0: as stored (fp32 experts); 4 or 8: converted; 16: BF16 (rounded in memory)
+  int expert_bits;  // 0: as stored (fp32 experts; glm5_nvfp4: NVFP4); 4 or 8: converted; 16: BF16
+                    // (rounded in memory)
   int group_size;   // int4: 64 or 0 (per row)
 };
 
@@ -130,6 +131,9 @@ TEST_P(CudaExpertBackendParity, EveryMoeLayerMatchesTheCpuBackend) {
   }
   if (GetParam().expert_bits == 16) {
     ASSERT_TRUE(m.weights.layers.back().experts.front().gate.stored_bf16()) << "not BF16";
+  }
+  if (GetParam().model == "glm5_nvfp4") {
+    ASSERT_EQ(m.weights.layers.back().experts.front().gate.format(), WeightFormat::kNvfp4);
   }
   CpuExpertBackend cpu(cfg, m.weights);
   CudaExpertBackend gpu(cfg, m.weights, 0, 0);
@@ -312,6 +316,8 @@ std::vector<Case> cases() {
     for (const Case& c : {Case{model, 0, 0}, Case{model, 4, 64}, Case{model, 4, 0},
                           Case{model, 8, 0}, Case{model, 16, 0}})
       out.push_back(c);
+  // NVFP4 experts as stored (ModelOpt): each expert's global scales reach its VRAM slot.
+  out.push_back(Case{"glm5_nvfp4", 0, 0});
   return out;
 }
 

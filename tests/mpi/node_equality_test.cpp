@@ -12,6 +12,7 @@
 
 #include "../engine/local_model.h"
 #include "../engine/schedule.h"
+#include "../engine/scoped_activations.h"
 #include "common/npy.h"
 #include "model/generate.h"
 #include "model/sampler.h"
@@ -86,6 +87,8 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
                                bool host_combine, const std::string& layout_file = "",
                                bool split_linears = false, const std::string& routing_stats = "",
                                int replicas = 0, int repin_every = 0) {
+  // Compared with transformers' fp32: NVFP4 weights with fp32 activations on every rank.
+  const testing::ScopedActivations f32(kernels::QuantActivations::kF32);
   NodeOptions options;
   options.routing_stats = routing_stats;
   options.replicas = replicas;

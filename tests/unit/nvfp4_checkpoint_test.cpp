@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/scoped_activations.h"
 #include "common/dtype.h"
 #include "common/error.h"
 #include "cpu/linear.h"
@@ -257,7 +258,7 @@ void write(const test::TempDir& dir, const std::vector<const Tensor*>& tensors) 
 
 TEST(Nvfp4Weights, ReadAsStoredWithThePublishedValues) {
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 64}, {5, 48}, {1, 16}}) {
-    SCOPED_TRACE(testing::Message() << rows << "x" << cols);
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
     const Nvfp4 t = make_nvfp4("blk", rows, cols);
     test::TempDir dir;
     write(dir, t.tensors());
@@ -281,19 +282,30 @@ TEST(Nvfp4Weights, ReadAsStoredWithThePublishedValues) {
           {tail.codes.data(), tail.scales.data(), tail.global, rows - 1, cols}, values.data());
       EXPECT_TRUE(std::equal(values.begin(), values.end(), t.expected.begin() + cols));
     }
-    // As a Matrix: linear() is the product with the published values.
+    // As a Matrix: linear() is the product with the published values (fp32 activations), or
+    // the int8-activation kernel's (the default).
     Matrix w;
     w.rows = rows;
     w.cols = cols;
     w.nvfp4 = m;
     EXPECT_EQ(w.format(), WeightFormat::kNvfp4);
     std::vector<float> x(size_t(3 * cols));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 7) - 3) / 4.0f;
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 7) - 3) / 4.0f + 0.01f * float(i);
     std::vector<float> y(size_t(3 * rows)), y_ref(size_t(3 * rows));
-    linear(w, x.data(), 3, y.data());
+    {
+      const ::colibri::testing::ScopedActivations f32(kernels::QuantActivations::kF32);
+      linear(w, x.data(), 3, y.data());
+    }
     kernels::linear_f32(x.data(), 3, t.expected.data(), rows, cols, y_ref.data());
     for (size_t i = 0; i < y.size(); ++i)
       EXPECT_NEAR(y[i], y_ref[i], 1e-5f * (1 + std::abs(y_ref[i])));
+    {
+      const ::colibri::testing::ScopedActivations int8(kernels::QuantActivations::kInt8);
+      linear(w, x.data(), 3, y.data());
+    }
+    kernels::linear_nvfp4_int8(x.data(), 3, {m.codes.data(), m.scales.data(), m.global, rows, cols},
+                               y_ref.data());
+    EXPECT_EQ(y, y_ref);
   }
 }
 
@@ -487,7 +499,9 @@ TEST(Nvfp4Weights, RoutedExpertKeptAsStoredItsBytesTheStoredOnes) {
   EXPECT_EQ(w.bytes(), held);
   EXPECT_EQ(w.bytes(), 3 * (32 * 64 / 2 + 32 * 64 / 16 + 4));
 
-  // Two slices of it (--placement sliced) sum to the whole expert.
+  // Two slices of it (--placement sliced) sum to the whole expert (fp32 activations: with int8
+  // ones each slice of down_proj's inputs is quantized by its own blocks).
+  const ::colibri::testing::ScopedActivations f32(kernels::QuantActivations::kF32);
   const ExpertSlice halves[2] = {{0, 16}, {16, 32}};
   std::vector<float> x(size_t(2 * 64));
   for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 9) - 4) / 8.0f;
