@@ -474,11 +474,8 @@ def quantize_nvfp4(w, global_scale):
                     _cast_fp4: its bounds 0.25, 0.75, ..., 5 with the odd ones rounded up), the sign bit set for
                     every negative w (so -0 where a small negative rounds to 0);
       packing     = column 2j in the low nibble of byte j.
-    Deviations from kernels::quantize_nvfp4 (the C++ reference of the same recipe): it divides amax / 6 / global
-    (two roundings; ModelOpt rounds 6 * global first), stores a zero block's scale as 0 (ModelOpt: 1.0, 0x38),
-    and codes a negative that rounds to 0 as +0 (ModelOpt: -0, 0x8). The values are the same but for a block scale
-    on a tie of the two divisions (counted in meta.json as nvfp4.block_scales_differing_from_cpp_recipe).
-    Returns (weight U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], dequantized fp32 [out, in], differing)."""
+    kernels::quantize_nvfp4 (C++) follows the same recipe (with a global scale of its own matrix's amax).
+    Returns (weight U8 [out, in/2], weight_scale F8_E4M3 [out, in/16], dequantized fp32 [out, in])."""
     out, inp = w.shape
     assert inp % NVFP4_BLOCK == 0, f"NVFP4 needs input columns in blocks of {NVFP4_BLOCK}: {tuple(w.shape)}"
     x = w.float().view(out, inp // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -486,8 +483,6 @@ def quantize_nvfp4(w, global_scale):
     scale = block_amax / (E2M1_MAX * global_scale)
     scale[scale == 0] = 1.0
     scale_fp8 = scale.to(torch.float8_e4m3fn)
-    cpp_scale = (block_amax / E2M1_MAX / global_scale).to(torch.float8_e4m3fn)  # kernels::quantize_nvfp4's
-    differing = int(((cpp_scale.view(torch.uint8) != scale_fp8.view(torch.uint8)) & (block_amax > 0)).sum())
     scaled = x / (scale_fp8.float() * global_scale).unsqueeze(-1)
     a = scaled.abs()
     bounds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
@@ -498,7 +493,7 @@ def quantize_nvfp4(w, global_scale):
     packed = (code[:, 0::2] | (code[:, 1::2] << 4)).contiguous()
     value = E2M1_VALUES[(code & 7).long()] * torch.where(code >= 8, -1.0, 1.0)
     deq = (value.view(out, inp // NVFP4_BLOCK, NVFP4_BLOCK) * scale_fp8.float().unsqueeze(-1)) * global_scale
-    return packed, scale_fp8.contiguous(), deq.view(out, inp).float(), differing
+    return packed, scale_fp8.contiguous(), deq.view(out, inp).float()
 
 
 def quantize_fp8_blocks(w):
@@ -541,18 +536,16 @@ def build_checkpoint(config, spec, seed):
         for n, a in amax.items():
             pair = n.replace("gate_proj.", "up_proj.") if "gate_proj." in n else n.replace("up_proj.", "gate_proj.")
             nvfp4_globals[n] = nvfp4_global_scale(torch.maximum(a, amax.get(pair, a)))
-        spec.setdefault("_nvfp4_differing", [0])[0] = 0
     for name in sorted(values):
         w = values[name]
         kind = storage_kind(name, spec)
         if name in nvfp4_globals:
-            packed, scale, deq, differing = quantize_nvfp4(w.to(torch.bfloat16), nvfp4_globals[name])
+            packed, scale, deq = quantize_nvfp4(w.to(torch.bfloat16), nvfp4_globals[name])
             stored[name] = packed
             stored[name + "_scale"] = scale
             stored[name + "_scale_2"] = nvfp4_globals[name].clone().float()
             stored[name[: -len(".weight")] + ".input_scale"] = torch.tensor(NVFP4_INPUT_SCALE, dtype=torch.float32)
             effective[name] = deq
-            spec["_nvfp4_differing"][0] += differing
         elif spec.get("w4a16") and ROUTED_EXPERT.search(name):
             packed, scale, shape, deq = quantize_w4a16(w.to(torch.bfloat16), spec["w4a16"]["group_size"])
             stored[name + "_packed"] = packed
@@ -925,7 +918,6 @@ def make_fixture(name, spec, out_root, max_tries):
             meta["nvfp4"] = dict(
                 recipe="NVIDIA ModelOpt NVFP4QTensor (tools/make_parity_fixtures.py quantize_nvfp4)",
                 exclude_modules=spec["nvfp4"]["exclude_modules"],
-                block_scales_differing_from_cpp_recipe=spec["_nvfp4_differing"][0],
                 input_scale=NVFP4_INPUT_SCALE,
             )
         if spec["arch"] == "glm":

@@ -531,7 +531,7 @@ uint8_t f32_to_e4m3(float x) {
 uint8_t f32_to_e2m1(float x) {
   static constexpr float kMagnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
   const uint8_t code = uint8_t(nearest(kMagnitudes, 8, std::abs(x)));
-  return std::signbit(x) && code != 0 ? uint8_t(code | 8) : code;
+  return x < 0 ? uint8_t(code | 8) : code;  // -0 for a small negative, as ModelOpt codes it
 }
 
 float quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales) {
@@ -546,7 +546,9 @@ float quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* codes,
       const float* block = w + r * cols + b * 16;
       float block_amax = 0.0f;
       for (int k = 0; k < 16; ++k) block_amax = std::max(block_amax, std::abs(block[k]));
-      const uint8_t scale = global > 0 ? f32_to_e4m3(block_amax / 6.0f / global) : 0;
+      // ModelOpt: amax / (6 * global), one division; a zero block's scale is 1.0.
+      const float exact = global > 0 ? block_amax / (6.0f * global) : 0.0f;
+      const uint8_t scale = f32_to_e4m3(exact == 0.0f ? 1.0f : exact);
       scales[r * (cols / 16) + b] = scale;
       const float step = detail::e4m3_value(scale) * global;
       uint8_t* out = codes + r * (cols / 2) + b * 8;

@@ -88,13 +88,14 @@ float dot_nvfp4(QuantIsa isa, const float* a, const Nvfp4Weights& w, int64_t row
 float dot_nvfp4_scalar(const float* a, const Nvfp4Weights& w, int64_t row);
 // out [rows, cols] = w, each element as the kernels widen it.
 void dequantize_nvfp4(const Nvfp4Weights& w, float* out);
-// The ModelOpt recipe, from w [rows, cols] (fp32): global = amax(|w|) / (6 * 448); each block's
-// scale = its amax / 6 / global, rounded to the nearest E4M3 (ties to even; at most 448, a zero
-// block's scale 0); each code the nearest E2M1 (ties to even) of w / (scale * global), 0 where
-// the scale is 0. `codes` [rows * cols / 2], `scales` [rows * cols / 16]; returns global.
+// The ModelOpt recipe (NVFP4QTensor), from w [rows, cols] (fp32): global = amax(|w|) / (6 * 448);
+// each block's scale = its amax / (6 * global), a zero one 1.0, rounded to the nearest E4M3 (ties
+// to even; at most 448); each code the nearest E2M1 (ties to even) of w / (scale * global), the
+// sign bit set for every negative w (-0 where it rounds to 0); codes 0 for an all-zero matrix
+// (global 0). `codes` [rows * cols / 2], `scales` [rows * cols / 16]; returns global.
 float quantize_nvfp4(const float* w, int64_t rows, int64_t cols, uint8_t* codes, uint8_t* scales);
 // The nearest E4M3 byte (ties to even, saturating at 448; x >= 0) and E2M1 code (ties to even,
-// saturating at 6) of a float: the rounding the recipe uses.
+// saturating at 6; the sign bit for x < 0) of a float: the rounding the recipe uses.
 uint8_t f32_to_e4m3(float x);
 uint8_t f32_to_e2m1(float x);
 

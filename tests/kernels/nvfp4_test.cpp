@@ -125,7 +125,8 @@ TEST(Nvfp4, RoundingIsToNearestWithTiesToEven) {
   EXPECT_EQ(f32_to_e2m1(5.01f), 7);      // 6
   EXPECT_EQ(f32_to_e2m1(100.0f), 7);     // saturates at 6
   EXPECT_EQ(f32_to_e2m1(-1.4f), 8 | 3);  // -1.5
-  EXPECT_EQ(f32_to_e2m1(-0.1f), 0);      // to zero, without a sign
+  EXPECT_EQ(f32_to_e2m1(-0.1f), 8);      // to -0, as ModelOpt codes it
+  EXPECT_EQ(f32_to_e2m1(-0.0f), 0);      // not negative
   for (int b = 0; b < 127; ++b)
     EXPECT_EQ(f32_to_e4m3(fp8_e4m3_to_f32(uint8_t(b))), b) << "an E4M3 value is its own byte";
   EXPECT_EQ(f32_to_e4m3(1000.0f), 0x7E);  // saturates at 448
@@ -159,7 +160,17 @@ TEST(Nvfp4, TheRecipesErrorIsWithinHalfAStepOfEachBlock) {
       }
     }
   for (int64_t c = 0; c < 16; ++c) EXPECT_EQ(back[size_t(5 * cols + c)], 0.0f);
-  EXPECT_EQ(scales[size_t(5 * cols / 16)], 0);
+  EXPECT_EQ(scales[size_t(5 * cols / 16)], 0x38);  // ModelOpt: a zero block's scale is 1.0
+  // Each block's scale byte is ModelOpt's: amax / (6 * global), one rounding of the division.
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < cols / 16; ++b) {
+      float block_amax = 0;
+      for (int64_t k = 0; k < 16; ++k)
+        block_amax = std::max(block_amax, std::abs(w[size_t(r * cols + b * 16 + k)]));
+      if (block_amax == 0) continue;
+      EXPECT_EQ(scales[size_t(r * cols / 16 + b)], f32_to_e4m3(block_amax / (6.0f * global)))
+          << "row " << r << " block " << b;
+    }
 }
 
 // Every int8-activation kernel in turn; skipped with the reason where this CPU or build lacks it.
