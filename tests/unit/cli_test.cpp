@@ -474,6 +474,7 @@ TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
                                                      {"--port", "8081"},
                                                      {"--api-key", "k"},
                                                      {"--max-batch-tokens", "64"},
+                                                     {"--max-itl-ms", "20"},
                                                      {"--max-queue", "8"},
                                                      {"--max-body-mb", "2"},
                                                      {"--no-prefix-cache", ""},
