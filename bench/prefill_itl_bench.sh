@@ -122,7 +122,7 @@ def metrics(port):
     c.request("GET", "/metrics")
     out = {}
     for line in c.getresponse().read().decode().splitlines():
-        if line.startswith(("colibri_step_cost", "colibri_prefill_chunks_cut_total",
+        if line.startswith(("colibri_step_cost", "colibri_prefill_chunks_",
                             "colibri_prefill_chunk_tokens_sum", "colibri_prefill_chunk_tokens_count")):
             name, value = line.split()
             out[name] = float(value)
@@ -165,7 +165,8 @@ for label in ports:
           f"(mean abs error {m.get('colibri_step_cost_mean_abs_error_seconds', 0) * 1e3:.3f} ms over "
           f"{m.get('colibri_step_cost_observations', 0):.0f} calls); prompt rows a call "
           f"{m.get('colibri_prefill_chunk_tokens_sum', 0) / max(chunks, 1):.1f} over {chunks:.0f} calls, "
-          f"{m.get('colibri_prefill_chunks_cut_total', 0):.0f} cut")
+          f"{m.get('colibri_prefill_chunks_cut_total', 0):.0f} cut, "
+          f"{m.get('colibri_prefill_chunks_over_bound_total', 0):.0f} of them over the bound with the least rows")
 for row in rows:
     print(json.dumps(row))
 PY

@@ -111,7 +111,8 @@ std::string ServeMetrics::dashboard_state() const {
                     {{"itl_bound_s", d.step_cost_.itl_bound_s},
                      {"chunks", d.chunk_rows_.count()},
                      {"chunk_tokens_sum", d.chunk_rows_.sum()},
-                     {"chunks_cut", d.chunks_cut_}}}};
+                     {"chunks_cut", d.chunks_cut_},
+                     {"chunks_over_bound", d.chunks_over_bound_}}}};
   doc["latency"] = {{"ttft", histogram_json(d.ttft_)},
                     {"itl", histogram_json(d.itl_)},
                     {"e2e", histogram_json(d.e2e_)},

@@ -611,7 +611,9 @@ void Scheduler::step() {
   const double typical = typical_step_s_;
   typical_step_s_ = typical == 0 ? took : 0.9 * typical + 0.1 * took;
   metrics_.observe_step(batch_.size(), took);
-  if (shape.prompt_rows > 0) metrics_.observe_prefill_chunk(shape.prompt_rows, choice.cut);
+  if (shape.prompt_rows > 0)
+    metrics_.observe_prefill_chunk(shape.prompt_rows, choice.cut,
+                                   choice.cut && choice.predicted_s > options_.max_itl_s);
 
   const size_t vocab = size_t(engine_.config().vocab_size);
   std::vector<Active*> finished;

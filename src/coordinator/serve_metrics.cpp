@@ -118,10 +118,11 @@ void ServeMetrics::observe_step(int rows, double s) {
   d_.step_rows_.observe(rows);
   d_.step_seconds_.observe(s);
 }
-void ServeMetrics::observe_prefill_chunk(int prompt_rows, bool cut) {
+void ServeMetrics::observe_prefill_chunk(int prompt_rows, bool cut, bool over_bound) {
   std::lock_guard lock(mutex_);
   d_.chunk_rows_.observe(prompt_rows);
   d_.chunks_cut_ += cut ? 1 : 0;
+  d_.chunks_over_bound_ += over_bound ? 1 : 0;
 }
 void ServeMetrics::set_step_cost(const StepCostMetrics& step_cost) {
   std::lock_guard lock(mutex_);
@@ -289,6 +290,10 @@ std::string ServeMetrics::render() const {
   metric("colibri_prefill_chunks_cut_total", "counter",
          "forward calls whose prompt rows --max-itl-ms cut below --max-batch-tokens",
          d.chunks_cut_);
+  metric("colibri_prefill_chunks_over_bound_total", "counter",
+         "of those, calls predicted beyond --max-itl-ms even with the least prompt rows "
+         "(--max-batch-tokens / 16): the bound is below what the machine can do",
+         d.chunks_over_bound_);
   metric("colibri_prefill_itl_bound_seconds", "gauge",
          "--max-itl-ms: bound on a call's predicted time while sequences decode (0: off)",
          d.step_cost_.itl_bound_s);

@@ -136,8 +136,9 @@ class ServeMetrics {
   void observe_e2e(double s);
   void observe_queue(double s);
   void observe_step(int rows, double s);
-  // A call that carried prompt rows: how many, and whether --max-itl-ms cut them.
-  void observe_prefill_chunk(int prompt_rows, bool cut);
+  // A call that carried prompt rows: how many, whether --max-itl-ms cut them, and whether even
+  // the least rows were predicted beyond it.
+  void observe_prefill_chunk(int prompt_rows, bool cut, bool over_bound);
   void set_step_cost(const StepCostMetrics& step_cost);
   void set_gauges(const ServeGauges& gauges);
   void set_phases(const std::array<double, kPhaseCount>& phase_us);
@@ -165,7 +166,8 @@ class ServeMetrics {
     std::map<int, uint64_t> responses_;
     std::map<std::string, uint64_t> finished_;
     uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
-    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0, chunks_cut_ = 0;
+    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0, chunks_cut_ = 0,
+             chunks_over_bound_ = 0;
     Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_, chunk_rows_;
     StepCostMetrics step_cost_;
     ServeGauges gauges_;

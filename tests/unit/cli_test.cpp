@@ -569,6 +569,17 @@ TEST(CliArgs, ConnectionLimitsOutOfRangeAreRefused) {
   }
 }
 
+TEST(CliArgs, AnItlBoundOutOfRangeIsRefused) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  for (const char* value : {"-1", "nan", "inf"}) {
+    const RunResult r = run_node({"--model", dir.path().string(), "--serve", "--max-itl-ms", value},
+                                 scratch.path());
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--max-itl-ms")) << r.err;
+  }
+}
+
 TEST(CliArgs, EnvironmentKnobsAreCheckedAtStart) {
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
