@@ -103,7 +103,10 @@ def one_round(port, n_streams, round_index):
     time.sleep(0.05)
     stop.set()
     for sock in conns:
-        sock.shutdown(socket.SHUT_RDWR)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # the stream had ended
+            pass
     gaps, before = [], []
     for ts in times:
         gaps += [b - a for a, b in zip(ts, ts[1:]) if sent < b <= first[0]]

@@ -5,10 +5,11 @@
 // The model: seconds = fixed + row * rows + kilo_key * attended / 1000, where rows counts the
 // call's decode and prompt rows and `attended` the keys they attend to (a row at position p
 // attends p + 1), so that a chunk deep in a long prompt costs more than the same rows near its
-// start. It is fitted by least squares, coefficients kept non-negative, Huber-weighted (a step
-// stretched by a descheduled thread or a counters poll counts little), over the last
-// kPerOctave timed calls of each octave of row counts: decode-only calls, far the most, do not
-// push the few large ones out, and each octave follows the machine's recent speed.
+// start. It is fitted by least squares on relative errors, coefficients kept non-negative, with
+// Huber then Tukey weights (a call stretched by a descheduled thread or a counters poll counts
+// little or not at all), over the last kPerOctave timed calls of each octave of row counts:
+// decode-only calls, far the most, do not push the few large ones out, and each octave follows
+// the machine's recent speed. Engine thread only (the fit is redone lazily, on read).
 #pragma once
 
 #include <array>
