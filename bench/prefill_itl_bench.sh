@@ -23,23 +23,32 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yi
 export OMPI_MCA_rmaps_base_oversubscribe=1 OMP_WAIT_POLICY=PASSIVE
 work=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null || true; rm -rf "$work"' EXIT
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
 launch=("$node")
 ((np > 1)) && launch=(mpirun --oversubscribe -np "$np" "$node")
-start() {  # start LABEL FLAGS...: sets port_LABEL
+start() {  # start LABEL FLAGS...: sets port
   local label=$1
   shift
   : >"$work/$label.log"
+  # shellcheck disable=SC2086
   "${launch[@]}" --model "$model" --serve --port 0 --quiet --max-seqs 8 --kv-tokens 16384 \
     --no-prefix-cache ${EXTRA:-} "$@" 2>"$work/$label.log" &
   pids+=($!)
   wait_for_server "$work/$label.log" $!
-  eval "port_$label=$port"
 }
 start off
+port_off=$port
 start bound --max-itl-ms "$itl_ms"
+port_bound=$port
 
+# shellcheck disable=SC2086
 python3 - "$port_off" "$port_bound" "$tokens" "$rounds" "$itl_ms" "$np" "$(lscpu | sed -n 's/^Model name: *//p')" \
   "$(cut -d' ' -f1-3 /proc/loadavg)" $streams <<'PY'
 import http.client, json, socket, statistics, sys, threading, time
