@@ -7,8 +7,8 @@
 namespace colibri {
 namespace {
 
-constexpr int kTerms = 3;   // fixed, per row, per thousand keys
-constexpr int kRounds = 8;  // reweighted fits
+constexpr size_t kTerms = 3;  // fixed, per row, per thousand keys
+constexpr int kRounds = 8;    // reweighted fits
 using Vec = std::array<double, kTerms>;
 using Mat = std::array<Vec, kTerms>;
 
@@ -27,39 +27,39 @@ int octave(int rows) {
 
 // Solves a x = b over the active terms (the others 0) by Gaussian elimination with partial
 // pivoting; a pivot that vanishes leaves its term 0.
-Vec solve(Mat a, Vec b, const std::array<bool, kTerms>& active) {
-  std::array<int, kTerms> idx{};
-  int n = 0;
-  for (int t = 0; t < kTerms; ++t)
-    if (active[size_t(t)]) idx[size_t(n++)] = t;
+Vec solve(const Mat& a, const Vec& b, const std::array<bool, kTerms>& active) {
+  std::array<size_t, kTerms> idx{};
+  size_t n = 0;
+  for (size_t t = 0; t < kTerms; ++t)
+    if (active[t]) idx[n++] = t;
   Mat m{};
   Vec v{};
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j)
-      m[size_t(i)][size_t(j)] = a[size_t(idx[size_t(i)])][size_t(idx[size_t(j)])];
-    v[size_t(i)] = b[size_t(idx[size_t(i)])];
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) m[i][j] = a[idx[i]][idx[j]];
+    v[i] = b[idx[i]];
   }
-  for (int c = 0; c < n; ++c) {
-    int p = c;
-    for (int r = c + 1; r < n; ++r)
-      if (std::abs(m[size_t(r)][size_t(c)]) > std::abs(m[size_t(p)][size_t(c)])) p = r;
-    std::swap(m[size_t(c)], m[size_t(p)]);
-    std::swap(v[size_t(c)], v[size_t(p)]);
-    if (std::abs(m[size_t(c)][size_t(c)]) < 1e-300) continue;
-    for (int r = c + 1; r < n; ++r) {
-      const double f = m[size_t(r)][size_t(c)] / m[size_t(c)][size_t(c)];
-      for (int k = c; k < n; ++k) m[size_t(r)][size_t(k)] -= f * m[size_t(c)][size_t(k)];
-      v[size_t(r)] -= f * v[size_t(c)];
+  const auto vanishes = [](double pivot) { return std::abs(pivot) < 1e-300; };
+  for (size_t c = 0; c < n; ++c) {
+    size_t p = c;
+    for (size_t r = c + 1; r < n; ++r)
+      if (std::abs(m[r][c]) > std::abs(m[p][c])) p = r;
+    std::swap(m[c], m[p]);
+    std::swap(v[c], v[p]);
+    if (vanishes(m[c][c])) continue;
+    for (size_t r = c + 1; r < n; ++r) {
+      const double f = m[r][c] / m[c][c];
+      for (size_t k = c; k < n; ++k) m[r][k] -= f * m[c][k];
+      v[r] -= f * v[c];
     }
   }
   Vec y{};
-  for (int r = n - 1; r >= 0; --r) {
-    double s = v[size_t(r)];
-    for (int k = r + 1; k < n; ++k) s -= m[size_t(r)][size_t(k)] * y[size_t(k)];
-    y[size_t(r)] = std::abs(m[size_t(r)][size_t(r)]) < 1e-300 ? 0 : s / m[size_t(r)][size_t(r)];
+  for (size_t r = n; r-- > 0;) {
+    double s = v[r];
+    for (size_t k = r + 1; k < n; ++k) s -= m[r][k] * y[k];
+    y[r] = vanishes(m[r][r]) ? 0 : s / m[r][r];
   }
   Vec x{};
-  for (int i = 0; i < n; ++i) x[size_t(idx[size_t(i)])] = y[size_t(i)];
+  for (size_t i = 0; i < n; ++i) x[idx[i]] = y[i];
   return x;
 }
 
@@ -111,10 +111,10 @@ void StepCostModel::refit() const {
   // settles terms the data cannot tell apart (every call of one size) without moving the fit.
   Vec scale{};
   for (const Vec& v : x)
-    for (int t = 0; t < kTerms; ++t) scale[size_t(t)] = std::max(scale[size_t(t)], v[size_t(t)]);
+    for (size_t t = 0; t < kTerms; ++t) scale[t] = std::max(scale[t], v[t]);
   for (double& s : scale) s = s > 0 ? s : 1;
   for (Vec& v : x)
-    for (int t = 0; t < kTerms; ++t) v[size_t(t)] /= scale[size_t(t)];
+    for (size_t t = 0; t < kTerms; ++t) v[t] /= scale[t];
 
   // Relative errors count: a call's time is stretched in proportion (noise, a slower core), and
   // a decode call's error matters as much as a chunk's. Each call weighs 1 / seconds^2 times its
@@ -127,28 +127,25 @@ void StepCostModel::refit() const {
     Mat a{};
     Vec b{};
     for (size_t i = 0; i < n; ++i)
-      for (int r = 0; r < kTerms; ++r) {
-        b[size_t(r)] += base[i] * w[i] * x[i][size_t(r)] * y[i];
-        for (int c = 0; c < kTerms; ++c)
-          a[size_t(r)][size_t(c)] += base[i] * w[i] * x[i][size_t(r)] * x[i][size_t(c)];
+      for (size_t r = 0; r < kTerms; ++r) {
+        b[r] += base[i] * w[i] * x[i][r] * y[i];
+        for (size_t c = 0; c < kTerms; ++c) a[r][c] += base[i] * w[i] * x[i][r] * x[i][c];
       }
-    for (int t = 0; t < kTerms; ++t) a[size_t(t)][size_t(t)] *= 1 + 1e-9;
+    for (size_t t = 0; t < kTerms; ++t) a[t][t] *= 1 + 1e-9;
     // Non-negative: the most negative term leaves, and the rest is solved again.
     std::array<bool, kTerms> active{true, true, true};
-    for (int pass = 0; pass < kTerms; ++pass) {
+    for (size_t pass = 0; pass < kTerms; ++pass) {
       coef = solve(a, b, active);
-      int worst = -1;
-      for (int t = 0; t < kTerms; ++t)
-        if (active[size_t(t)] && coef[size_t(t)] < 0 &&
-            (worst < 0 || coef[size_t(t)] < coef[size_t(worst)]))
-          worst = t;
-      if (worst < 0) break;
-      active[size_t(worst)] = false;
-      coef[size_t(worst)] = 0;
+      size_t worst = kTerms;  // none
+      for (size_t t = 0; t < kTerms; ++t)
+        if (active[t] && coef[t] < 0 && (worst == kTerms || coef[t] < coef[worst])) worst = t;
+      if (worst == kTerms) break;
+      active[worst] = false;
+      coef[worst] = 0;
     }
     for (size_t i = 0; i < n; ++i) {
       double predicted = 0;
-      for (int t = 0; t < kTerms; ++t) predicted += coef[size_t(t)] * x[i][size_t(t)];
+      for (size_t t = 0; t < kTerms; ++t) predicted += coef[t] * x[i][t];
       relative[i] = std::abs(y[i] - predicted) * std::sqrt(base[i]);
     }
     if (round == kRounds || n < 4) break;
