@@ -99,7 +99,20 @@ std::string ServeMetrics::dashboard_state() const {
   doc["prefix_cache"] = {{"queries", d.prefix_queries_}, {"hits", d.prefix_hits_}};
   doc["engine"] = {{"steps", d.steps_},
                    {"step_seconds", histogram_json(d.step_seconds_)},
-                   {"step_rows_sum", d.step_rows_.sum()}};
+                   {"step_rows_sum", d.step_rows_.sum()},
+                   {"step_cost",
+                    {{"fixed_s", d.step_cost_.fixed_s},
+                     {"row_s", d.step_cost_.row_s},
+                     {"kilo_key_s", d.step_cost_.kilo_key_s},
+                     {"observations", d.step_cost_.observations},
+                     {"mean_abs_error_s", d.step_cost_.mean_abs_error_s},
+                     {"decode_s", d.step_cost_.decode_s}}},
+                   {"prefill",
+                    {{"itl_bound_s", d.step_cost_.itl_bound_s},
+                     {"chunks", d.chunk_rows_.count()},
+                     {"chunk_tokens_sum", d.chunk_rows_.sum()},
+                     {"chunks_cut", d.chunks_cut_},
+                     {"chunks_over_bound", d.chunks_over_bound_}}}};
   doc["latency"] = {{"ttft", histogram_json(d.ttft_)},
                     {"itl", histogram_json(d.itl_)},
                     {"e2e", histogram_json(d.e2e_)},

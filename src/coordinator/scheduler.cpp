@@ -1,6 +1,7 @@
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <future>
 
@@ -120,6 +121,8 @@ Scheduler::Scheduler(Engine& engine, const Tokenizer& tokenizer, ServeMetrics& m
   if (options_.max_batch_tokens < 1 || options_.max_batch_tokens > engine.max_rows())
     fail("--max-batch-tokens {} must be in [1, --max-rows {}]", options_.max_batch_tokens,
          engine.max_rows());
+  if (!(options_.max_itl_s >= 0) || !std::isfinite(options_.max_itl_s))
+    fail("--max-itl-ms {} must be >= 0", options_.max_itl_s * 1e3);
   kv_capacity_tokens_ = engine.kv().capacity_tokens();
   if (options_.kv_cache_dir) {
     std::vector<std::string> notes;
@@ -270,6 +273,17 @@ void Scheduler::update_live_counters() {
 
 void Scheduler::update_engine_view() {
   last_view_ = Clock::now();
+  // The step-cost model, refitted here at most every kViewPeriod (and when a prompt's rows are
+  // chosen), not after every step.
+  StepCostMetrics cost;
+  cost.fixed_s = step_cost_.fit().fixed_s;
+  cost.row_s = step_cost_.fit().row_s;
+  cost.kilo_key_s = step_cost_.fit().kilo_key_s;
+  cost.observations = step_cost_.observations();
+  cost.mean_abs_error_s = step_cost_.mean_abs_error_s();
+  cost.decode_s = decode_shape_.rows() > 0 ? step_cost_.predict(decode_shape_) : 0;
+  cost.itl_bound_s = options_.max_itl_s;
+  metrics_.set_step_cost(cost);
   EngineView view;
   if (Profiler* p = engine_.profiler()) {
     const RankReport& r = p->counters();  // not report(): that copies the trace events
@@ -534,19 +548,33 @@ void Scheduler::step() {
   KvManager& kv = engine_.kv();
   batch_.clear();
   logit_owner_.clear();
+  StepShape shape;
   for (const auto& a : active_) {
     if (a->last < 0) continue;
-    batch_.add(a->slot, a->last, kv.length(a->slot), true);
+    const int pos = kv.length(a->slot);
+    batch_.add(a->slot, a->last, pos, true);
     a->ids.push_back(a->last);
     a->last = -1;
     logit_owner_.push_back(a.get());
+    ++shape.decode_rows;
+    shape.attended += pos + 1;
   }
-  int budget = std::min(options_.max_batch_tokens, engine_.max_rows()) - batch_.size();
+  decode_shape_ = shape;
+  prompt_work_.clear();
+  for (const auto& a : active_) {
+    const size_t prompt = a->job->request.prompt.size();
+    if (a->fed < prompt) prompt_work_.push_back({kv.length(a->slot), int64_t(prompt - a->fed)});
+  }
+  const int budget = std::min(options_.max_batch_tokens, engine_.max_rows()) - batch_.size();
+  const ChunkChoice choice =
+      choose_prompt_rows(step_cost_, shape, prompt_work_, budget, options_.max_itl_s,
+                         min_prompt_rows(options_.max_batch_tokens));
+  int left = choice.prompt_rows;
   for (const auto& a : active_) {
     const std::vector<int>& prompt = a->job->request.prompt;
-    if (budget <= 0) break;
+    if (left <= 0) break;
     if (a->fed == prompt.size()) continue;
-    const size_t take = std::min(size_t(budget), prompt.size() - a->fed);
+    const size_t take = std::min(size_t(left), prompt.size() - a->fed);
     const int pos = kv.length(a->slot);
     for (size_t k = 0; k < take; ++k) {
       const bool last = a->fed + k + 1 == prompt.size();
@@ -555,7 +583,9 @@ void Scheduler::step() {
       if (last) logit_owner_.push_back(a.get());
     }
     a->fed += take;
-    budget -= int(take);
+    left -= int(take);
+    shape.prompt_rows += int(take);
+    shape.attended += attended_keys(pos, int64_t(take));
   }
   if (batch_.size() == 0) return;
 
@@ -581,6 +611,9 @@ void Scheduler::step() {
   const double typical = typical_step_s_;
   typical_step_s_ = typical == 0 ? took : 0.9 * typical + 0.1 * took;
   metrics_.observe_step(batch_.size(), took);
+  if (shape.prompt_rows > 0)
+    metrics_.observe_prefill_chunk(shape.prompt_rows, choice.cut,
+                                   choice.cut && choice.predicted_s > options_.max_itl_s);
 
   const size_t vocab = size_t(engine_.config().vocab_size);
   std::vector<Active*> finished;
@@ -599,6 +632,8 @@ void Scheduler::step() {
     }
     if (on_token(a, token, std::move(logprob))) finished.push_back(&a);
   }
+  // The cost model learns the call with its sampling: what a running stream waits for.
+  step_cost_.observe(shape, step_seconds ? step_seconds(shape) : seconds(start, Clock::now()));
   for (Active* done : finished)
     for (size_t i = 0; i < active_.size(); ++i)
       if (active_[i].get() == done) {

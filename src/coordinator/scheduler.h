@@ -1,8 +1,10 @@
 // Continuous batching for the server. One thread, the one that owns the Engine (and, in a job,
 // every MPI call), runs Scheduler::run(): between forward calls it admits waiting requests, and
 // each call carries one decode row of every running sequence plus prompt chunks of new ones
-// within --max-batch-tokens, so a long prompt does not stall running streams. HTTP threads only
-// submit jobs and read their ServeChannel; they never touch the engine.
+// within --max-batch-tokens, so a long prompt does not stall running streams. With --max-itl-ms,
+// a call that carries decode rows carries only the prompt rows that keep its time, as the
+// step-cost model predicts it (step_cost.h), within that bound. HTTP threads only submit jobs and
+// read their ServeChannel; they never touch the engine.
 //
 // KV memory is reserved at admission: a request is admitted when the pool can hold its prompt
 // plus max_tokens next to what running sequences may still grow to, so a running sequence never
@@ -28,6 +30,7 @@
 #include "coordinator/kv_cache_dir.h"
 #include "coordinator/output_grammar.h"
 #include "coordinator/serve_metrics.h"
+#include "coordinator/step_cost.h"
 #include "model/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -95,6 +98,9 @@ struct ServeJob {
 struct SchedulerOptions {
   int max_batch_tokens = 256;  // rows per forward call (decode rows + prompt chunks)
   int max_queue = 64;          // waiting requests; submit() refuses more
+  // --max-itl-ms in seconds: while a sequence decodes, a call's prompt rows are cut so that its
+  // predicted time stays within it (at least min_prompt_rows(max_batch_tokens) of them); 0: off.
+  double max_itl_s = 0;
   bool prefix_cache = true;
   std::optional<KvCacheDirOptions> kv_cache_dir;  // --kv-cache-dir
   // Every rank's own counters, asked for between steps (Node::live_counters) about once a second
@@ -135,6 +141,8 @@ class Scheduler {
 
   // Test hook: the logits row each token was sampled from.
   std::function<void(const ServeJob&, std::span<const float>)> on_logits;
+  // Test hook: the time the step-cost model learns for each call, in place of the measured one.
+  std::function<double(const StepShape&)> step_seconds;
 
  private:
   struct Active;
@@ -155,8 +163,9 @@ class Scheduler {
   bool on_token(Active& a, int token, std::optional<TokenLogprob> logprob);
   void finish(size_t active_index, const char* reason);
   void update_gauges();
-  // The engine's counters for the dashboard and /metrics' per-layer lines (EngineView): copied
-  // at most every kViewPeriod, so that a step of a large model does not copy its routes each time.
+  // The engine's counters for the dashboard and /metrics' per-layer lines (EngineView), and the
+  // step-cost model's fit: at most every kViewPeriod, so that a step of a large model does not
+  // copy its routes (or refit) each time.
   void update_engine_view();
   static constexpr std::chrono::milliseconds kViewPeriod{250};
   // Asks the ranks for their counters (options_.live_counters) when the engine stepped since the
@@ -184,6 +193,9 @@ class Scheduler {
   Batch batch_;
   std::vector<Active*> logit_owner_;
   std::vector<float> masked_;  // a constrained row's logits
+  StepCostModel step_cost_;
+  std::vector<PromptWork> prompt_work_;
+  StepShape decode_shape_;  // the last call's decode rows
 
   std::chrono::steady_clock::time_point last_view_{};
   std::chrono::steady_clock::time_point last_counters_{};

@@ -64,6 +64,7 @@ ServeMetrics::Data::Data()
       queue_(latency_bounds()),
       step_rows_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}),
       step_seconds_(latency_bounds()),
+      chunk_rows_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096}),
       view_(std::make_shared<const EngineView>()) {}
 
 ServeMetrics::ServeMetrics() = default;
@@ -116,6 +117,16 @@ void ServeMetrics::observe_step(int rows, double s) {
   ++d_.steps_;
   d_.step_rows_.observe(rows);
   d_.step_seconds_.observe(s);
+}
+void ServeMetrics::observe_prefill_chunk(int prompt_rows, bool cut, bool over_bound) {
+  std::lock_guard lock(mutex_);
+  d_.chunk_rows_.observe(prompt_rows);
+  d_.chunks_cut_ += cut ? 1 : 0;
+  d_.chunks_over_bound_ += over_bound ? 1 : 0;
+}
+void ServeMetrics::set_step_cost(const StepCostMetrics& step_cost) {
+  std::lock_guard lock(mutex_);
+  d_.step_cost_ = step_cost;
 }
 void ServeMetrics::set_gauges(const ServeGauges& gauges) {
   std::lock_guard lock(mutex_);
@@ -274,6 +285,31 @@ std::string ServeMetrics::render() const {
   d.queue_.render(out, "colibri_request_queue_time_seconds", "arrival to admission");
   d.step_rows_.render(out, "colibri_iteration_tokens", "rows per forward call");
   d.step_seconds_.render(out, "colibri_iteration_seconds", "time of one forward call");
+  d.chunk_rows_.render(out, "colibri_prefill_chunk_tokens",
+                       "prompt rows per forward call that carried prompt rows");
+  metric("colibri_prefill_chunks_cut_total", "counter",
+         "forward calls whose prompt rows --max-itl-ms cut below --max-batch-tokens",
+         d.chunks_cut_);
+  metric("colibri_prefill_chunks_over_bound_total", "counter",
+         "of those, calls predicted beyond --max-itl-ms even with the least prompt rows "
+         "(--max-batch-tokens / 16): the bound is below what the machine can do",
+         d.chunks_over_bound_);
+  metric("colibri_prefill_itl_bound_seconds", "gauge",
+         "--max-itl-ms: bound on a call's predicted time while sequences decode (0: off)",
+         d.step_cost_.itl_bound_s);
+  const StepCostMetrics& cost = d.step_cost_;
+  metric("colibri_step_cost_fixed_seconds", "gauge", "step-cost model: seconds per forward call",
+         cost.fixed_s);
+  metric("colibri_step_cost_row_seconds", "gauge", "step-cost model: seconds per row", cost.row_s);
+  metric("colibri_step_cost_kilokey_seconds", "gauge",
+         "step-cost model: seconds per thousand keys the rows attend to", cost.kilo_key_s);
+  metric("colibri_step_cost_observations", "gauge",
+         "step-cost model: timed forward calls it is fitted to", cost.observations);
+  metric("colibri_step_cost_mean_abs_error_seconds", "gauge",
+         "step-cost model: mean absolute error of the fit over those calls", cost.mean_abs_error_s);
+  metric("colibri_step_cost_decode_seconds", "gauge",
+         "step-cost model: predicted time of a call of the running sequences' decode rows alone",
+         cost.decode_s);
   out +=
       "# HELP colibri_coordinator_phase_seconds_total coordinator time per phase "
       "(wait_slowest: waiting for the expert ranks' partials)\n"

@@ -111,6 +111,15 @@ struct KvCacheDirMetrics {
   double load_seconds = 0;
 };
 
+// The scheduler's step-cost model and its prefill rule (--max-itl-ms), set after every step.
+struct StepCostMetrics {
+  double fixed_s = 0, row_s = 0, kilo_key_s = 0;  // the fit: per call, per row, per 1000 keys
+  int observations = 0;                           // timed calls it is fitted to
+  double mean_abs_error_s = 0;                    // of the fit over them
+  double decode_s = 0;     // predicted time of a call of the running sequences' decode rows only
+  double itl_bound_s = 0;  // --max-itl-ms; 0: off
+};
+
 class ServeMetrics {
  public:
   static constexpr size_t kSeriesPoints = 600;  // 10 minutes at one a second
@@ -127,6 +136,10 @@ class ServeMetrics {
   void observe_e2e(double s);
   void observe_queue(double s);
   void observe_step(int rows, double s);
+  // A call that carried prompt rows: how many, whether --max-itl-ms cut them, and whether even
+  // the least rows were predicted beyond it.
+  void observe_prefill_chunk(int prompt_rows, bool cut, bool over_bound);
+  void set_step_cost(const StepCostMetrics& step_cost);
   void set_gauges(const ServeGauges& gauges);
   void set_phases(const std::array<double, kPhaseCount>& phase_us);
   // Per expert rank: dispatch-to-partial time summed (RankReport::reply_us).
@@ -153,8 +166,10 @@ class ServeMetrics {
     std::map<int, uint64_t> responses_;
     std::map<std::string, uint64_t> finished_;
     uint64_t prompt_tokens_ = 0, cached_prompt_tokens_ = 0, generated_tokens_ = 0;
-    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0;
-    Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_;
+    uint64_t prefix_queries_ = 0, prefix_hits_ = 0, steps_ = 0, chunks_cut_ = 0,
+             chunks_over_bound_ = 0;
+    Histogram ttft_, itl_, e2e_, queue_, step_rows_, step_seconds_, chunk_rows_;
+    StepCostMetrics step_cost_;
     ServeGauges gauges_;
     std::array<double, kPhaseCount> phase_us_{};
     std::map<int, double> reply_us_;

@@ -331,6 +331,13 @@ std::vector<FlagRow> serve_rows() {
     option("--max-batch-tokens", "--max-rows", Use::kServe, Agree::kOwn,
            "--serve: rows per forward call, decode rows plus prompt chunks (default: --max-rows)",
            [](auto& l) -> auto& { return l.max_batch_tokens; }, in_range(1, 1 << 16)),
+    option("--max-itl-ms", "", Use::kServe, Agree::kOwn,
+           "--serve: while a sequence decodes, cut each forward call's prompt rows so that its "
+           "predicted time (a cost model fitted to the calls timed) stays within this many ms, "
+           "at least --max-batch-tokens / 16 rows; with no sequence decoding a prompt takes "
+           "every row (0: off)",
+           [](auto& l) -> auto& { return l.max_itl_ms; },
+           [](CLI::Option& o) { o.check(CLI::Range(0.0, 1e6)); }),
     option("--max-queue", "", Use::kServe, Agree::kOwn,
            "--serve: waiting requests; more are answered 429 with Retry-After",
            [](auto& l) -> auto& { return l.max_queue; }),

@@ -43,6 +43,7 @@ struct CommandLine {
   bool serve = false, no_prefix_cache = false;
   std::string host = "127.0.0.1", api_key;
   int port = 8080, max_batch_tokens = 0, max_queue = 64;
+  double max_itl_ms = 0;  // --max-itl-ms; 0: off
   double max_body_mb = 1;
   int max_connections = 1024, max_client_connections = 256;
   double request_timeout = 30;

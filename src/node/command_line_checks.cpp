@@ -228,6 +228,8 @@ void check_serve(CommandLine& line) {
       line.api_key = key;
     }
   NodeOptions& node = line.node;
+  if (!(line.max_itl_ms >= 0 && line.max_itl_ms <= 1e6))
+    fail("--max-itl-ms {} must be in [0, 1e6] (0: off)", line.max_itl_ms);
   if (line.max_batch_tokens == 0) line.max_batch_tokens = node.max_rows;
   if (line.max_batch_tokens > node.max_rows)
     fail("--max-batch-tokens {} exceeds --max-rows {}", line.max_batch_tokens, node.max_rows);

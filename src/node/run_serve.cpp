@@ -51,6 +51,7 @@ int run_serve(Node& node, const CommandLine& args) {
   options.model_name = std::filesystem::weakly_canonical(args.node.model_dir).filename().string();
   options.multi_rank = node.size() > 1;
   options.scheduler.max_batch_tokens = args.max_batch_tokens;
+  options.scheduler.max_itl_s = args.max_itl_ms * 1e-3;
   options.scheduler.max_queue = args.max_queue;
   options.scheduler.prefix_cache = !args.no_prefix_cache;
   if (!args.kv_cache_dir.empty())

@@ -229,6 +229,25 @@ TEST(Serve, SixteenConcurrentClientsGetTheirTokensAlone) {
   expect_concurrent_equals_alone(server.port());
 }
 
+// Under a bound below any call (--max-itl-ms 0.01), prompts that arrive while others decode take
+// the least rows a call (48 / 16 = 3): the tokens are still each request's alone. /metrics shows
+// the bound and the step-cost model's calls.
+TEST(Serve, ConcurrentClientsGetTheirTokensAloneUnderAnItlBound) {
+  ServerProcess server(1, {"--max-seqs", "16", "--max-batch-tokens", "48", "--max-itl-ms", "0.01"});
+  ASSERT_TRUE(server.wait_ready()) << server.stderr_text();
+  expect_concurrent_equals_alone(server.port());
+  std::string metrics = get(server.port(), "/metrics");
+  // The model's fit reaches /metrics every 250 ms at most.
+  for (int i = 0; i < 100 && metric(metrics, "colibri_step_cost_observations") < 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    metrics = get(server.port(), "/metrics");
+  }
+  EXPECT_DOUBLE_EQ(metric(metrics, "colibri_prefill_itl_bound_seconds"), 1e-5) << metrics;
+  EXPECT_GE(metric(metrics, "colibri_step_cost_observations"), 1) << metrics;
+  EXPECT_GT(metric(metrics, "colibri_prefill_chunk_tokens_count"), 0) << metrics;
+  EXPECT_GE(metric(metrics, "colibri_prefill_chunks_over_bound_total"), 0) << metrics;  // present
+}
+
 TEST(Serve, MatchesTheCommandLineAndStreamedEqualsWhole) {
   ServerProcess server(1, {});
   ASSERT_TRUE(server.wait_ready()) << server.stderr_text();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -39,8 +40,11 @@ struct Outcome {
 };
 
 // Submits `requests` at once and runs the scheduler until all are done (drain after submit).
+// With `machine`, the step-cost model learns its times (and `shapes` the calls, in order).
 std::vector<Outcome> run_all(const std::vector<ServeRequest>& requests, bool prefix_cache,
-                             int max_batch_tokens = 64) {
+                             int max_batch_tokens = 64, double max_itl_s = 0,
+                             std::function<double(const StepShape&)> machine = {},
+                             std::vector<StepShape>* shapes = nullptr) {
   LocalModel& m = model();
   EngineOptions eo;
   eo.max_rows = 64;
@@ -51,7 +55,13 @@ std::vector<Outcome> run_all(const std::vector<ServeRequest>& requests, bool pre
   SchedulerOptions so;
   so.max_batch_tokens = max_batch_tokens;
   so.prefix_cache = prefix_cache;
+  so.max_itl_s = max_itl_s;
   Scheduler scheduler(engine, m.tokenizer, metrics, so);
+  if (machine)
+    scheduler.step_seconds = [&](const StepShape& s) {
+      if (shapes) shapes->push_back(s);
+      return machine(s);
+    };
   std::map<const ServeJob*, size_t> index;
   std::vector<Outcome> out(requests.size());
   scheduler.on_logits = [&](const ServeJob& job, std::span<const float> row) {
@@ -135,6 +145,63 @@ TEST(Scheduler, BatchedRequestsGetTheTokensTheyGetAlone) {
                          std::string(prompts[i]) + " token " + std::to_string(t));
     EXPECT_EQ(int(together[i].tokens.size()), requests[i].max_tokens);
     EXPECT_EQ(together[i].finish.finish, FinishReason::kLength);
+  }
+}
+
+// --max-itl-ms on a synthetic machine (1 ms a call, 0.1 ms a row: the cost model learns these
+// times, not the measured ones): a 300-token prompt that arrives with a short one is cut, once
+// the short one decodes, into chunks whose time fits the bound; alone with no sequence decoding
+// it would take every row. Tokens and logits are those of the unbounded run.
+TEST(Scheduler, TheItlBoundCutsALongPromptWhileAStreamDecodes) {
+  const auto machine = [](const StepShape& s) { return 1e-3 + 1e-4 * s.rows(); };
+  const double bound = 3.05e-3;  // one decode row and 19 prompt rows: 3.0 ms; 20: 3.1 ms
+  const int kMost = 19;
+  ServeRequest stream = greedy("And God said,", 40);
+  std::string text;
+  while (model().tokenizer.encode(text).size() < 300)
+    text +=
+        "In the beginning God created the heaven and the earth. And the earth was without "
+        "form, and void; and darkness was upon the face of the deep. ";
+  ServeRequest long_prompt = greedy(text, 6);
+  long_prompt.prompt.resize(300);
+  const std::vector<ServeRequest> requests = {stream, long_prompt};
+
+  std::vector<StepShape> unbounded_calls, bounded_calls;
+  const std::vector<Outcome> unbounded = run_all(requests, false, 64, 0, machine, &unbounded_calls);
+  const std::vector<Outcome> bounded = run_all(requests, false, 64, bound, machine, &bounded_calls);
+
+  // Calls that carried decode and prompt rows.
+  const auto shared = [](const std::vector<StepShape>& calls) {
+    std::vector<StepShape> out;
+    for (const StepShape& s : calls)
+      if (s.decode_rows > 0 && s.prompt_rows > 0) out.push_back(s);
+    return out;
+  };
+  const std::vector<StepShape> cut = shared(bounded_calls), whole = shared(unbounded_calls);
+  ASSERT_FALSE(whole.empty());
+  ASSERT_GE(cut.size(), size_t(240 / kMost)) << "the prompt was not cut into chunks";
+  EXPECT_GT(cut.size(), whole.size());
+  EXPECT_EQ(whole[0].prompt_rows, 63);  // unbounded: the budget but the decode row
+  // The first call has no decode row: the whole budget (time to first token first).
+  EXPECT_EQ(bounded_calls[0].decode_rows, 0);
+  EXPECT_EQ(bounded_calls[0].prompt_rows, 64);
+  // Once the model has timed three calls it knows the machine: every shared call fits the bound,
+  // and the largest carries the most rows that fit.
+  int most = 0;
+  for (size_t i = 0; i < cut.size(); ++i) {
+    EXPECT_GE(cut[i].prompt_rows, 1);
+    if (i < 2) continue;  // calls 2 and 3 (call 1 had no decode row)
+    EXPECT_LE(machine(cut[i]), bound) << "shared call " << i;
+    most = std::max(most, cut[i].prompt_rows);
+  }
+  EXPECT_EQ(most, kMost);
+
+  for (size_t r = 0; r < requests.size(); ++r) {
+    EXPECT_EQ(bounded[r].tokens, unbounded[r].tokens) << "request " << r;
+    ASSERT_EQ(bounded[r].logits.size(), unbounded[r].logits.size());
+    for (size_t t = 0; t < bounded[r].logits.size(); ++t)
+      expect_same_logits(bounded[r].logits[t], unbounded[r].logits[t],
+                         "request " + std::to_string(r) + " token " + std::to_string(t));
   }
 }
 

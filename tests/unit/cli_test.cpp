@@ -474,6 +474,7 @@ TEST(CliArgs, AFlagForAnotherKindOfRunIsRefused) {
                                                      {"--port", "8081"},
                                                      {"--api-key", "k"},
                                                      {"--max-batch-tokens", "64"},
+                                                     {"--max-itl-ms", "20"},
                                                      {"--max-queue", "8"},
                                                      {"--max-body-mb", "2"},
                                                      {"--no-prefix-cache", ""},
@@ -565,6 +566,17 @@ TEST(CliArgs, ConnectionLimitsOutOfRangeAreRefused) {
     const RunResult r = serve({flag, value});
     EXPECT_NE(r.exit_code, 0) << r.err;
     EXPECT_THAT(r.err, HasSubstr(std::string("colibri-node: error: ") + flag)) << r.err;
+  }
+}
+
+TEST(CliArgs, AnItlBoundOutOfRangeIsRefused) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  for (const char* value : {"-1", "nan", "inf"}) {
+    const RunResult r = run_node({"--model", dir.path().string(), "--serve", "--max-itl-ms", value},
+                                 scratch.path());
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--max-itl-ms")) << r.err;
   }
 }
 
