@@ -49,8 +49,8 @@ struct QuantMatrixView {
   const uint8_t* data;  // [rows, row_bytes(format, cols)]
   const float* scales;  // [scale_count(format, rows, cols, group_size)]
   QuantLayout layout = QuantLayout::kRows;
-  const float* offsets =
-      nullptr;  // int4 zero points: [rows, offset_groups()] in row order, or null
+  // int4 zero points: fp32 offsets [rows, offset_groups()] in row order, or null.
+  const float* offsets = nullptr;
 };
 
 inline constexpr int kDefaultGroupSize = 64;

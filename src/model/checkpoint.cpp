@@ -285,8 +285,8 @@ void Checkpoint::index_packed_int4(std::optional<int> int4_group_size) {
     // bits 4(r % 8) of word [r / 8, g]. Every nibble is a zero point in [-8, 7].
     const std::string zero_name = name + "_zero_point";
     const TensorView* zero = find(zero_name);
-    if (zero && (zero->dtype != Dtype::I32 ||
-                 zero->shape != std::vector<int64_t>{(rows + 7) / 8, groups}))
+    if (zero &&
+        (zero->dtype != Dtype::I32 || zero->shape != std::vector<int64_t>{(rows + 7) / 8, groups}))
       fail(
           "{}: tensor '{}' has dtype {} and shape {}, expected I32 [{}, {}] (zero points of "
           "'{}' [{}, {}] in {} groups a row, packed 8 rows a word)",

@@ -145,9 +145,9 @@ class Checkpoint {
   uint64_t quant_bytes(const std::string& name, int64_t rows, int64_t cols) const;
   // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as
   // [rows, cols], keeping it quantized; a compressed-tensors INT4 weight the same way, in the int4
-  // container format of its group size. The format is inferred from the byte and scale counts (the
-  // U8 shape is not used); an inconsistent or ambiguous pair is refused with an error naming the
-  // file, the tensor and the sizes.
+  // container format of its group size, its zero points (if any) as the offsets. The format is
+  // inferred from the byte and scale counts (the U8 shape is not used); an inconsistent or
+  // ambiguous pair is refused with an error naming the file, the tensor and the sizes.
   // With row_end >= 0, only rows [row_begin, row_end) are read (their bytes and scales): a
   // [row_end - row_begin, cols] matrix, as slicing the whole one would give.
   QuantMatrix load_quant(const std::string& name, int64_t rows, int64_t cols, int64_t row_begin = 0,

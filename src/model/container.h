@@ -35,8 +35,8 @@ struct QuantMatrix {
   // What it holds: packed bytes, fp32 scales and fp32 offsets.
   uint64_t bytes() const { return data.size() + 4 * scales.size() + 4 * offsets.size(); }
   kernels::QuantMatrixView view() const {
-    return {format,        rows,   cols, group_size, data.data(), scales.data(),
-            layout, offsets.empty() ? nullptr : offsets.data()};
+    return {format,      rows,          cols,   group_size,
+            data.data(), scales.data(), layout, offsets.empty() ? nullptr : offsets.data()};
   }
 };
 

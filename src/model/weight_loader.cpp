@@ -70,8 +70,8 @@ class Loader {
       fail(
           "{}: tensor '{}_packed' {} zero points ('{}_zero_point'), but config.json's "
           "quantization_config says symmetric {}",
-          checkpoint_.find(name + "_packed")->file->string(), name,
-          zero_points ? "has" : "has no", name, zero_points ? "true" : "false");
+          checkpoint_.find(name + "_packed")->file->string(), name, zero_points ? "has" : "has no",
+          name, zero_points ? "true" : "false");
   }
   // In an NVFP4 checkpoint, a U8 weight that is not NVFP4 must be a container's (with `.qs`).
   void check_u8_scales(const std::string& name) const {
