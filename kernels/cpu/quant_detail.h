@@ -92,7 +92,8 @@ void check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
 // group, the row), each summed in input order.
 void group_sums(const float* x, int64_t n, int64_t cols, int group_size, float* sums);
 // For rows o in [row_begin, row_end) of w and t < n: y[t * y_stride + o] += sum over g of
-// w.offsets[o * groups + g] * sums[t * groups + g], groups = offset_groups(w), g in order.
+// w.offsets[o * groups + g] * sums[t * groups + g], groups = offset_groups(w), in a fixed order
+// (8 partial sums, group g in sum g % 8, added in order).
 void add_offsets(const QuantMatrixView& w, const float* sums, int64_t n, float* y, int64_t y_stride,
                  int64_t row_begin, int64_t row_end);
 

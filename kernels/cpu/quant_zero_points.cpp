@@ -13,6 +13,20 @@ namespace {
 
 thread_local std::vector<float> sums_scratch;
 
+// Sum over k < groups of off[k] * s[k]: 8 partial sums (group k in sum k % 8), then added in
+// order, so that the compiler can keep them in a vector register without reassociating anything.
+float offsets_dot(const float* off, const float* s, int64_t groups) {
+  constexpr int kLanes = 8;
+  float acc[kLanes] = {};
+  const int64_t full = groups / kLanes * kLanes;
+  for (int64_t k = 0; k < full; k += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += off[k + j] * s[k + j];
+  for (int64_t k = full; k < groups; ++k) acc[k - full] += off[k] * s[k];
+  float total = 0.0f;
+  for (int j = 0; j < kLanes; ++j) total += acc[j];
+  return total;
+}
+
 }  // namespace
 
 int64_t offset_groups(const QuantMatrixView& w) {
@@ -33,14 +47,10 @@ void detail::group_sums(const float* x, int64_t n, int64_t cols, int group_size,
 void detail::add_offsets(const QuantMatrixView& w, const float* sums, int64_t n, float* y,
                          int64_t y_stride, int64_t row_begin, int64_t row_end) {
   const int64_t groups = offset_groups(w);
-  for (int64_t t = 0; t < n; ++t) {
-    const float* s = sums + t * groups;
-    for (int64_t o = row_begin; o < row_end; ++o) {
-      const float* off = w.offsets + o * groups;
-      float acc = 0.0f;
-      for (int64_t k = 0; k < groups; ++k) acc += off[k] * s[k];
-      y[t * y_stride + o] += acc;
-    }
+  for (int64_t o = row_begin; o < row_end; ++o) {
+    const float* off = w.offsets + o * groups;
+    for (int64_t t = 0; t < n; ++t)
+      y[t * y_stride + o] += offsets_dot(off, sums + t * groups, groups);
   }
 }
 
