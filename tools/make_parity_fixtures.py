@@ -13,6 +13,9 @@ dsv3 (DeepseekV3, FP8 block-quantized, YaRN, 4 experts groups, sharded, MTP tens
 kimi (DeepseekV3 layout with q_proj, YaRN beta 1/1, BF16), kimi_w4a16 (kimi's layout with experts 64 wide,
 routed experts in compressed-tensors INT4 as Kimi-K2-Thinking ships them: pack-quantized, symmetric groups
 of 32, quantized and packed by the compressed-tensors package itself; needs `pip install compressed-tensors`),
+kimi_w4a16_asym (kimi_w4a16 asymmetric: groups of 32 with zero points, `weight_zero_point` packed along the
+rows, written by the package's PackedQuantizationCompressor; each expert group shifted off zero so that the
+zero points spread over their range),
 glm5_nvfp4 (glm5's layout without MTP, every Linear in NVIDIA ModelOpt NVFP4 but the modules its
 exclude_modules names, with hf_quant_config.json and config.json's quantization_config as ModelOpt's export
 writes them; quantized by ModelOpt's recipe, see quantize_nvfp4 below).
@@ -233,6 +236,8 @@ SPECS = {
 # of their input widths are whole groups, as the reference quantizer requires.
 SPECS["kimi_w4a16"] = dict(SPECS["kimi"], seed0=4100, w4a16=dict(group_size=32),
                            config=dict(SPECS["kimi"]["config"], moe_intermediate_size=64))
+# The same asymmetric (symmetric false: weight_zero_point), as llm-compressor's W4A16_ASYM scheme writes it.
+SPECS["kimi_w4a16_asym"] = dict(SPECS["kimi_w4a16"], seed0=4200, w4a16=dict(group_size=32, symmetric=False))
 
 # NVIDIA ModelOpt NVFP4, as NVIDIA's FP4 releases (GLM-5.2 NVFP4) ship: every Linear quantized but the
 # modules exclude_modules names (here layer 0's attention, the router and lm_head, which keep their BF16).
@@ -364,7 +369,7 @@ def storage_kind(name, spec):
 ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
 
 
-def w4a16_quant_config(group_size):
+def w4a16_quant_config(group_size, symmetric=True):
     """quantization_config of a compressed-tensors W4A16 checkpoint (as llm-compressor writes it)."""
     return {
         "quant_method": "compressed-tensors",
@@ -374,7 +379,7 @@ def w4a16_quant_config(group_size):
             "group_0": {
                 "targets": ["Linear"],
                 "weights": {
-                    "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                    "num_bits": 4, "type": "int", "symmetric": symmetric, "strategy": "group",
                     "group_size": group_size, "dynamic": False, "actorder": None,
                     "observer": "minmax", "observer_kwargs": {}, "block_structure": None,
                 },
@@ -403,6 +408,34 @@ def quantize_w4a16(w_bf16, group_size):
     q = quantize(w_bf16, scale, zero, args, dtype=torch.int8)
     deq = (q.float().view(rows, -1, group_size) * scale.float().unsqueeze(2)).view(rows, cols)
     return pack_to_int32(q, 4), scale.contiguous(), torch.tensor([rows, cols], dtype=torch.int64), deq
+
+
+def quantize_w4a16_asym(w_bf16, group_size):
+    """compressed-tensors' own asymmetric quantizer (min/max per group: scale = (max - min) / 15 in the
+    weight's dtype, zp = clamp(round(-8 - min / scale), -8, 7) as int8) and its compressor
+    (PackedQuantizationCompressor.compress: weights packed along the columns, zero points along the rows).
+    Returns the compressed tensors {weight_packed, weight_scale, weight_zero_point, weight_shape} and the
+    dequantized fp32 (q - zp) * fp32(scale), both unpacked from the stored words by the package's
+    unpack_from_int32."""
+    from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+    from compressed_tensors.compressors.pack_quantized.helpers import unpack_from_int32
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    args = QuantizationArgs(num_bits=4, type="int", symmetric=False, strategy="group", group_size=group_size)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    rows, cols = w_bf16.shape
+    groups = w_bf16.view(rows, cols // group_size, group_size)
+    scale, zero = calculate_qparams(groups.amin(dim=2), groups.amax(dim=2), args)
+    out = PackedQuantizationCompressor.compress(
+        {"weight": w_bf16, "weight_scale": scale, "weight_zero_point": zero}, scheme)
+    q = unpack_from_int32(out["weight_packed"], 4, torch.Size([rows, cols])).int()
+    zp = unpack_from_int32(out["weight_zero_point"], 4, torch.Size([rows, cols // group_size]), packed_dim=0)
+    if not torch.equal(zp, zero.to(torch.int8)):
+        raise RuntimeError("zero points do not survive packing")
+    deq = ((q - zp.int().repeat_interleave(group_size, dim=1)).float().view(rows, -1, group_size)
+           * out["weight_scale"].float().unsqueeze(2)).view(rows, cols)
+    return {k: v.contiguous() for k, v in out.items()}, deq
 
 
 # --------------------------------------------------------------------------------------------------
@@ -546,6 +579,15 @@ def build_checkpoint(config, spec, seed):
             stored[name + "_scale_2"] = nvfp4_globals[name].clone().float()
             stored[name[: -len(".weight")] + ".input_scale"] = torch.tensor(NVFP4_INPUT_SCALE, dtype=torch.float32)
             effective[name] = deq
+        elif spec.get("w4a16") and not spec["w4a16"].get("symmetric", True) and ROUTED_EXPERT.search(name):
+            # Each group shifted by up to 1.5 standard deviations of the weight: zero points off zero.
+            gs = spec["w4a16"]["group_size"]
+            rows, cols = w.shape
+            shift = (torch.rand(rows, cols // gs, generator=gen) * 3.0 - 1.5) * w.std()
+            compressed, deq = quantize_w4a16_asym((w + shift.repeat_interleave(gs, dim=1)).to(torch.bfloat16), gs)
+            for suffix, t in compressed.items():
+                stored[name + suffix[len("weight"):]] = t
+            effective[name] = deq
         elif spec.get("w4a16") and ROUTED_EXPERT.search(name):
             packed, scale, shape, deq = quantize_w4a16(w.to(torch.bfloat16), spec["w4a16"]["group_size"])
             stored[name + "_packed"] = packed
@@ -615,7 +657,8 @@ def write_model_dir(config, spec, stored, model_dir):
         cfg.quantization_config = dict(FP8_QUANT_CONFIG)
     if spec.get("w4a16"):
         cfg = make_config(spec)
-        cfg.quantization_config = w4a16_quant_config(spec["w4a16"]["group_size"])
+        cfg.quantization_config = w4a16_quant_config(spec["w4a16"]["group_size"],
+                                                     spec["w4a16"].get("symmetric", True))
     if spec.get("nvfp4"):
         cfg = make_config(spec)
         cfg.quantization_config = nvfp4_quant_config(spec["nvfp4"]["exclude_modules"])
@@ -910,7 +953,7 @@ def make_fixture(name, spec, out_root, max_tries):
                 safetensors=__import__("safetensors").__version__, numpy=np.__version__,
                 dtype="float32", attn_implementation="eager", experts_implementation="eager",
                 weights="golden model runs on the exact stored values (BF16/F16 upcast, FP8 * weight_scale_inv, "
-                        "INT4 q * weight_scale, NVFP4 (e2m1 * e4m3 weight_scale) * weight_scale_2 in fp32)",
+                        "INT4 (q - weight_zero_point) * weight_scale, NVFP4 (e2m1 * e4m3 weight_scale) * weight_scale_2 in fp32)",
             ),
             tolerance=dict(max_abs_logit=1e-3, greedy="identical tokens"),
         )

@@ -33,7 +33,8 @@ def load_tensors(model_dir):
                 raw[k] = h.get_tensor(k)
     out = {}
     for k, t in raw.items():
-        if k.endswith("_scale_inv") or k.endswith(".weight_scale") or k.endswith(".weight_shape"):
+        if (k.endswith("_scale_inv") or k.endswith(".weight_scale") or k.endswith(".weight_shape")
+                or k.endswith(".weight_zero_point")):
             continue
         if k.endswith(".weight_scale_2") or k.endswith(".input_scale"):
             continue
@@ -57,6 +58,12 @@ def load_tensors(model_dir):
             q = torch.stack((nib & 15, nib >> 4), dim=-1).reshape(rows, -1)[:, :cols] - 8
             s = raw[base + "_scale"].to(DT)
             group = -(-cols // s.shape[1])
+            if base + "_zero_point" in raw:
+                # asymmetric: zp + 8 of row r, group g at bits 4(r % 8) of word [r / 8, g]; W = (q - zp) * s.
+                zw = raw[base + "_zero_point"].numpy().astype("<i4").astype("int64")
+                nib = (zw[:, :, None] >> (4 * np.arange(8))) & 15
+                zp = torch.from_numpy(nib.transpose(0, 2, 1).reshape(-1, zw.shape[1])[:rows] - 8)
+                q = q - zp[:, torch.arange(cols) // group]
             out[base] = q.to(DT) * s[:, torch.arange(cols) // group]
             continue
         if t.dtype == torch.float8_e4m3fn:

@@ -223,6 +223,37 @@ void require_available(QuantIsa isa) {
 
 }  // namespace
 
+detail::ZeroPointSums::ZeroPointSums(const QuantMatrixView& gate, const QuantMatrixView& up,
+                                     const QuantMatrixView& down, const float* x, int64_t n)
+    : x_groups(gate.offsets || up.offsets ? offset_groups(gate.offsets ? gate : up) : 0),
+      h_groups(down.offsets ? offset_groups(down) : 0) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < size_t(n * (x_groups + h_groups)))
+    buffer.resize(size_t(n * (x_groups + h_groups)));
+  x_sums = buffer.data();
+  h_sums = buffer.data() + n * x_groups;
+  if (gate.offsets && up.offsets && (gate.format != up.format || gate.group_size != up.group_size))
+    throw std::invalid_argument("quant_expert_ffn: gate and up zero points differ in groups");
+  if (x_groups) group_sums(x, n, gate.cols, gate.offsets ? gate.group_size : up.group_size, x_sums);
+}
+
+void detail::ZeroPointSums::add_gate_up(const QuantMatrixView& gate, const QuantMatrixView& up,
+                                        int64_t n, float* gate_out, float* up_out, int64_t begin,
+                                        int64_t end) const {
+  if (gate.offsets) add_offsets(gate, x_sums, n, gate_out, gate.rows, begin, end);
+  if (up.offsets) add_offsets(up, x_sums, n, up_out, up.rows, begin, end);
+}
+
+void detail::ZeroPointSums::sum_hidden(const QuantMatrixView& down, const float* h,
+                                       int64_t n) const {
+  group_sums(h, n, down.cols, down.group_size, h_sums);
+}
+
+void detail::ZeroPointSums::add_down(const QuantMatrixView& down, int64_t n, float* y,
+                                     int64_t begin, int64_t end) const {
+  if (down.offsets) add_offsets(down, h_sums, n, y, down.rows, begin, end);
+}
+
 void detail::check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
                               const QuantMatrixView& down) {
   const int64_t inter = gate.rows, hidden = gate.cols;
@@ -282,6 +313,7 @@ void check_view(const QuantMatrixView& w) {
     fail("per-row formats take group size 0");
   if (w.rows > 0 && w.cols > 0 && (w.data == nullptr || w.scales == nullptr))
     fail("null data or scales");
+  if (w.offsets != nullptr && !is_int4(w.format)) fail("zero-point offsets are for int4 only");
   if (w.layout != QuantLayout::kRows && w.layout != QuantLayout::kTiles) fail("unknown layout");
   if (w.layout == QuantLayout::kTiles && !tiles_supported(w.format, w.rows, w.cols, w.group_size))
     fail(
@@ -434,6 +466,7 @@ void dequantize(const QuantMatrixView& w, float* out) {
         q = int((i & 1) ? b >> 4 : b & 15) - 8;
       }
       out[o * w.cols + i] = float(q) * s;
+      if (w.offsets) out[o * w.cols + i] += w.offsets[o * ng + g];
     }
   }
 }
@@ -511,6 +544,7 @@ void quant_linear(QuantIsa isa, const QuantMatrixView& w, const float* x, int64_
                          detail::row_unit(w));
     detail::run_rows(kernel, w, xp, n, y, w.rows, begin, end);
   }
+  add_zero_point_terms(w, x, n, y);
 }
 
 void quant_linear(const QuantMatrixView& w, const float* x, int64_t n, float* y) {
@@ -547,6 +581,9 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
   float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
   float* up_out = grown(scratch.up, n * inter);      // [n, inter]
   float* h = grown(scratch.hidden, n * inter);       // [n, inter] in down's activation layout
+  // Zero points: the group sums of x and (once it is whole) of h in natural order, which up_out
+  // then holds.
+  const detail::ZeroPointSums sums(gate, up, down, x, n);
   const detail::RowsKernel kernel_gate = rows_kernel(isa, layout_gate);
   const detail::RowsKernel kernel_up = rows_kernel(isa, layout_up);
   const detail::RowsKernel kernel_down = rows_kernel(isa, layout_down);
@@ -559,19 +596,26 @@ void quant_expert_ffn(QuantIsa isa, const QuantMatrixView& gate, const QuantMatr
                          std::max(detail::row_unit(gate), detail::row_unit(up)));
     detail::run_rows(kernel_gate, gate, x_gate, n, gate_out, inter, begin, end);
     detail::run_rows(kernel_up, up, x_up, n, up_out, inter, begin, end);
+    sums.add_gate_up(gate, up, n, gate_out, up_out, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
-        h[t * inter + permuted_index(o, inter, layout_down)] =
-            g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
+        const float v = g / (1.0f + std::exp(-g)) * up_out[t * inter + o];
+        h[t * inter + permuted_index(o, inter, layout_down)] = v;
+        if (down.offsets) up_out[t * inter + o] = v;
       }
 #pragma omp barrier
     if (layout_down.bf16_pairs) {
 #pragma omp single
       permute_activations(h, n, inter, layout_down, h);
     }
+    if (down.offsets) {
+#pragma omp single
+      sums.sum_hidden(down, up_out, n);
+    }
     detail::static_range(hidden, nth, tid, begin, end, detail::row_unit(down));
     detail::run_rows(kernel_down, down, h, n, y, hidden, begin, end);
+    sums.add_down(down, n, y, begin, end);
   }
 }
 

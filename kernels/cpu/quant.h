@@ -11,6 +11,9 @@
 //     [rows, ceil(cols / group_size)] with s[o * n_groups + g]; the last group may be short.
 //   Quantisation: s = max(amax / qmax, 1e-8), qmax 7 (int4) or 127 (int8), amax over the row or
 //     group; q = clip(rint(w / s), -8, 7) (int4) or clip(rint(w / s), -127, 127) (int8).
+//   Zero points (int4 only, optional): fp32 offsets [rows, ceil(cols / group_size)] (one a row for
+//     kInt4Row), always in row order, and W[o, i] = (q - 8) * s + offset[o, i / group_size]. An
+//     asymmetric checkpoint's W = (q - zp) * s is held as its nibbles and offset = -zp * s.
 //
 // Kernels: runtime dispatch AVX-512 -> AVX2 -> scalar (CPUID); the environment variable
 // COLIBRI_ISA=scalar|avx2|avx512 caps the choice (for tests and benchmarks). Each output row is
@@ -46,6 +49,8 @@ struct QuantMatrixView {
   const uint8_t* data;  // [rows, row_bytes(format, cols)]
   const float* scales;  // [scale_count(format, rows, cols, group_size)]
   QuantLayout layout = QuantLayout::kRows;
+  // int4 zero points: fp32 offsets [rows, offset_groups()] in row order, or null.
+  const float* offsets = nullptr;
 };
 
 inline constexpr int kDefaultGroupSize = 64;
@@ -82,8 +87,23 @@ void relayout(const QuantMatrixView& w, QuantLayout layout, uint8_t* data, float
 void quantize(QuantFormat format, int group_size, const float* w, int64_t rows, int64_t cols,
               uint8_t* data, float* scales);
 
-// out [rows, cols] = W, exactly (each element is one f32 product (q - 8) * s or q * s).
+// out [rows, cols] = W, exactly (each element is one f32 product (q - 8) * s or q * s, plus its
+// offset where w has zero points).
 void dequantize(const QuantMatrixView& w, float* out);
+
+// ---- zero points -----------------------------------------------------------------------------
+//
+// Every kernel below adds a matrix's zero-point terms to its symmetric product:
+//   y[t, o] += sum over groups g of offset[o, g] * (sum of x[t, i] over the inputs i of group g),
+// the group sums taken from the fp32 activations in either activation mode (int8 activations
+// quantize x for the nibbles' product only). Each output is summed by one thread in a fixed order.
+
+// Groups of w's offsets a row: ceil(cols / group_size), or 1 for kInt4Row.
+int64_t offset_groups(const QuantMatrixView& w);
+// y[n, rows] += the zero-point terms of w for x [n, cols] (nothing when w has no offsets).
+void add_zero_point_terms(const QuantMatrixView& w, const float* x, int64_t n, float* y);
+// The reference: each term summed input by input, offset[o, i / group_size] * x[t, i], in double.
+void add_zero_point_terms_scalar(const QuantMatrixView& w, const float* x, int64_t n, float* y);
 
 // y[n, rows] = x[n, cols] · W^T, fp32 accumulation, on the dispatched ISA (see quant_isa()).
 // n = 1 is decode; small batches (n up to ~64) reuse each unpacked weight block for every row of

@@ -88,6 +88,30 @@ int64_t row_unit(const QuantMatrixView& w);
 void check_ffn_shapes(const QuantMatrixView& gate, const QuantMatrixView& up,
                       const QuantMatrixView& down);
 
+// Zero points (quant.h): sums [n, groups] of x [n, cols] over groups of group_size inputs (0: one
+// group, the row), each summed in input order.
+void group_sums(const float* x, int64_t n, int64_t cols, int group_size, float* sums);
+// For rows o in [row_begin, row_end) of w and t < n: y[t * y_stride + o] += sum over g of
+// w.offsets[o * groups + g] * sums[t * groups + g], groups = offset_groups(w), in a fixed order
+// (8 partial sums, group g in sum g % 8, added in order).
+void add_offsets(const QuantMatrixView& w, const float* sums, int64_t n, float* y, int64_t y_stride,
+                 int64_t row_begin, int64_t row_end);
+
+// The group sums an expert FFN's zero points need, in buffers of the calling thread: of x for gate
+// and up (computed at construction, before the parallel region), of the hidden activations for
+// down (sum_hidden, by one thread once h is whole). Each add_* adds the terms of rows
+// [begin, end) of its matrices that have offsets; gate and up with offsets share their groups.
+struct ZeroPointSums {
+  ZeroPointSums(const QuantMatrixView& gate, const QuantMatrixView& up, const QuantMatrixView& down,
+                const float* x, int64_t n);
+  void add_gate_up(const QuantMatrixView& gate, const QuantMatrixView& up, int64_t n,
+                   float* gate_out, float* up_out, int64_t begin, int64_t end) const;
+  void sum_hidden(const QuantMatrixView& down, const float* h, int64_t n) const;
+  void add_down(const QuantMatrixView& down, int64_t n, float* y, int64_t begin, int64_t end) const;
+  int64_t x_groups, h_groups;
+  float *x_sums, *h_sums;
+};
+
 // Below this many multiply-adds a call stays on the calling thread.
 inline constexpr int64_t kParallelMinMacs = int64_t(1) << 16;
 

@@ -407,6 +407,7 @@ void quant_linear_int8(QuantIsa isa, const QuantMatrixView& w, const float* x, i
                          kInt8TileRows);
     run_int8(isa, w, xq, y, w.rows, begin, end);
   }
+  add_zero_point_terms(w, x, n, y);  // from the fp32 x
 }
 
 void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const QuantMatrixView& up,
@@ -430,6 +431,7 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
   float* gate_out = grown(scratch.gate, n * inter);  // [n, inter]
   float* up_out = grown(scratch.up, n * inter);
   float* h = grown(scratch.h, n * inter);
+  const detail::ZeroPointSums sums(gate, up, down, x, n);  // from the fp32 x and h
 
 #pragma omp parallel if (3 * inter * hidden * n >= detail::kParallelMinMacs)
   {
@@ -438,6 +440,7 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
     detail::static_range(inter, nth, tid, begin, end, kInt8TileRows);
     run_int8(isa, gate, x_gate, gate_out, inter, begin, end);
     run_int8(isa, up, x_up, up_out, inter, begin, end);
+    sums.add_gate_up(gate, up, n, gate_out, up_out, begin, end);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = begin; o < end; ++o) {
         const float g = gate_out[t * inter + o];
@@ -449,8 +452,13 @@ void quant_expert_ffn_int8(QuantIsa isa, const QuantMatrixView& gate, const Quan
     for (int64_t u = units * tid / nth; u < units * (tid + 1) / nth; ++u)
       quantize_block(quantize, h, h_q, u / h_q.blocks, u % h_q.blocks);
 #pragma omp barrier
+    if (down.offsets) {
+#pragma omp single
+      sums.sum_hidden(down, h, n);
+    }
     detail::static_range(hidden, nth, tid, begin, end, kInt8TileRows);
     run_int8(isa, down, h_q, y, hidden, begin, end);
+    sums.add_down(down, n, y, begin, end);
   }
 }
 

@@ -3,7 +3,8 @@
 #   colibri_kernels_cpu_sources(TARGET DIR): adds DIR/*.cpp of the list to TARGET, with the flags.
 function(colibri_kernels_cpu_sources target dir)
   target_sources(${target} PRIVATE ${dir}/linear.cpp ${dir}/elementwise.cpp ${dir}/quant.cpp
-                 ${dir}/quant_int8.cpp ${dir}/read_bandwidth.cpp ${dir}/nvfp4.cpp)
+                 ${dir}/quant_int8.cpp ${dir}/quant_zero_points.cpp ${dir}/read_bandwidth.cpp
+                 ${dir}/nvfp4.cpp)
   # Per-ISA files with their own flags, chosen at run time by CPUID (quant.cpp, linear.cpp).
   if(NOT CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$")
     return()

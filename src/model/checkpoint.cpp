@@ -218,12 +218,11 @@ void Checkpoint::index_packed_int4(std::optional<int> int4_group_size) {
     const std::string name = packed_name.substr(0, packed_name.size() - kPacked.size());
     const std::string file = packed->file->string();
     if (find(name)) fail("{}: tensor '{}' is stored both as it is and packed", file, name);
-    for (const char* refused : {"_zero_point", "_g_idx"})
-      if (find(name + refused))
-        fail(
-            "{}: tensor '{}{}' is not supported: compressed-tensors INT4 weights are read "
-            "symmetric, in stored order (no zero points, no activation order)",
-            find(name + refused)->file->string(), name, refused);
+    if (const TensorView* g_idx = find(name + "_g_idx"))
+      fail(
+          "{}: tensor '{}_g_idx' is not supported: compressed-tensors INT4 weights are read in "
+          "stored order (no activation order)",
+          g_idx->file->string(), name);
     if (packed->dtype != Dtype::I32 || packed->shape.size() != 2)
       fail("{}: tensor '{}' has dtype {} and shape {}, expected I32 [rows, ceil(cols / 8)]", file,
            packed_name, dtype_name(packed->dtype), shape_string(packed->shape));
@@ -282,7 +281,18 @@ void Checkpoint::index_packed_int4(std::optional<int> int4_group_size) {
             fmt::join(fits, ", "));
       group_size = fits[0];
     }
-    packed_int4_.emplace(name, PackedInt4{packed, scale, rows, cols, group_size});
+    // Zero points (asymmetric): pack_to_int32 along the rows, zp + 8 of row r and group g at
+    // bits 4(r % 8) of word [r / 8, g]. Every nibble is a zero point in [-8, 7].
+    const std::string zero_name = name + "_zero_point";
+    const TensorView* zero = find(zero_name);
+    if (zero &&
+        (zero->dtype != Dtype::I32 || zero->shape != std::vector<int64_t>{(rows + 7) / 8, groups}))
+      fail(
+          "{}: tensor '{}' has dtype {} and shape {}, expected I32 [{}, {}] (zero points of "
+          "'{}' [{}, {}] in {} groups a row, packed 8 rows a word)",
+          zero->file->string(), zero_name, dtype_name(zero->dtype), shape_string(zero->shape),
+          (rows + 7) / 8, groups, packed_name, rows, cols, groups);
+    packed_int4_.emplace(name, PackedInt4{packed, scale, zero, rows, cols, group_size});
   }
 }
 
@@ -460,9 +470,13 @@ std::string Checkpoint::quant_scale_name(const std::string& name) const {
 }
 
 uint64_t Checkpoint::quant_bytes(const std::string& name, int64_t rows, int64_t cols) const {
-  if (const auto p = packed_int4_shape(name))
-    return uint64_t(kernels::packed_bytes(p->spec.format, p->rows, p->cols)) +
-           4 * uint64_t(kernels::scale_count(p->spec.format, p->rows, p->cols, p->spec.group_size));
+  if (const auto p = packed_int4_shape(name)) {
+    const uint64_t scales =
+        uint64_t(kernels::scale_count(p->spec.format, p->rows, p->cols, p->spec.group_size));
+    // Zero points are held as one fp32 offset per scale.
+    return uint64_t(kernels::packed_bytes(p->spec.format, p->rows, p->cols)) + 4 * scales +
+           (has_zero_points(name) ? 4 * scales : 0);
+  }
   const TensorView* w = find(name);
   const TensorView* qs = find(name + kQuantScaleSuffix);
   if (!w || !qs)
@@ -555,6 +569,24 @@ QuantMatrix Checkpoint::load_packed_int4(const std::string& name, const PackedIn
   q.scales.resize(size_t(q.rows) * groups);
   convert_to_f32(p.scale->dtype, scale_bytes.data(), q.scales.size(), q.scales.data());
   bytes_loaded_ += words.size() + scale_bytes.size();
+  if (p.zero_point) {
+    // offset = -zp * s: with the nibbles' q * s, exactly (q - zp) * s (both products and their
+    // sum are exact in fp32 for BF16 and F16 scales).
+    const int64_t w0 = row_begin / 8, w1 = (row_end + 7) / 8;
+    std::vector<uint32_t> zero_words(size_t(w1 - w0) * groups);
+    shard_of(*p.zero_point)
+        .read(*p.zero_point, size_t(w0) * groups * 4, zero_words.size() * 4, zero_words.data());
+    q.offsets.resize(q.scales.size());
+    for (int64_t r = 0; r < q.rows; ++r) {
+      const int64_t row = row_begin + r;
+      for (size_t g = 0; g < groups; ++g) {
+        const uint32_t word = zero_words[size_t(row / 8 - w0) * groups + g];
+        const int zp = int((word >> (4 * (row % 8))) & 15) - 8;
+        q.offsets[size_t(r) * groups + g] = float(-zp) * q.scales[size_t(r) * groups + g];
+      }
+    }
+    bytes_loaded_ += zero_words.size() * 4;
+  }
   return q;
 }
 

@@ -3,15 +3,22 @@
 // container weights — U8 + `.qs` — and compressed-tensors INT4 weights dequantized) and loading of
 // container and compressed-tensors INT4 weights as they are.
 //
-// compressed-tensors pack-quantized INT4 (W4A16, symmetric): a Linear's weight `<name>` (such as
-// `...down_proj.weight`) is stored as
-//   `<name>_packed`  I32 [rows, ceil(cols / 8)]: element i of a row sits in bits 4(i % 8) of word
-//                    i / 8, stored as q + 8 (q in [-8, 7]); the tail of the last word is zero;
-//   `<name>_scale`   BF16/F16/F32 [rows, ceil(cols / group_size)] (one column: a scale per row);
-//   `<name>_shape`   I64 or I32 [2] = [rows, cols];
-// W[o, i] = q * scale[o, i / group_size]. Read little-endian, those are the int4 container's bytes
-// (element 2j in the low nibble of byte j): they are copied row by row, the scales widened to
-// fp32. A `<name>_zero_point` (asymmetric) or `<name>_g_idx` (activation order) is refused.
+// compressed-tensors pack-quantized INT4 (W4A16, symmetric or asymmetric): a Linear's weight
+// `<name>` (such as `...down_proj.weight`) is stored as
+//   `<name>_packed`      I32 [rows, ceil(cols / 8)]: element i of a row sits in bits 4(i % 8) of
+//                        word i / 8, stored as q + 8 (q in [-8, 7]); the tail of the last word is
+//                        zero;
+//   `<name>_scale`       BF16/F16/F32 [rows, groups], groups = ceil(cols / group_size) (one
+//                        column: a scale per row);
+//   `<name>_shape`       I64 or I32 [2] = [rows, cols];
+//   `<name>_zero_point`  asymmetric only: I32 [ceil(rows / 8), groups], packed along the rows:
+//                        zp + 8 (zp in [-8, 7]) of row r and group g in bits 4(r % 8) of word
+//                        [r / 8, g];
+// W[o, i] = (q - zp) * scale[o, g], g = i / group_size (zp = 0 when symmetric). Read
+// little-endian, the words are the int4 container's bytes (element 2j in the low nibble of byte
+// j): they are copied row by row, the scales widened to fp32; zero points become the container's
+// fp32 offsets -zp * scale[o, g] (QuantMatrix::offsets), so that W = q * s + offset, exactly. A
+// `<name>_g_idx` (activation order) is refused.
 //
 // NVIDIA ModelOpt NVFP4: a Linear's weight `<module>.weight` is stored as
 //   `<module>.weight`          U8 [rows, cols / 2]: two E2M1 codes a byte, column 2j in the low
@@ -121,6 +128,11 @@ class Checkpoint {
                          int64_t row_end = -1) const;
   // True when `name` is a compressed-tensors INT4 weight (`<name>_packed` and its companions).
   bool is_packed_int4(const std::string& name) const { return packed_int4_.count(name) != 0; }
+  // True when the compressed-tensors INT4 weight `name` has zero points (`<name>_zero_point`).
+  bool has_zero_points(const std::string& name) const {
+    const auto it = packed_int4_.find(name);
+    return it != packed_int4_.end() && it->second.zero_point != nullptr;
+  }
   // The compressed-tensors INT4 weight `name`'s [rows, cols] and the container format it loads as.
   struct PackedInt4Shape {
     int64_t rows, cols;
@@ -133,9 +145,9 @@ class Checkpoint {
   uint64_t quant_bytes(const std::string& name, int64_t rows, int64_t cols) const;
   // Loads the container weight `name` (U8 packed bytes + `<name>.qs` F32 scales) expected as
   // [rows, cols], keeping it quantized; a compressed-tensors INT4 weight the same way, in the int4
-  // container format of its group size. The format is inferred from the byte and scale counts (the
-  // U8 shape is not used); an inconsistent or ambiguous pair is refused with an error naming the
-  // file, the tensor and the sizes.
+  // container format of its group size, its zero points (if any) as the offsets. The format is
+  // inferred from the byte and scale counts (the U8 shape is not used); an inconsistent or
+  // ambiguous pair is refused with an error naming the file, the tensor and the sizes.
   // With row_end >= 0, only rows [row_begin, row_end) are read (their bytes and scales): a
   // [row_end - row_begin, cols] matrix, as slicing the whole one would give.
   QuantMatrix load_quant(const std::string& name, int64_t rows, int64_t cols, int64_t row_begin = 0,
@@ -161,6 +173,7 @@ class Checkpoint {
   struct PackedInt4 {
     const TensorView* packed;
     const TensorView* scale;
+    const TensorView* zero_point;  // null: symmetric
     int64_t rows, cols;
     int group_size;  // 0: a scale per row
   };

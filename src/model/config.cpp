@@ -166,9 +166,13 @@ std::array<int, 2> parse_fp8(const json& q, const std::string& source) {
 }
 
 // quantization_config of a compressed-tensors checkpoint: only the pack-quantized INT4 weights the
-// int4 container's kernels run as stored (W4A16, symmetric, groups of a container size or a scale
-// per row). Returns the group size (0: per row).
-int parse_compressed_tensors(const json& q, const std::string& source) {
+// int4 container's kernels run as stored (W4A16, symmetric or with zero points, groups of a
+// container size or a scale per row, static, in stored order).
+struct CompressedTensorsScheme {
+  int group_size;  // 0: per row
+  bool symmetric;
+};
+CompressedTensorsScheme parse_compressed_tensors(const json& q, const std::string& source) {
   const std::string where = source + ": quantization_config";
   const Fields qf(q, where);
   const std::string format = qf.string_or("format", "");
@@ -183,6 +187,7 @@ int parse_compressed_tensors(const json& q, const std::string& source) {
       fail("{}.ignore must be a list of module names", where);
   }
   std::optional<int> group_size;
+  std::optional<bool> symmetric;
   for (const auto& [name, group] : q["config_groups"].items()) {
     const std::string at = fmt::format("{}.config_groups.{}", where, name);
     if (!group.is_object()) fail("{} must be an object", at);
@@ -198,11 +203,8 @@ int parse_compressed_tensors(const json& q, const std::string& source) {
     if (bits != 4) fail("{}.weights.num_bits {} is not supported (4)", at, bits);
     if (const std::string type = w.string_or("type", ""); type != "int")
       fail("{}.weights.type '{}' is not supported (int)", at, type);
-    if (!w.boolean_or("symmetric", false))
-      fail(
-          "{}.weights.symmetric false is not supported: the int4 container kernels have no zero "
-          "points (symmetric checkpoints only)",
-          at);
+    // Asymmetric (symmetric false): a `_zero_point` a weight, for group and channel strategies.
+    const bool is_symmetric = w.boolean_or("symmetric", true);
     if (w.boolean_or("dynamic", false)) fail("{}.weights.dynamic true is not supported", at);
     if (w.has("actorder") && w.at("actorder") != "static")
       fail("{}.weights.actorder {} is not supported (null or static: no weight_g_idx)", at,
@@ -222,9 +224,13 @@ int parse_compressed_tensors(const json& q, const std::string& source) {
     if (group_size && *group_size != size)
       fail("{}.weights: group size {} differs from another group's {} (one per checkpoint)", at,
            size, *group_size);
+    if (symmetric && *symmetric != is_symmetric)
+      fail("{}.weights.symmetric {} differs from another group's (one per checkpoint)", at,
+           is_symmetric);
     group_size = size;
+    symmetric = is_symmetric;
   }
-  return *group_size;
+  return {*group_size, *symmetric};
 }
 
 // The quant_algo of a ModelOpt declaration: NVFP4 (W4A4: weights and an input_scale per Linear),
@@ -534,7 +540,9 @@ ModelConfig parse_config(const std::string& config_json, const std::string& sour
     if (method == "fp8") {
       c.fp8_block = parse_fp8(q, source);
     } else if (method == "compressed-tensors") {
-      c.int4_group_size = parse_compressed_tensors(q, source);
+      const CompressedTensorsScheme scheme = parse_compressed_tensors(q, source);
+      c.int4_group_size = scheme.group_size;
+      c.int4_zero_points = !scheme.symmetric;
     } else if (method == "modelopt" || method == "modelopt_fp4") {
       c.nvfp4 = parse_modelopt(q, source, hf_quant);
     } else {

@@ -91,8 +91,10 @@ struct ModelConfig {
   int num_nextn_predict_layers = 0;             // MTP layers stored after the main layers
   std::optional<std::array<int, 2>> fp8_block;  // weight_block_size of fp8 checkpoints
   // compressed-tensors pack-quantized INT4 checkpoints (quantization_config): the group size of
-  // their weight_scale, 0 for a scale per row.
+  // their weight_scale, 0 for a scale per row; and whether they are asymmetric (symmetric false:
+  // each weight has its `_zero_point`).
   std::optional<int> int4_group_size;
+  bool int4_zero_points = false;
   // NVFP4 checkpoints of NVIDIA ModelOpt (config.json quantization_config with quant_method
   // modelopt / modelopt_fp4, and/or hf_quant_config.json): quant_algo NVFP4, blocks of 16.
   std::optional<Nvfp4Scheme> nvfp4;

@@ -147,6 +147,10 @@ QuantMatrix quant_rows(const QuantMatrix& q, int64_t r0, int64_t r1) {
   s.data.assign(q.data.begin() + r0 * row_bytes, q.data.begin() + r1 * row_bytes);
   s.scales.assign(q.scales.begin() + kernels::scale_count(q.format, r0, q.cols, q.group_size),
                   q.scales.begin() + kernels::scale_count(q.format, r1, q.cols, q.group_size));
+  if (q.has_zero_points()) {
+    const int64_t groups = int64_t(q.offsets.size()) / q.rows;
+    s.offsets.assign(q.offsets.begin() + r0 * groups, q.offsets.begin() + r1 * groups);
+  }
   return s;
 }
 
@@ -169,6 +173,12 @@ QuantMatrix quant_cols(const QuantMatrix& q, int64_t c0, int64_t c1) {
     s.scales.resize(size_t(q.rows * (g1 - g0)));
     for (int64_t r = 0; r < q.rows; ++r)
       std::copy_n(q.scales.begin() + r * groups + g0, g1 - g0, s.scales.begin() + r * (g1 - g0));
+    if (q.has_zero_points()) {  // by groups as the scales; a per-row offset stays the row's
+      s.offsets.resize(s.scales.size());
+      for (int64_t r = 0; r < q.rows; ++r)
+        std::copy_n(q.offsets.begin() + r * groups + g0, g1 - g0,
+                    s.offsets.begin() + r * (g1 - g0));
+    }
   }
   return s;
 }

@@ -26,11 +26,17 @@ struct QuantMatrix {
   WeightVector<uint8_t> data;  // [rows, row_bytes(format, cols)] in `layout`
   WeightVector<float> scales;  // [scale_count(format, rows, cols, group_size)] in `layout`
   kernels::QuantLayout layout = kernels::QuantLayout::kRows;  // as stored: kRows
+  // int4 zero points (an asymmetric checkpoint's): fp32 offsets -zp * s, [rows, offset groups]
+  // in row order whatever the layout (kernels/cpu/quant.h); empty for a symmetric matrix.
+  WeightVector<float> offsets;
 
   bool empty() const { return data.empty(); }
-  uint64_t bytes() const { return data.size() + 4 * scales.size(); }
+  bool has_zero_points() const { return !offsets.empty(); }
+  // What it holds: packed bytes, fp32 scales and fp32 offsets.
+  uint64_t bytes() const { return data.size() + 4 * scales.size() + 4 * offsets.size(); }
   kernels::QuantMatrixView view() const {
-    return {format, rows, cols, group_size, data.data(), scales.data(), layout};
+    return {format,      rows,          cols,   group_size,
+            data.data(), scales.data(), layout, offsets.empty() ? nullptr : offsets.data()};
   }
 };
 

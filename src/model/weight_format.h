@@ -26,9 +26,10 @@ enum class WeightFormat : uint8_t {
   kInt8Row,      // container int8, fp32 scale per row (QuantMatrix, kernels/cpu/quant.h)
   kInt4Row,      // container int4, fp32 scale per row
   kInt4Grouped,  // container int4, fp32 scale per row and group of group_size columns
-  // compressed-tensors pack-quantized INT4 (I32 `_packed` + `_scale` + `_shape`, symmetric) is
-  // held as kInt4Grouped, or kInt4Row for one group a row: the same nibbles, its scales widened to
-  // fp32 at load (model/checkpoint.h).
+  // compressed-tensors pack-quantized INT4 (I32 `_packed` + `_scale` + `_shape`, and
+  // `_zero_point` when asymmetric) is held as kInt4Grouped, or kInt4Row for one group a row: the
+  // same nibbles, its scales widened to fp32 at load, its zero points as fp32 offsets
+  // (QuantMatrix::offsets; model/checkpoint.h).
   kNvfp4,  // NVIDIA ModelOpt NVFP4 as stored: E2M1 codes, E4M3 scales per 16 columns, fp32 global
            // (Nvfp4Matrix, kernels/cpu/linear.h: linear_nvfp4)
 };

@@ -57,12 +57,21 @@ class Loader {
     return *stored;
   }
   // A compressed-tensors weight is read only with config.json's quantization_config saying so.
+  // Its zero points as the declaration says: each weight has them when it is asymmetric, none
+  // when symmetric.
   void check_declared(const std::string& name) const {
     if (!c_.int4_group_size)
       fail(
           "{}: tensor '{}_packed' is a compressed-tensors INT4 weight, but config.json has no "
           "quantization_config with quant_method 'compressed-tensors'",
           checkpoint_.dir().string(), name);
+    const bool zero_points = checkpoint_.has_zero_points(name);
+    if (zero_points != c_.int4_zero_points)
+      fail(
+          "{}: tensor '{}_packed' {} zero points ('{}_zero_point'), but config.json's "
+          "quantization_config says symmetric {}",
+          checkpoint_.find(name + "_packed")->file->string(), name, zero_points ? "has" : "has no",
+          name, zero_points ? "true" : "false");
   }
   // In an NVFP4 checkpoint, a U8 weight that is not NVFP4 must be a container's (with `.qs`).
   void check_u8_scales(const std::string& name) const {

@@ -340,8 +340,9 @@ uint64_t Node::expert_bytes() const {
   const uint64_t fp32 = 3ull * uint64_t(config_.moe_intermediate_size) *
                         uint64_t(config_.hidden_size) * sizeof(float);
   // Routed experts stay as stored (load_routed_expert): a container's packed bytes and scales
-  // (compressed-tensors INT4: its packed bytes, scales widened to fp32), BF16, FP8 with its scales,
-  // NVFP4 with its block scales and global scale; other dtypes become fp32.
+  // (compressed-tensors INT4: its packed bytes, scales widened to fp32, zero points as fp32
+  // offsets), BF16, FP8 with its scales, NVFP4 with its block scales and global scale; other
+  // dtypes become fp32.
   int layer = 0;
   while (layer < config_.num_layers && !config_.layer_is_moe[size_t(layer)]) ++layer;
   if (!checkpoint_ || layer == config_.num_layers) return fp32;

@@ -65,6 +65,12 @@ HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
         "{} routed experts have no CUDA kernel yet: convert the checkpoint to a container "
         "(colibri-convert) or run the experts on the CPU",
         weight_format_name(format));
+  if (q.has_zero_points())
+    fail(
+        "{} routed experts with zero points (compressed-tensors INT4, symmetric false) have no "
+        "CUDA kernel: convert the checkpoint (colibri-convert requantizes them symmetric) or run "
+        "the experts on the CPU",
+        weight_format_name(format));
   if (!q.empty())
     return {*cuda,           q.group_size,        q.rows, q.cols, q.data.data(), q.data.size(),
             q.scales.data(), 4 * q.scales.size(), &q};

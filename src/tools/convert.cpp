@@ -51,7 +51,7 @@ struct Plan {
   Storage storage = Storage::kF32;
   QuantSpec spec{QuantFormat::kInt8Row, 0};
   std::string expert;      // "model.layers.L.mlp.experts.E." for routed experts, else empty
-  bool as_stored = false;  // a compressed-tensors INT4 weight, written with its own numbers
+  bool as_stored = false;  // a symmetric compressed-tensors INT4 weight, with its own numbers
   const Checkpoint::Nvfp4Tensors* nvfp4 = nullptr;  // Storage::kNvfp4: its tensors
 
   int64_t numel() const {
@@ -121,6 +121,21 @@ std::string nvfp4_weight_of_scale(const Checkpoint& checkpoint, const std::strin
   return {};
 }
 
+// The storage of the 2-D float weight p.name [p.shape] (read from `view`): the bits its kind
+// is given (io, routed expert, dense).
+void plan_weight_bits(Plan& p, const ConvertOptions& o, const TensorView& view) {
+  int bits = o.dense_bits;
+  if (p.name == "model.embed_tokens.weight" || p.name == "lm_head.weight") {
+    bits = o.io_bits;
+  } else if (p.expert = expert_of(p.name); !p.expert.empty()) {
+    bits = o.expert_bits;
+  }
+  p.storage = storage_for_bits(bits);
+  if (p.storage != Storage::kQuant) return;
+  p.spec = spec_for_bits(bits, o.group_size, p.shape[1]);
+  check_resolvable(p, view);
+}
+
 std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptions& o,
                                 const TensorView& view) {
   const std::string& name = view.name;
@@ -138,14 +153,23 @@ std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptio
     p.nvfp4 = t;
     return p;
   }
-  // compressed-tensors INT4: `<weight>_packed` stands for the weight, its `_scale` and `_shape`
-  // are read with it. Its numbers are the container's: written as they are, in its group size.
-  for (const std::string_view suffix : {"_packed", "_scale", "_shape"}) {
+  // compressed-tensors INT4: `<weight>_packed` stands for the weight, its `_scale`, `_shape` and
+  // `_zero_point` are read with it. Symmetric, its numbers are the container's: written as they
+  // are, in its group size. Asymmetric, no container format holds (q - zp) * s: dequantized and
+  // quantized (symmetric) as the float weights of its kind.
+  for (const std::string_view suffix : {"_packed", "_scale", "_shape", "_zero_point"}) {
     if (!ends_with(name, suffix)) continue;
     const std::string weight = name.substr(0, name.size() - suffix.size());
     const auto packed = checkpoint.packed_int4_shape(weight);
     if (!packed) continue;
     if (suffix != "_packed") return std::nullopt;
+    if (checkpoint.has_zero_points(weight)) {
+      Plan p;
+      p.name = weight;
+      p.shape = {packed->rows, packed->cols};
+      plan_weight_bits(p, o, view);
+      return p;
+    }
     Plan p;
     p.name = weight;
     p.shape = {packed->rows, packed->cols};
@@ -175,16 +199,7 @@ std::optional<Plan> plan_tensor(const Checkpoint& checkpoint, const ConvertOptio
   if (view.shape.size() != 2 || !ends_with(name, ".weight") ||
       name.find("norm") != std::string::npos || ends_with(name, "mlp.gate.weight"))
     return p;
-  int bits = o.dense_bits;
-  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
-    bits = o.io_bits;
-  } else if (p.expert = expert_of(name); !p.expert.empty()) {
-    bits = o.expert_bits;
-  }
-  p.storage = storage_for_bits(bits);
-  if (p.storage != Storage::kQuant) return p;
-  p.spec = spec_for_bits(bits, o.group_size, view.shape[1]);
-  check_resolvable(p, view);
+  plan_weight_bits(p, o, view);
   return p;
 }
 

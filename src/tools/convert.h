@@ -1,6 +1,8 @@
 // colibri-convert: a Hugging Face checkpoint (BF16/F16/F32, FP8 with 128x128 block scales,
-// compressed-tensors pack-quantized INT4, whose weights keep their numbers and group size, or
-// NVIDIA ModelOpt NVFP4, whose weights are copied as stored) to colibri's int4/int8 container
+// compressed-tensors pack-quantized INT4, whose weights keep their numbers and group size when
+// symmetric and are dequantized with their zero points and quantized as the float weights of
+// their kind when asymmetric, or NVIDIA ModelOpt NVFP4, whose weights are copied as stored) to
+// colibri's int4/int8 container
 // (model/container.h). One output shard per input shard,
 // written one tensor at a time; every shard is written as `<name>.partial` and renamed when
 // complete, so an interrupted run leaves nothing loadable, and a rerun with the same parameters

@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
   std::string input, output;
   CLI::App app{
       "colibri-convert: converts a Hugging Face checkpoint (BF16/F16/F32, FP8 with block "
-      "scales, compressed-tensors INT4, whose weights keep their numbers and group size, or "
+      "scales, compressed-tensors INT4, whose weights keep their numbers and group size (with "
+      "zero points: dequantized and quantized as the float weights of their kind), or "
       "NVIDIA ModelOpt NVFP4, whose weights are copied as stored unless --nvfp4 requantize) to "
       "colibri's int4/int8 container: U8 packed weights with F32 '.qs' scales, HF tensor names, "
       "one output "

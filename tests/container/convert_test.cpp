@@ -284,6 +284,82 @@ TEST(Convert, CompressedTensorsInt4KeepsItsNumbers) {
   }
 }
 
+// compressed-tensors INT4 with zero points in (the kimi_w4a16_asym parity fixture): no container
+// format holds (q - zp) * s, so its weights are dequantized with their zero points and quantized
+// (symmetric) as routed experts: int8 rows within half a step of the source's numbers, int4 g64 by
+// default; the converted model's logits stay close to the source's.
+TEST(Convert, CompressedTensorsInt4WithZeroPointsIsRequantized) {
+  const fs::path source = kData / "parity" / "kimi_w4a16_asym" / "model";
+  const auto from = load(source);
+  ASSERT_TRUE(from->config.int4_zero_points);
+  TempDir out;
+  ConvertOptions o = options_for(source, out.path() / "int8");
+  o.expert_bits = 8;
+  o.dense_bits = 32;
+  o.io_bits = 32;
+  convert_checkpoint(o);
+  const auto to = load(out.path() / "int8");
+  for (const std::string& name : to->checkpoint->names())
+    EXPECT_FALSE(name.ends_with("_zero_point") || name.ends_with("_packed")) << name;
+  int layer = 0;
+  while (!from->config.layer_is_moe[size_t(layer)]) ++layer;
+  int checked = 0;
+  for (int e = 0; e < from->config.n_routed_experts; ++e) {
+    const MlpWeights& a = from->weights.layers[size_t(layer)].experts[size_t(e)];
+    const MlpWeights& b = to->weights.layers[size_t(layer)].experts[size_t(e)];
+    ASSERT_TRUE(a.quantized() && b.quantized());
+    for (const auto& [qa, qb] :
+         {std::pair{&a.quant.gate, &b.quant.gate}, std::pair{&a.quant.up, &b.quant.up},
+          std::pair{&a.quant.down, &b.quant.down}}) {
+      ASSERT_TRUE(qa->has_zero_points());
+      EXPECT_FALSE(qb->has_zero_points());
+      EXPECT_EQ(qb->format, QuantFormat::kInt8Row);
+      std::vector<float> wa(size_t(qa->rows * qa->cols)), wb(wa.size());
+      kernels::dequantize(qa->view(), wa.data());
+      kernels::dequantize(qb->view(), wb.data());
+      QuantMatrix rows_b = *qb;
+      set_layout(rows_b, kernels::QuantLayout::kRows);
+      for (int64_t r = 0; r < qa->rows; ++r)
+        for (int64_t c = 0; c < qa->cols; ++c) {
+          const size_t i = size_t(r * qa->cols + c);
+          ASSERT_LE(std::abs(wb[i] - wa[i]), 0.5f * rows_b.scales[size_t(r)] * (1 + 1e-5f))
+              << "expert " << e << " [" << r << ", " << c << "]";
+        }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3 * from->config.n_routed_experts);
+
+  // Only the routed experts changed, by int8 rounding: the logits of the prompt stay close, as
+  // close as the random fixtures allow (a rounding can flip a router choice; measured 2.9 of 12.7
+  // max |logit|, the glm5 fixture's int8 experts 2.0 of 13.1: the bound of that test).
+  std::ifstream meta_file(kData / "parity" / "kimi_w4a16_asym" / "golden" / "meta.json");
+  const std::vector<int> prompt =
+      nlohmann::json::parse(meta_file).at("prompt_ids").get<std::vector<int>>();
+  ReferenceModel want_model(from->config, from->weights), got_model(to->config, to->weights);
+  KvCache want_cache(from->config), got_cache(to->config);
+  const std::vector<float> want = want_model.forward(prompt, want_cache);
+  const std::vector<float> got = got_model.forward(prompt, got_cache);
+  ASSERT_EQ(got.size(), want.size());
+  float max_diff = 0, max_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+    max_abs = std::max(max_abs, std::abs(want[i]));
+  }
+  std::printf("kimi_w4a16_asym, experts int8: max |logit diff| %.4g of max |logit| %.4g\n",
+              max_diff, max_abs);
+  EXPECT_GT(max_diff, 0.0f);
+  EXPECT_LE(max_diff, 0.3f * max_abs);
+
+  // By default: int4 in groups of 64, symmetric.
+  convert_checkpoint(options_for(source, out.path() / "int4"));
+  const auto int4 = load(out.path() / "int4");
+  const MlpWeights& expert = int4->weights.layers[size_t(layer)].experts[0];
+  ASSERT_TRUE(expert.quantized());
+  EXPECT_FALSE(expert.quant.gate.has_zero_points());
+  EXPECT_NE(expert.quant.gate.format, QuantFormat::kInt8Row);
+}
+
 // NVIDIA ModelOpt NVFP4 in (the glm5_nvfp4 parity fixture): by default its weights are copied as
 // stored, their scales with them, and load as NVFP4 again with the same bytes; with dense and io
 // weights kept at 16 bits the converted model is the source, bit for bit. With nvfp4_as_stored

@@ -185,7 +185,7 @@ void expect_equal_to_reference(const std::string& fixture, const std::string& pl
   EXPECT_LE(max_vs_reference, attention_blocked() ? 5e-5f : 1e-5f);
   // The compressed-tensors INT4 and NVFP4 copies (routed experts, and NVFP4's linears, run as
   // stored): within 1e-4 of transformers on their weights dequantized.
-  EXPECT_LE(max_vs_transformers, fixture == "kimi_w4a16" || nvfp4 ? 1e-4f : 1e-3f);
+  EXPECT_LE(max_vs_transformers, fixture.starts_with("kimi_w4a16") || nvfp4 ? 1e-4f : 1e-3f);
   const int vocab = config.vocab_size;
   for (size_t row = 0; row * vocab < expected.size(); ++row) {
     const std::span<const float> a(&distributed[row * vocab], size_t(vocab)),
@@ -369,10 +369,10 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeEquality,
                                                               "balanced", "heat")),
                          equality_case_name);
 
-// kimi's routed experts in compressed-tensors INT4 (pack-quantized, symmetric groups of 32),
-// loaded as stored on every rank.
+// kimi's routed experts in compressed-tensors INT4 (pack-quantized groups of 32, symmetric and
+// with zero points), loaded as stored on every rank.
 INSTANTIATE_TEST_SUITE_P(CompressedTensors, NodeEquality,
-                         ::testing::Combine(::testing::Values("kimi_w4a16"),
+                         ::testing::Combine(::testing::Values("kimi_w4a16", "kimi_w4a16_asym"),
                                             ::testing::Values("round-robin", "balanced")),
                          equality_case_name);
 
@@ -420,6 +420,43 @@ TEST(NodeMemory, Nvfp4ExpertsAreResidentAsStored) {
   } else {
     node.serve();
   }
+}
+
+// compressed-tensors INT4 routed experts with zero points are resident as held: each matrix's
+// packed words (whole rows of nibbles here), its scales at 4 bytes and an fp32 offset a zero
+// point (one a scale); node.expert_bytes(), which the RAM budgets take, says the same.
+TEST(NodeMemory, AsymmetricInt4ExpertsAreResidentAsHeld) {
+  NodeOptions options;
+  options.model_dir = kParityDir / "kimi_w4a16_asym" / "model";
+  Node node(MPI_COMM_WORLD, options);
+  const ModelConfig& config = node.config();
+  ASSERT_TRUE(config.int4_zero_points);
+  const Checkpoint checkpoint(options.model_dir, config.fp8_block, config.int4_group_size);
+  uint64_t owned = 0, one_expert = 0;
+  for (int l = 0; l < config.num_layers; ++l) {
+    if (!config.layer_is_moe[size_t(l)]) continue;
+    for (int e = 0; e < config.n_routed_experts; ++e) {
+      uint64_t bytes = 0;
+      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+        const std::string name = expert_prefix(l, e) + m + ".weight";
+        const TensorView* packed = checkpoint.find(name + "_packed");
+        const TensorView* scale = checkpoint.find(name + "_scale");
+        ASSERT_TRUE(packed && scale && checkpoint.find(name + "_zero_point")) << name;
+        bytes += packed->nbytes + 4 * uint64_t(scale->numel()) + 4 * uint64_t(scale->numel());
+      }
+      one_expert = bytes;
+      if (node.placement().holds(l, e, node.rank())) owned += bytes;
+    }
+  }
+  EXPECT_EQ(node.expert_bytes(), one_expert);
+  if (world_size() > 1 && !node.is_coordinator()) {
+    EXPECT_GT(owned, 0u);
+    EXPECT_EQ(node.resident_expert_bytes(), owned) << "rank " << node.rank();
+  }
+  if (node.is_coordinator())
+    node.shutdown();
+  else
+    node.serve();
 }
 
 // Every routed expert has exactly one owner; expert ranks load exactly what they own and the
