@@ -572,6 +572,68 @@ TEST(Engine, NonFiniteActivationsAreAnErrorNamingTheLayer) {
       << what;
 }
 
+// The local dispatcher's two slots, each checked to be combined before it is dispatched again
+// and counted while open.
+class SlotCheckingDispatcher final : public Dispatcher {
+ public:
+  explicit SlotCheckingDispatcher(Dispatcher& inner) : inner_(inner) {}
+  void dispatch(const DispatchPlan& plan, ConstView x) override { dispatch_slot(0, plan, x); }
+  void combine(View out) override { combine_slot(0, out); }
+  int exchange_slots() const override { return inner_.exchange_slots(); }
+  void dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) override {
+    EXPECT_FALSE(open_[slot]) << "slot " << slot << " dispatched again before its combine";
+    open_[slot] = true;
+    inner_.dispatch_slot(slot, plan, x);
+  }
+  void combine_slot(int slot, View out) override {
+    EXPECT_TRUE(open_[slot]) << "slot " << slot << " combined without a dispatch";
+    open_[slot] = false;
+    inner_.combine_slot(slot, out);
+  }
+  void shutdown() override {}
+  int open() const { return int(open_[0]) + int(open_[1]); }
+
+ private:
+  Dispatcher& inner_;
+  bool open_[2] = {false, false};
+};
+
+// An Error in one micro-batch's layer (its experts' sums overflow) while the other's exchange is
+// out: the engine combines that exchange before the Error leaves forward, so no slot stays open
+// and the next call, on sound weights, runs split with the logits of a whole call.
+TEST(Engine, AnErrorWithTwoExchangesOutLeavesNoSlotOpen) {
+  LocalModel m("glm5");
+  int layer = 0;
+  while (!m.config.layer_is_moe[size_t(layer)]) ++layer;
+  std::vector<MlpWeights>& experts = m.weights.layers[size_t(layer)].experts;
+  const std::vector<MlpWeights> sound = experts;
+  SlotCheckingDispatcher slots(*m.dispatcher);
+  EngineOptions options;
+  options.max_rows = 16;
+  options.micro_batches = 2;
+  options.micro_batch_rows = 4;
+  Engine engine(m.config, m.weights, m.placement, slots, options);
+  ASSERT_TRUE(engine.splits());
+  const std::vector<int> tokens = {5, 17, 3, 99, 250, 7, 1, 42};
+  for (MlpWeights& expert : experts)
+    for (float& w : expert.down.data) w = 3e38f;
+  const int bad = engine.open_sequence();
+  const std::string what = error_of([&] { engine.forward(bad, tokens); });
+  EXPECT_NE(what.find("the experts made the residual stream non-finite"), std::string::npos)
+      << what;
+  EXPECT_EQ(engine.split_calls(), 1u);
+  EXPECT_EQ(slots.open(), 0);
+  experts = sound;
+  engine.close_sequence(bad);
+  const int seq = engine.open_sequence();
+  const std::vector<float> split = engine.forward(seq, tokens);
+  EXPECT_EQ(engine.split_calls(), 2u);
+  EXPECT_EQ(slots.open(), 0);
+  options.micro_batches = 1;
+  const auto whole = m.engine(options);
+  EXPECT_EQ(split, whole->forward(whole->open_sequence(), tokens));
+}
+
 TEST(KvManager, ExhaustionReuseAndLimitsNameTheNumbers) {
   ModelConfig config = load_model_config(kParityDir / "glm5" / "model");
   KvManager kv(config, /*kv_tokens=*/40, /*max_seqs=*/3, /*block_tokens=*/16);
