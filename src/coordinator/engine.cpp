@@ -25,8 +25,15 @@ Engine::Engine(const ModelConfig& config, const ModelWeights& weights,
       kv_(config, options.kv_tokens > 0 ? options.kv_tokens : default_kv_tokens(config),
           options.max_seqs) {
   if (options.max_rows < 1) fail("--max-rows {} must be positive", options.max_rows);
+  if (options.micro_batches != 1 && options.micro_batches != 2)
+    fail("--micro-batches {} must be 1 or 2", options.micro_batches);
   compute_ = compute ? compute(config, weights, kv_, options.max_rows, profiler)
                      : std::make_unique<CpuCompute>(config, weights, kv_, profiler);
+  if (options.micro_batches == 2 && !compute && dispatcher.exchange_slots() >= 2)
+    second_compute_ = std::make_unique<CpuCompute>(config, weights, kv_, profiler);
+  micro_[0].compute = compute_.get();
+  micro_[1].compute = second_compute_.get();
+  micro_[1].slot = 1;
   seq_end_.assign(size_t(options.max_seqs), -1);
   routes_.reset(config.num_layers, config.n_routed_experts);
   next_moe_.assign(size_t(config.num_layers), -1);
@@ -54,16 +61,18 @@ PrefetchStats::Totals PrefetchStats::totals() const {
   return t;
 }
 
-void Engine::predict_next(int layer, int n, bool hint) {
+void Engine::predict_next(MicroBatch& mb, int layer, int n, bool hint) {
   const int next = next_moe_[size_t(layer)];
-  predicted_layer_ = next;
+  Prediction& predicted = mb.prediction;
+  predicted.layer = next;
   if (next < 0) return;
-  predicted_ = route_tokens(config_, weights_.layers[size_t(next)],
-                            static_cast<const float*>(compute_->normed(Device::kHost).data), n);
+  predicted.routing =
+      route_tokens(config_, weights_.layers[size_t(next)],
+                   static_cast<const float*>(mb.compute->normed(Device::kHost).data), n);
   // The distinct predicted experts, each hinted to every rank that holds it.
   std::fill(seen_.begin(), seen_.end(), 0);
-  for (size_t i = 0; i < size_t(n) * size_t(predicted_.top_k); ++i)
-    seen_[size_t(predicted_.expert[i])] = 1;
+  for (size_t i = 0; i < size_t(n) * size_t(predicted.routing.top_k); ++i)
+    seen_[size_t(predicted.routing.expert[i])] = 1;
   for (OwnerHint& h : hints_) h.experts.clear();
   for (int e = 0; e < config_.n_routed_experts; ++e) {
     if (!seen_[size_t(e)]) continue;
@@ -81,17 +90,18 @@ void Engine::predict_next(int layer, int n, bool hint) {
   if (hint) dispatcher_.hint(next, hints_);
 }
 
-void Engine::score_prediction(int layer, const Routing& routing, int n) {
+void Engine::score_prediction(const Prediction& predicted, int layer, const Routing& routing,
+                              int n) {
   const int k = routing.top_k;
   std::fill(seen_.begin(), seen_.end(), 0);
-  for (size_t i = 0; i < size_t(n) * size_t(predicted_.top_k); ++i)
-    seen_[size_t(predicted_.expert[i])] = 1;
+  for (size_t i = 0; i < size_t(n) * size_t(predicted.routing.top_k); ++i)
+    seen_[size_t(predicted.routing.expert[i])] = 1;
   for (int t = 0; t < n; ++t) {
     const int* actual = &routing.expert[size_t(t) * k];
-    const int* guess = &predicted_.expert[size_t(t) * predicted_.top_k];
+    const int* guess = &predicted.routing.expert[size_t(t) * predicted.routing.top_k];
     for (int i = 0; i < k; ++i) {
-      prefetch_.pair_hits[size_t(layer)] +=
-          std::find(guess, guess + predicted_.top_k, actual[i]) != guess + predicted_.top_k;
+      prefetch_.pair_hits[size_t(layer)] += std::find(guess, guess + predicted.routing.top_k,
+                                                      actual[i]) != guess + predicted.routing.top_k;
       if (seen_[size_t(actual[i])] == 1 || seen_[size_t(actual[i])] == 0)
         seen_[size_t(actual[i])] += 2;  // 2: routed only, 3: routed and predicted
     }
@@ -142,61 +152,140 @@ void Engine::check_logits(const Batch& batch, std::span<const float> logits) con
   fail("the lm_head made the logits non-finite ({} at index {})", logits[*bad], *bad);
 }
 
+int Engine::split_row(const ModelConfig& config, const Batch& batch, int min_rows) {
+  const int n = batch.size();
+  if (n < std::max(min_rows, 4)) return 0;
+  // A row that sees every position (MlaHeads' dense rows): at most index_topk positions, or any
+  // row where no indexer chooses.
+  const auto dense = [&](int t) {
+    return !config.has_indexer() || batch.rows[size_t(t)].pos + 1 <= config.index_topk;
+  };
+  // Rows s - 1 and s on either side of the cut: a dense one keeps the row beside it on its side
+  // when that row is dense too, so that a run of dense rows is never cut down to one.
+  const auto safe = [&](int s) {
+    return !(dense(s - 1) && !dense(s - 2)) && !(dense(s) && !dense(s + 1));
+  };
+  for (int d = 0; d <= n / 2; ++d)
+    for (const int s : {n / 2 - d, n / 2 + d})
+      if (s >= 2 && s <= n - 2 && safe(s)) return s;
+  return 0;
+}
+
+void Engine::start_layer(MicroBatch& mb, const PlacementTable& placement, int l) {
+  const LayerWeights& layer = weights_.layers[size_t(l)];
+  const int n = mb.batch->size();
+  mb.compute->attention(l);
+  if (!layer.is_moe) {
+    OptionalScope scope(profiler_, Phase::kDenseMlp, l);
+    mb.compute->dense_mlp(l);
+    return;
+  }
+  {
+    OptionalScope scope(profiler_, Phase::kRouter, l);
+    const Routing routing = mb.compute->route(l);
+    mb.plan.build(placement, l, routing, n);
+    routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
+    for (const OwnerShare& share : mb.plan.owners) {
+      placement_counters_.pairs_to_rank[share.rank] += share.pairs.size();
+      if (profiler_) profiler_->add_rows(l, share.rank, share.rows.size());
+      if (placement.replicas.empty()) continue;
+      for (const RoutedPair& p : share.pairs)
+        placement_counters_.replica_pairs += placement.owner_of(l, int(p.expert)) != share.rank;
+    }
+    // With --prefetch-ahead every step predicts and hints; without, one step in
+    // kPredictionSampling predicts (no hint), so that the prediction's quality is known
+    // before the flag is turned on.
+    if (options_.prefetch_ahead || steps_ % kPredictionSampling == 0) {
+      if (mb.prediction.layer == l) score_prediction(mb.prediction, l, routing, n);
+      predict_next(mb, l, n, options_.prefetch_ahead);
+    }
+  }
+  // Device views where the compute and the dispatcher both take them (a GPU coordinator's
+  // rows to gpu-expert ranks over NCCL), host views otherwise.
+  const Device rows_on = dispatcher_.takes_device_rows() ? Device::kCuda : Device::kHost;
+  dispatcher_.dispatch_slot(mb.slot, mb.plan, mb.compute->normed(rows_on));
+  mb.in_flight = true;
+}
+
+void Engine::finish_layer(MicroBatch& mb, int l) {
+  const LayerWeights& layer = weights_.layers[size_t(l)];
+  if (!layer.is_moe) return;
+  if (!layer.shared_experts.empty()) {
+    OptionalScope scope(profiler_, Phase::kSharedExpert, l);
+    mb.compute->shared_expert(l);
+  }
+  const Device rows_on = dispatcher_.takes_device_rows() ? Device::kCuda : Device::kHost;
+  mb.in_flight = false;
+  dispatcher_.combine_slot(mb.slot, mb.compute->routed(rows_on));
+  if (profiler_) profiler_->end_exchange(l);
+  mb.compute->add_moe(l);
+}
+
+void Engine::drain_exchanges() noexcept {
+  const Device rows_on = dispatcher_.takes_device_rows() ? Device::kCuda : Device::kHost;
+  for (MicroBatch& mb : micro_) {
+    if (!mb.in_flight) continue;
+    mb.in_flight = false;
+    try {
+      dispatcher_.combine_slot(mb.slot, mb.compute->routed(rows_on));
+    } catch (...) {  // the first Error is the one the caller sees
+    }
+  }
+}
+
 std::vector<float> Engine::forward(const Batch& batch) {
   check(batch);
   const int n = batch.size();
-  const Device rows_on = dispatcher_.takes_device_rows() ? Device::kCuda : Device::kHost;
-  compute_->begin(batch);
+  const int split = splits() ? split_row(config_, batch, options_.micro_batch_rows) : 0;
+  const int parts = split > 0 ? 2 : 1;
+  if (split > 0) {
+    halves_[0].rows.assign(batch.rows.begin(), batch.rows.begin() + split);
+    halves_[1].rows.assign(batch.rows.begin() + split, batch.rows.end());
+    micro_[0].batch = &halves_[0];
+    micro_[1].batch = &halves_[1];
+  } else {
+    micro_[0].batch = &batch;
+  }
+  for (int p = 0; p < parts; ++p) {
+    micro_[p].compute->begin(*micro_[p].batch);
+    micro_[p].prediction.layer = -1;
+  }
   routes_.add_tokens(n);
   ++steps_;
-  predicted_layer_ = -1;
-  Routing routing;
+  split_calls_ += parts == 2;
   // One table for the whole step: a change of placement is committed between steps.
   const std::shared_ptr<const PlacementTable> table = placement_.share();
   const PlacementTable& placement = *table;
-  for (int l = 0; l < config_.num_layers; ++l) {
-    const LayerWeights& layer = weights_.layers[size_t(l)];
-    compute_->attention(l);
-    if (layer.is_moe) {
-      {
-        OptionalScope scope(profiler_, Phase::kRouter, l);
-        routing = compute_->route(l);
-        plan_.build(placement, l, routing, n);
-        routes_.add_routes(l, std::span(routing.expert).first(size_t(n) * size_t(routing.top_k)));
-        for (const OwnerShare& share : plan_.owners) {
-          placement_counters_.pairs_to_rank[share.rank] += share.pairs.size();
-          if (profiler_) profiler_->add_rows(l, share.rank, share.rows.size());
-          if (placement.replicas.empty()) continue;
-          for (const RoutedPair& p : share.pairs)
-            placement_counters_.replica_pairs += placement.owner_of(l, int(p.expert)) != share.rank;
-        }
-        // With --prefetch-ahead every step predicts and hints; without, one step in
-        // kPredictionSampling predicts (no hint), so that the prediction's quality is known
-        // before the flag is turned on.
-        if (options_.prefetch_ahead || steps_ % kPredictionSampling == 0) {
-          if (predicted_layer_ == l) score_prediction(l, routing, n);
-          predict_next(l, n, options_.prefetch_ahead);
-        }
+  MicroBatch &a = micro_[0], &b = micro_[1];
+  try {
+    for (int l = 0; l < config_.num_layers; ++l) {
+      if (parts == 1) {
+        start_layer(a, placement, l);
+        finish_layer(a, l);
+        continue;
       }
-      // Device views where the compute and the dispatcher both take them (a GPU coordinator's
-      // rows to gpu-expert ranks over NCCL), host views otherwise.
-      dispatcher_.dispatch(plan_, compute_->normed(rows_on));
-      if (!layer.shared_experts.empty()) {
-        OptionalScope scope(profiler_, Phase::kSharedExpert, l);
-        compute_->shared_expert(l);
-      }
-      dispatcher_.combine(compute_->routed(rows_on));
-      if (profiler_) profiler_->end_exchange(l);
-      compute_->add_moe(l);
-    } else {
-      OptionalScope scope(profiler_, Phase::kDenseMlp, l);
-      compute_->dense_mlp(l);
+      // Two in flight: while a's routed experts of layer l work, b ends layer l - 1 and starts
+      // layer l; while b's work, a ends layer l and (next) starts layer l + 1. A row of b attends
+      // to rows of a (one prompt chunk cut in two) at layer l after a's attention wrote them.
+      start_layer(a, placement, l);
+      if (l > 0) finish_layer(b, l - 1);
+      start_layer(b, placement, l);
+      finish_layer(a, l);
     }
+    if (parts == 2) finish_layer(b, config_.num_layers - 1);
+  } catch (...) {
+    drain_exchanges();
+    throw;
   }
   std::vector<float> logits;
   {
     OptionalScope scope(profiler_, Phase::kLmHead);
-    logits = compute_->logits(batch);  // a GPU compute reports a non-finite residual here
+    // A GPU compute reports a non-finite residual here.
+    logits = a.compute->logits(*a.batch);
+    if (parts == 2) {
+      const std::vector<float> second = b.compute->logits(*b.batch);
+      logits.insert(logits.end(), second.begin(), second.end());
+    }
   }
   check_logits(batch, logits);
   for (int s = 0; s < int(seq_end_.size()); ++s)

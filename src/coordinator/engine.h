@@ -4,7 +4,9 @@
 // once, however many sequences the batch holds. The dense math (embedding, attention over the
 // KvManager's blocks, router, shared expert, dense MLP, lm_head) goes through a
 // CoordinatorCompute (CPU by default, or CUDA); routed experts through a Dispatcher.
-// ReferenceModel is its oracle.
+// ReferenceModel is its oracle. With --micro-batches 2 a call of many rows runs as two
+// micro-batches, each with its own CPU compute and exchange slot, interleaved so that one's
+// attention and shared expert run while the other's routed experts are out (Engine::forward).
 #pragma once
 
 #include <functional>
@@ -30,7 +32,8 @@ namespace colibri {
 
 // How well the next MoE layer's router on a layer's rows predicts that next layer's experts (every
 // step with --prefetch-ahead, else one step in 16): per layer, routed (row, expert) pairs, those
-// predicted for their row, and over each step's set of distinct experts, the predicted, the
+// predicted for their row, and over each exchange's set of distinct experts (a step's, or one
+// micro-batch's with --micro-batches 2), the predicted, the
 // routed and those both.
 struct PrefetchStats {
   std::vector<uint64_t> pairs, pair_hits;                     // [layers]
@@ -56,7 +59,13 @@ struct EngineOptions {
   // --prefetch-ahead: at each MoE layer, the next MoE layer's router applied to this layer's
   // normed rows predicts its experts; their owners get a hint before this layer's dispatch.
   bool prefetch_ahead = false;
+  // --micro-batches 2: a call of at least micro_batch_rows rows runs as two micro-batches in
+  // flight, one's attention and shared expert while the other's routed experts are out (two
+  // exchange slots of the Dispatcher), with the bits of the call run whole. 1: whole.
+  int micro_batches = 1;
+  int micro_batch_rows = kDefaultMicroBatchRows;
   static constexpr int kDefaultKvTokens = 32768;
+  static constexpr int kDefaultMicroBatchRows = 8;
 };
 
 class Engine {
@@ -90,6 +99,17 @@ class Engine {
   const PrefetchStats& prefetch_stats() const { return prefetch_; }
   const PlacementCounters& placement_counters() const { return placement_counters_; }
   const PlacementTable& placement() const { return placement_.current(); }
+  // Whether calls of many rows run as two micro-batches: asked for (--micro-batches 2), the
+  // dispatcher holds two exchanges (Dispatcher::exchange_slots) and the compute is the CPU's.
+  bool splits() const { return bool(second_compute_); }
+  // Forward calls that ran as two micro-batches.
+  uint64_t split_calls() const { return split_calls_; }
+  // Where `batch` splits into two micro-batches whose rows compute the bits they compute whole:
+  // the first row of the second, or 0 where the call runs whole (fewer than
+  // micro_batch_rows rows, or no such row). Each half holds 2 rows or more (a call of one row
+  // takes other attention and product kernels), and on a model with the DSA indexer neither half
+  // cuts off a single row that sees every position from a run of rows alike (MlaHeads::run).
+  static int split_row(const ModelConfig& config, const Batch& batch, int min_rows);
   std::shared_ptr<const PlacementTable> shared_placement() const { return placement_.share(); }
   // Live re-placement's counters (--repin-every), read by /metrics; null without it.
   void set_repin_stats(const RepinStats* stats) { repin_stats_ = stats; }
@@ -100,6 +120,27 @@ class Engine {
 
  private:
   void check(const Batch& batch);
+  // The rows of one forward call that go through the layers together: the whole call, or one of
+  // its two micro-batches, each with its compute and its exchange slot.
+  struct Prediction {
+    Routing routing;
+    int layer = -1;  // the MoE layer `routing` predicts; -1: none
+  };
+  struct MicroBatch {
+    const Batch* batch = nullptr;
+    CoordinatorCompute* compute = nullptr;
+    int slot = 0;
+    DispatchPlan plan;
+    Prediction prediction;
+    bool in_flight = false;  // its exchange is dispatched and not yet combined
+  };
+  // Layer l of a micro-batch up to its dispatch (a MoE layer), or all of it (a dense layer).
+  void start_layer(MicroBatch& mb, const PlacementTable& placement, int l);
+  // The rest of MoE layer l: its shared expert, the combine, the sum.
+  void finish_layer(MicroBatch& mb, int l);
+  // After an Error within a call: combines (and drops) the exchanges still in flight, so that
+  // the dispatcher's slots are free and no reply is left for a later call to take.
+  void drain_exchanges() noexcept;
   // Refuses logits holding a NaN or ±Inf (an lm_head whose products overflow), naming the row.
   void check_logits(const Batch& batch, std::span<const float> logits) const;
 
@@ -110,17 +151,18 @@ class Engine {
   EngineOptions options_;
   Profiler* profiler_;
   KvManager kv_;
-  std::unique_ptr<CoordinatorCompute> compute_;  // empty factory: CpuCompute
-  DispatchPlan plan_;
+  std::unique_ptr<CoordinatorCompute> compute_;         // empty factory: CpuCompute
+  std::unique_ptr<CoordinatorCompute> second_compute_;  // --micro-batches 2: the second's
+  MicroBatch micro_[2];
+  Batch halves_[2];  // a split call's rows
   RoutingStats routes_;
   // --prefetch-ahead: the next MoE layer of each layer (-1: none), the prediction for it, scores.
-  void predict_next(int layer, int n, bool hint);
+  void predict_next(MicroBatch& mb, int layer, int n, bool hint);
   static constexpr uint64_t kPredictionSampling = 16;
-  uint64_t steps_ = 0;  // forward calls
-  void score_prediction(int layer, const Routing& routing, int n);
+  uint64_t steps_ = 0;        // forward calls
+  uint64_t split_calls_ = 0;  // of them, those run as two micro-batches
+  void score_prediction(const Prediction& predicted, int layer, const Routing& routing, int n);
   std::vector<int> next_moe_;
-  Routing predicted_;
-  int predicted_layer_ = -1;
   PrefetchStats prefetch_;
   PlacementCounters placement_counters_;
   const RepinStats* repin_stats_ = nullptr;

@@ -218,6 +218,15 @@ std::vector<FlagRow> compute_rows() {
     option("--max-rows", "", Use::kAny, Agree::kJob,
            "rows per forward call (prefill chunk); sizes the exchange buffers",
            [](auto& l) -> auto& { return l.node.max_rows; }, in_range(1, 1 << 16)),
+    option("--micro-batches", "", Use::kAny, Agree::kCoordinator,
+           "2: a forward call of at least --micro-batch-rows rows runs as two micro-batches in "
+           "flight, one's attention and shared expert while the other's routed experts are on "
+           "the expert ranks, with the bits of the whole call (MPI and in-process experts; "
+           "others run whole); 1: whole",
+           [](auto& l) -> auto& { return l.node.micro_batches; }, in_range(1, 2)),
+    option("--micro-batch-rows", "", Use::kAny, Agree::kCoordinator,
+           "with --micro-batches 2: the fewest rows a call splits at",
+           [](auto& l) -> auto& { return l.node.micro_batch_rows; }, in_range(4, 1 << 16)),
     // The expert ranks keep a copy of the compressed cache the pool's size with --split-linears.
     job_with_split_linears(compared_as(
         option("--kv-tokens", "context, at most 32768", Use::kAny, Agree::kCoordinator,

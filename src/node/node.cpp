@@ -177,8 +177,15 @@ void Node::build_engine(Startup& startup) {
   engine.kv_tokens = options_.kv_tokens;
   engine.max_seqs = options_.max_seqs;
   engine.prefetch_ahead = options_.prefetch_ahead;
+  engine.micro_batches = options_.micro_batches;
+  engine.micro_batch_rows = options_.micro_batch_rows;
   engine_ = std::make_unique<Engine>(config_, weights_, placement_, *dispatcher_, engine,
                                      profiler_.get(), startup.coordinator_compute);
+  if (options_.micro_batches == 2 && !engine_->splits())
+    std::fprintf(stderr,
+                 "colibri-node: warning: --micro-batches 2 needs the CPU coordinator and an "
+                 "exchange that holds two in flight (MPI without --combine host, in-process "
+                 "experts, or both; not NCCL); every call runs whole\n");
   if (options_.repin_every > 0) {
     RepinOptions repin;
     repin.every_tokens = options_.repin_every;

@@ -72,7 +72,9 @@ struct NodeOptions {
   int repin_every = 0;       // --repin-every: routed tokens between re-placement rounds; 0: off
   int repin_max_moves = 64;  // --repin-max-moves: holder changes per round at most
   bool prefetch_ahead = false;  // --prefetch-ahead (EngineOptions::prefetch_ahead)
-  TestFault fault;              // test hook
+  int micro_batches = 1;        // --micro-batches (EngineOptions::micro_batches)
+  int micro_batch_rows = EngineOptions::kDefaultMicroBatchRows;  // --micro-batch-rows
+  TestFault fault;                                               // test hook
 };
 
 class Node {

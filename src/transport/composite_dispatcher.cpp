@@ -34,12 +34,20 @@ CompositeDispatcher::CompositeDispatcher(std::vector<Part> parts, int hidden)
       part_of_[size_t(rank)] = int(p);
     }
   }
-  plans_.resize(parts_.size());
+  for (Exchange& e : exchanges_) e.plans.resize(parts_.size());
 }
 
-void CompositeDispatcher::dispatch(const DispatchPlan& plan, ConstView x) {
-  n_rows_ = plan.n_rows;
-  for (DispatchPlan& sub : plans_) {
+int CompositeDispatcher::exchange_slots() const {
+  int slots = 2;  // exchanges_
+  for (const Part& part : parts_) slots = std::min(slots, part.dispatcher->exchange_slots());
+  return slots;
+}
+
+void CompositeDispatcher::dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) {
+  if (slot < 0 || slot >= exchange_slots()) fail("exchange slot {} of {}", slot, exchange_slots());
+  Exchange& e = exchanges_[slot];
+  e.n_rows = plan.n_rows;
+  for (DispatchPlan& sub : e.plans) {
     sub.layer = plan.layer;
     sub.n_rows = plan.n_rows;
     sub.owners.clear();
@@ -50,20 +58,25 @@ void CompositeDispatcher::dispatch(const DispatchPlan& plan, ConstView x) {
     if (part < 0)
       fail("layer {}: experts placed on rank {}, which no transport serves", plan.layer,
            share.rank);
-    plans_[size_t(part)].owners.push_back(share);  // ascending rank within each part
+    e.plans[size_t(part)].owners.push_back(share);  // ascending rank within each part
   }
-  active_.clear();
+  e.active.clear();
   for (size_t p = 0; p < parts_.size(); ++p) {
-    if (plans_[p].owners.empty()) continue;
-    active_.push_back(p);
-    parts_[p].dispatcher->dispatch(plans_[p], x);
+    if (e.plans[p].owners.empty()) continue;
+    e.active.push_back(p);
+    parts_[p].dispatcher->dispatch_slot(slot, e.plans[p], x);
   }
 }
 
-void CompositeDispatcher::combine(View out) {
+void CompositeDispatcher::combine_slot(int slot, View out) {
   if (out.device != Device::kHost || out.type != ElemType::kF32)
     fail("the composite dispatcher combines into fp32 host memory");
-  for (size_t p : active_) parts_[p].dispatcher->wait_partials();
+  if (slot < 0 || slot >= exchange_slots()) fail("exchange slot {} of {}", slot, exchange_slots());
+  Exchange& e = exchanges_[slot];
+  for (size_t p : e.active) {
+    parts_[p].dispatcher->select_slot(slot);
+    parts_[p].dispatcher->wait_partials();
+  }
   const int hidden = hidden_;
   // Every partial of every part as (rank, part, index), in ascending rank.
   struct Source {
@@ -71,7 +84,7 @@ void CompositeDispatcher::combine(View out) {
     size_t part, index;
   };
   std::vector<Source> sources;
-  for (size_t p : active_) {
+  for (size_t p : e.active) {
     PartialDispatcher& d = *parts_[p].dispatcher;
     if (d.exchange_hidden() != hidden)
       fail("composite dispatcher: part {} has width {}, not {}", p, d.exchange_hidden(), hidden);
@@ -80,16 +93,17 @@ void CompositeDispatcher::combine(View out) {
   }
   std::sort(sources.begin(), sources.end(),
             [](const Source& a, const Source& b) { return a.rank < b.rank; });
-  if (out.count < size_t(n_rows_) * size_t(hidden))
-    fail("combine: {} values for {} rows", out.count, n_rows_);
+  const int n_rows = e.n_rows;
+  if (out.count < size_t(n_rows) * size_t(hidden))
+    fail("combine: {} values for {} rows", out.count, n_rows);
   auto* sum = static_cast<float*>(out.data);
-  row_started_.assign(size_t(n_rows_), 0);
+  row_started_.assign(size_t(n_rows), 0);
   for (const Source& s : sources)
     parts_[s.part].dispatcher->add_partial(s.index, sum, row_started_);
-  for (int t = 0; t < n_rows_; ++t)
+  for (int t = 0; t < n_rows; ++t)
     if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
-  for (size_t p : active_) parts_[p].dispatcher->finish_combine();
-  active_.clear();
+  for (size_t p : e.active) parts_[p].dispatcher->finish_combine();
+  e.active.clear();
 }
 
 void CompositeDispatcher::shutdown() {
@@ -129,6 +143,20 @@ void Dispatcher::change_placement(const PlacementChange&) {
   fail(
       "this transport cannot move experts while the job runs (--repin-every needs the MPI "
       "transport to every expert rank)");
+}
+
+void Dispatcher::dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) {
+  if (slot != 0) fail("this transport holds one exchange in flight, not slot {}", slot);
+  dispatch(plan, x);
+}
+
+void Dispatcher::combine_slot(int slot, View out) {
+  if (slot != 0) fail("this transport holds one exchange in flight, not slot {}", slot);
+  combine(out);
+}
+
+void PartialDispatcher::select_slot(int slot) {
+  if (slot != 0) fail("this transport holds one exchange in flight, not slot {}", slot);
 }
 
 void ExpertChannel::set_idle_work(IdleWork) {

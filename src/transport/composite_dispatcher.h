@@ -20,9 +20,13 @@ class CompositeDispatcher final : public Dispatcher {
   // Every owner a plan names must be in exactly one part.
   CompositeDispatcher(std::vector<Part> parts, int hidden);
 
-  void dispatch(const DispatchPlan& plan, ConstView x) override;
+  void dispatch(const DispatchPlan& plan, ConstView x) override { dispatch_slot(0, plan, x); }
   // out: fp32 host memory.
-  void combine(View out) override;
+  void combine(View out) override { combine_slot(0, out); }
+  // The fewest of its parts'.
+  int exchange_slots() const override;
+  void dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) override;
+  void combine_slot(int slot, View out) override;
   void shutdown() override;
   void change_placement(const PlacementChange& change) override;
   std::vector<LiveCounters> live_counters() override;
@@ -31,12 +35,16 @@ class CompositeDispatcher final : public Dispatcher {
 
  private:
   std::vector<Part> parts_;
-  std::vector<int> part_of_;          // rank -> index in parts_ (-1: none)
-  std::vector<DispatchPlan> plans_;   // [parts] this exchange's share of the plan
-  std::vector<size_t> active_;        // parts with owners in this exchange
+  std::vector<int> part_of_;  // rank -> index in parts_ (-1: none)
+  // One exchange slot's: per part its share of the plan, the parts with owners in it, its rows.
+  struct Exchange {
+    std::vector<DispatchPlan> plans;
+    std::vector<size_t> active;
+    int n_rows = 0;
+  };
+  Exchange exchanges_[2];
   std::vector<uint8_t> row_started_;  // [rows]
   int hidden_ = 0;
-  int n_rows_ = 0;
 };
 
 }  // namespace colibri

@@ -17,8 +17,12 @@ class LocalDispatcher final : public PartialDispatcher {
   LocalDispatcher(ExpertBackend& backend, int hidden, Profiler* profiler = nullptr)
       : backend_(backend), hidden_(hidden), profiler_(profiler) {}
 
-  void dispatch(const DispatchPlan& plan, ConstView x) override;
-  void combine(View out) override;
+  void dispatch(const DispatchPlan& plan, ConstView x) override { dispatch_slot(0, plan, x); }
+  void combine(View out) override { combine_slot(0, out); }
+  // Two slots: each holds its plan and rows until its combine computes the experts.
+  int exchange_slots() const override { return kSlots; }
+  void dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) override;
+  void combine_slot(int slot, View out) override;
   void shutdown() override {}
   // In-process experts: the node updates their store itself.
   void change_placement(const PlacementChange&) override {}
@@ -27,19 +31,22 @@ class LocalDispatcher final : public PartialDispatcher {
   }
 
   // The owners' partials are computed here, one owner after the other.
+  void select_slot(int slot) override;
   void wait_partials() override;
   std::span<const int> partial_ranks() const override { return ranks_; }
   void add_partial(size_t i, float* out, std::span<uint8_t> started) override;
-  void finish_combine() override {}
-  int exchange_rows() const override { return plan_ ? plan_->n_rows : 0; }
+  void finish_combine() override;
+  int exchange_rows() const override { return plan_[current_] ? plan_[current_]->n_rows : 0; }
   int exchange_hidden() const override { return hidden_; }
 
  private:
+  static constexpr int kSlots = 2;
   ExpertBackend& backend_;
   int hidden_;
   Profiler* profiler_;
-  const DispatchPlan* plan_ = nullptr;
-  const float* x_ = nullptr;
+  int current_ = 0;                        // the slot of the PartialDispatcher calls
+  const DispatchPlan* plan_[kSlots] = {};  // null: no exchange in the slot
+  const float* x_[kSlots] = {};
   std::vector<float> rows_;                   // [rows of one owner, hidden]
   std::vector<std::vector<float>> partials_;  // per owner [its rows, hidden]
   std::vector<int> ranks_;                    // owners whose partials are computed

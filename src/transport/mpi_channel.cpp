@@ -242,8 +242,10 @@ void MpiChannel::reply(ConstView partial) {
     post_request_receive();
     return;
   }
-  // With a shared segment the partial goes there, and the message is the header alone.
-  const bool shared = segment_.mapped();
+  // A request whose rows came through the segment has its partial go there, and the message is
+  // the header alone; a request whose rows came in the message is answered in the message (the
+  // coordinator's second exchange slot, which another request may hold the segment beside).
+  const bool shared = segment_.mapped() && request.opcode == uint16_t(wire::Opcode::kSharedRequest);
   std::byte* payload = shared ? segment_.reply_rows() : reply_buffer_.data() + kHeaderBytes;
   const auto* own = static_cast<const float*>(partial.data);
   uint32_t n_rows = request.n_rows;

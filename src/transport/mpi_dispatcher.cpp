@@ -35,19 +35,19 @@ MpiDispatcher::MpiDispatcher(MPI_Comm comm, const ExchangeShape& shape, int coor
   const int size = comm_size(comm_);
   const MpiTopology topology(size, coordinator_, options_);
   const size_t max_pairs = size_t(shape_.max_rows) * size_t(shape_.top_k);
-  const size_t request_bytes =
+  request_bytes_ =
       kHeaderBytes + wire::request_payload_bytes(uint32_t(shape_.max_rows), uint32_t(max_pairs),
                                                  shape_.hidden, elem_bytes_);
-  const size_t reply_bytes = kHeaderBytes + wire::reply_payload_bytes(uint32_t(shape_.max_rows),
-                                                                      shape_.hidden, elem_bytes_);
+  reply_bytes_ = kHeaderBytes +
+                 wire::reply_payload_bytes(uint32_t(shape_.max_rows), shape_.hidden, elem_bytes_);
   owner_peer_.assign(size_t(size), -1);
   slowest_.assign(size_t(size), 0);
   for (int r : topology.served_ranks()) {
     owner_peer_[size_t(r)] = int(peers_.size());
     Peer& peer = peers_.emplace_back();
     peer.rank = r;
-    peer.send.resize(request_bytes);
-    peer.recv.resize(reply_bytes);
+    peer.slots[0].send.resize(request_bytes_);
+    peer.slots[0].recv.resize(reply_bytes_);
     peer.remote = topology.remote(r);
   }
   for (Peer& peer : peers_) {
@@ -58,8 +58,6 @@ MpiDispatcher::MpiDispatcher(MPI_Comm comm, const ExchangeShape& shape, int coor
       for (int q : group) peer.members.push_back(owner_peer_[size_t(q)]);
   }
   row_marks_.assign(size_t(shape_.max_rows), 0);
-  active_.reserve(peers_.size());
-  repliers_.reserve(peers_.size());
   row_f32_.resize(size_t(shape_.hidden));
   // The segments of the expert ranks on this host that reply to it directly.
   std::vector<int> ranks;
@@ -86,7 +84,8 @@ void MpiDispatcher::wait_all(std::vector<MPI_Request*>& requests,
 }
 
 void MpiDispatcher::choose_peers(const DispatchPlan& plan) {
-  for (Peer& peer : peers_) peer.share = nullptr;
+  Exchange& e = exchange();
+  for (Peer& peer : peers_) peer.slots[current_].share = nullptr;
   for (const OwnerShare& share : plan.owners) {
     const int index = share.rank >= 0 && size_t(share.rank) < owner_peer_.size()
                           ? owner_peer_[size_t(share.rank)]
@@ -94,53 +93,63 @@ void MpiDispatcher::choose_peers(const DispatchPlan& plan) {
     if (index < 0)
       fail("layer {}: experts placed on rank {}, which is not an expert rank", plan.layer,
            share.rank);
-    peers_[size_t(index)].share = &share;
+    peers_[size_t(index)].slots[current_].share = &share;
   }
   // With host combine, every expert rank of a host with work gets a request (an empty one when
   // it has no rows), so that its leader knows whom to wait for.
   const auto host_has_work = [&](const Peer& peer) {
     if (peer.leader < 0) return false;
     for (int m : peers_[size_t(peer.leader)].members)
-      if (peers_[size_t(m)].share && peers_[size_t(m)].share != &empty_share_) return true;
+      if (const OwnerShare* s = peers_[size_t(m)].slots[current_].share; s && s != &empty_share_)
+        return true;
     return false;
   };
-  active_.clear();
-  repliers_.clear();
+  e.active.clear();
+  e.repliers.clear();
   for (size_t index = 0; index < peers_.size(); ++index) {
     Peer& peer = peers_[index];
-    if (!peer.share && !host_has_work(peer)) continue;
-    if (!peer.share) peer.share = &empty_share_;
-    active_.push_back(&peer);
+    PeerSlot& slot = peer.slots[current_];
+    if (!slot.share && !host_has_work(peer)) continue;
+    if (!slot.share) slot.share = &empty_share_;
+    e.active.push_back(&peer);
+    ++peer.in_flight;
     heartbeat_.set_busy(index, true);
-    peer.replies = peer.leader < 0 || peer.leader == int(index);
+    slot.replies = peer.leader < 0 || peer.leader == int(index);
     if (peer.leader == int(index)) {  // the union of its host's rows, ascending
-      peer.reply_rows.clear();
+      slot.reply_rows.clear();
       for (int m : peer.members) {
-        const OwnerShare* member = peers_[size_t(m)].share;
+        const OwnerShare* member = peers_[size_t(m)].slots[current_].share;
         if (member)
           for (int row : member->rows) row_marks_[size_t(row)] = 1;
       }
       for (int row = 0; row < plan.n_rows; ++row)
         if (row_marks_[size_t(row)]) {
-          peer.reply_rows.push_back(row);
+          slot.reply_rows.push_back(row);
           row_marks_[size_t(row)] = 0;
         }
-    } else if (peer.replies) {
-      peer.reply_rows.assign(peer.share->rows.begin(), peer.share->rows.end());
+    } else if (slot.replies) {
+      slot.reply_rows.assign(slot.share->rows.begin(), slot.share->rows.end());
     }
-    if (peer.replies) repliers_.push_back(&peer);
+    if (slot.replies) e.repliers.push_back(&peer);
   }
 }
 
 void MpiDispatcher::send_request(Peer& peer, const float* x, int layer) {
-  const OwnerShare& share = *peer.share;
+  PeerSlot& slot = peer.slots[current_];
+  if (slot.send.empty()) {
+    slot.send.resize(request_bytes_);
+    slot.recv.resize(reply_bytes_);
+  }
+  const OwnerShare& share = *slot.share;
   const int hidden = shape_.hidden;
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
   const uint32_t n_rows = uint32_t(share.rows.size()), n_pairs = uint32_t(share.pairs.size());
   if (n_pairs > size_t(shape_.max_rows) * size_t(shape_.top_k))
     fail("{} routed pairs exceed the exchange buffers", n_pairs);
-  const bool shared = peer.segment.mapped();
-  std::byte* payload = peer.send.data() + kHeaderBytes;
+  // One segment per peer: slot 0 uses it, slot 1 sends its rows in the message.
+  const bool shared = current_ == 0 && peer.segment.mapped();
+  slot.shared = shared;
+  std::byte* payload = slot.send.data() + kHeaderBytes;
   std::byte* rows = shared ? peer.segment.request_rows() : payload;
   // Each row is checksummed as it is written.
   wire::Checksum rows_sum;
@@ -170,13 +179,16 @@ void MpiDispatcher::send_request(Peer& peer, const float* x, int layer) {
   const wire::Header header =
       wire::make_header(shared ? wire::Opcode::kSharedRequest : wire::Opcode::kExpertRequest,
                         ++peer.sequence, layer, n_rows, n_pairs, uint32_t(payload_bytes), sum);
-  std::memcpy(peer.send.data(), &header, kHeaderBytes);
-  // The reply receive is posted before the request leaves.
-  if (peer.replies)
-    CHECK_MPI(MPI_Irecv(peer.recv.data(), int(peer.recv.size()), MPI_BYTE, peer.rank,
-                        wire::kTagReply, comm_, &peer.recv_request));
-  CHECK_MPI(MPI_Isend(peer.send.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, peer.rank,
-                      wire::kTagRequest, comm_, &peer.send_request));
+  slot.sequence = peer.sequence;
+  std::memcpy(slot.send.data(), &header, kHeaderBytes);
+  // The reply receive is posted before the request leaves. A peer answers its requests in the
+  // order they were sent, and MPI matches its replies to these receives in the order they were
+  // posted: each slot's reply lands in its own buffer.
+  if (slot.replies)
+    CHECK_MPI(MPI_Irecv(slot.recv.data(), int(slot.recv.size()), MPI_BYTE, peer.rank,
+                        wire::kTagReply, comm_, &slot.recv_request));
+  CHECK_MPI(MPI_Isend(slot.send.data(), int(kHeaderBytes + payload_bytes), MPI_BYTE, peer.rank,
+                      wire::kTagRequest, comm_, &slot.send_request));
   // Counted as the bytes of the request, wherever its rows went.
   const size_t sent = kHeaderBytes + payload_bytes + (shared ? n_rows * row_bytes : 0);
   RankReport& counters = profiler_.counters();
@@ -188,62 +200,81 @@ void MpiDispatcher::send_request(Peer& peer, const float* x, int layer) {
   if (peer.remote) counters.bytes_cross_host += sent;
 }
 
-void MpiDispatcher::dispatch(const DispatchPlan& plan, ConstView x) {
+void MpiDispatcher::dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) {
   auto scope = profiler_.scope(Phase::kDispatch, plan.layer);
   require_host_f32(x, "dispatched rows");
+  if (slot < 0 || slot >= exchange_slots()) fail("exchange slot {} of {}", slot, exchange_slots());
+  if (exchanges_[slot].open)
+    fail("layer {}: slot {} still holds the layer {} exchange", plan.layer, slot,
+         exchanges_[slot].layer);
   const int n = plan.n_rows;
   if (n > shape_.max_rows)
     fail("{} rows exceed the exchange buffers sized for {} rows", n, shape_.max_rows);
   if (x.count < size_t(n) * shape_.hidden) fail("dispatch: {} values for {} rows", x.count, n);
-  layer_ = plan.layer;
-  n_rows_ = n;
+  current_ = slot;
+  Exchange& e = exchange();
+  e.layer = plan.layer;
+  e.n_rows = n;
+  e.open = true;
   choose_peers(plan);
-  for (Peer* peer : active_) send_request(*peer, static_cast<const float*>(x.data), plan.layer);
-  dispatched_us_ = profiler_.now_us();
+  for (Peer* peer : e.active) send_request(*peer, static_cast<const float*>(x.data), plan.layer);
+  e.dispatched_us = profiler_.now_us();
 }
 
 void MpiDispatcher::validate_reply(Peer& peer, int count_bytes) {
+  PeerSlot& slot = peer.slots[current_];
+  const int layer = exchange().layer;
   wire::ReplyCheck check;
-  check.expected_sequence = peer.sequence;
-  check.layer = layer_;
-  check.n_rows = uint32_t(peer.reply_rows.size());
+  check.expected_sequence = slot.sequence;
+  check.layer = layer;
+  check.n_rows = uint32_t(slot.reply_rows.size());
   check.hidden = shape_.hidden;
   check.elem_bytes = elem_bytes_;
   wire::Header h;
   const std::string problem = wire::check_reply_header(
-      peer.recv.data(), size_t(std::max(count_bytes, 0)), check, peer.segment.mapped(), h);
-  peer.reply_checksum = h.checksum;
+      slot.recv.data(), size_t(std::max(count_bytes, 0)), check, slot.shared, h);
+  slot.reply_checksum = h.checksum;
   if (!problem.empty())
     abort_job(fmt::format("corrupted reply from {} in layer {}: {}",
-                          rank_identity().name_of(peer.rank), layer_, problem));
+                          rank_identity().name_of(peer.rank), layer, problem));
 }
 
-void MpiDispatcher::combine(View out) {
+void MpiDispatcher::select_slot(int slot) {
+  if (slot < 0 || slot >= exchange_slots() || !exchanges_[slot].open)
+    fail("no exchange in slot {}", slot);
+  current_ = slot;
+}
+
+void MpiDispatcher::combine_slot(int slot, View out) {
   require_host_f32(out, "the combined partials");
+  select_slot(slot);
   wait_partials();
   {
-    auto scope = profiler_.scope(Phase::kCombine, layer_);
+    const Exchange& e = exchange();
+    auto scope = profiler_.scope(Phase::kCombine, e.layer);
     auto* sum = static_cast<float*>(out.data);
     const int hidden = shape_.hidden;
-    row_started_.assign(size_t(n_rows_), 0);
-    for (size_t i = 0; i < repliers_.size(); ++i)  // ascending rank: a fixed summation order
+    row_started_.assign(size_t(e.n_rows), 0);
+    for (size_t i = 0; i < e.repliers.size(); ++i)  // ascending rank: a fixed summation order
       add_partial(i, sum, row_started_);
-    for (int t = 0; t < n_rows_; ++t)  // rows no owner was sent
+    for (int t = 0; t < e.n_rows; ++t)  // rows no owner was sent
       if (!row_started_[size_t(t)]) std::fill_n(sum + size_t(t) * hidden, hidden, 0.0f);
   }
   finish_combine();
 }
 
 void MpiDispatcher::wait_partials() {
+  Exchange& e = exchange();
+  const int layer = e.layer;
   std::vector<MPI_Request*> requests;
   std::vector<int> ranks;
   std::vector<double> limits;  // a host leader waits for its host-mates first: it names them
-  for (Peer* peer : repliers_) {
-    requests.push_back(&peer->recv_request);
+  for (Peer* peer : e.repliers) {
+    requests.push_back(&peer->slots[current_].recv_request);
     ranks.push_back(peer->rank);
     limits.push_back(options_.rank_timeout_s + (peer->leader >= 0 ? kAbortTeardownSeconds : 0));
   }
-  auto scope = profiler_.scope(Phase::kWaitSlowest, layer_);
+  auto scope = profiler_.scope(Phase::kWaitSlowest, layer);
   std::vector<MPI_Status> statuses(requests.size());
   WaitClock clock;
   Backoff backoff;
@@ -265,9 +296,11 @@ void MpiDispatcher::wait_partials() {
       if (peers_[index].leader == int(index)) heard = peers_[index].members;
       for (int h : heard) {
         heartbeat_.heard(size_t(h));
-        heartbeat_.set_busy(size_t(h), false);
+        Peer& p = peers_[size_t(h)];
+        if (p.in_flight > 0) --p.in_flight;
+        if (p.in_flight == 0) heartbeat_.set_busy(size_t(h), false);
       }
-      profiler_.add_reply(layer_, ranks[i], seen_us - dispatched_us_);
+      profiler_.add_reply(layer, ranks[i], seen_us - e.dispatched_us);
       last = int(i);
       --remaining;
     }
@@ -277,21 +310,23 @@ void MpiDispatcher::wait_partials() {
       if (*requests[i] != MPI_REQUEST_NULL && elapsed > limits[i])
         abort_job(fmt::format(
             "{} is silent: no reply within {:.1f} s in the layer {} exchange (--rank-timeout)",
-            rank_identity().name_of(ranks[i]), options_.rank_timeout_s, layer_));
+            rank_identity().name_of(ranks[i]), options_.rank_timeout_s, layer));
     backoff.pause();
   }
   if (last >= 0) ++slowest_[size_t(ranks[size_t(last)])];
-  for (size_t i = 0; i < repliers_.size(); ++i) validate_reply(*repliers_[i], counts[i]);
-  replier_ranks_ = ranks;
+  for (size_t i = 0; i < e.repliers.size(); ++i) validate_reply(*e.repliers[i], counts[i]);
+  e.replier_ranks = ranks;
 }
 
 void MpiDispatcher::add_partial(size_t i, float* sum, std::span<uint8_t> started) {
-  const Peer* peer = repliers_.at(i);
+  const Peer* peer = exchange().repliers.at(i);
+  const PeerSlot& slot = peer->slots[current_];
+  const int layer = exchange().layer;
   const int hidden = shape_.hidden;
   const size_t row_bytes = size_t(hidden) * elem_bytes_;
   const std::byte* partial =
-      peer->segment.mapped() ? peer->segment.reply_rows() : peer->recv.data() + kHeaderBytes;
-  const std::vector<int>& rows = peer->reply_rows;
+      slot.shared ? peer->segment.reply_rows() : slot.recv.data() + kHeaderBytes;
+  const std::vector<int>& rows = slot.reply_rows;
   // The rows are checksummed as they are added (the reply's header was checked on arrival); a
   // mismatch found after adding ends the job all the same.
   wire::Checksum rows_sum;
@@ -308,26 +343,28 @@ void MpiDispatcher::add_partial(size_t i, float* sum, std::span<uint8_t> started
     }
     started[size_t(rows[r])] = 1;
   }
-  if (rows_sum.value() != peer->reply_checksum)
+  if (rows_sum.value() != slot.reply_checksum)
     abort_job(fmt::format("corrupted reply from {} in layer {}: payload checksum mismatch",
-                          rank_identity().name_of(peer->rank), layer_));
+                          rank_identity().name_of(peer->rank), layer));
   const size_t reply_bytes =
       kHeaderBytes + wire::reply_payload_bytes(uint32_t(rows.size()), hidden, elem_bytes_);
   RankReport& counters = profiler_.counters();
   counters.bytes_in += reply_bytes;
-  if (peer->segment.mapped()) counters.bytes_shared += reply_bytes - kHeaderBytes;
+  if (slot.shared) counters.bytes_shared += reply_bytes - kHeaderBytes;
   if (peer->remote) counters.bytes_cross_host += reply_bytes;
 }
 
 void MpiDispatcher::finish_combine() {
+  Exchange& e = exchange();
   std::vector<MPI_Request*> sends;
   std::vector<int> send_ranks;
-  for (Peer* peer : active_) {
-    sends.push_back(&peer->send_request);
+  for (Peer* peer : e.active) {
+    sends.push_back(&peer->slots[current_].send_request);
     send_ranks.push_back(peer->rank);
   }
-  wait_all(sends, send_ranks, "request delivery", layer_);
-  for (Peer* peer : active_) peer->share = nullptr;
+  wait_all(sends, send_ranks, "request delivery", e.layer);
+  for (Peer* peer : e.active) peer->slots[current_].share = nullptr;
+  e.open = false;
 }
 
 void MpiDispatcher::hint(int layer, std::span<const OwnerHint> hints) {
@@ -340,7 +377,8 @@ void MpiDispatcher::hint(int layer, std::span<const OwnerHint> hints) {
       wait_all(previous, {peer.rank}, "hint delivery", layer);
     }
     const size_t bytes = h.experts.size() * 4;
-    if (kHeaderBytes + bytes > peer.send.size()) continue;  // larger than its receive buffer
+    if (kHeaderBytes + bytes > peer.slots[0].send.size())
+      continue;  // larger than its receive buffer
     peer.hint.resize(kHeaderBytes + bytes);
     for (size_t i = 0; i < h.experts.size(); ++i) {
       const auto expert = uint32_t(h.experts[i]);
@@ -361,9 +399,10 @@ void MpiDispatcher::send_to_all(const std::function<size_t(Peer&)>& write, const
   std::vector<int> ranks;
   for (Peer& peer : peers_) {
     const size_t bytes = write(peer);
-    CHECK_MPI(MPI_Isend(peer.send.data(), int(bytes), MPI_BYTE, peer.rank, wire::kTagRequest, comm_,
-                        &peer.send_request));
-    sends.push_back(&peer.send_request);
+    PeerSlot& slot = peer.slots[0];
+    CHECK_MPI(MPI_Isend(slot.send.data(), int(bytes), MPI_BYTE, peer.rank, wire::kTagRequest, comm_,
+                        &slot.send_request));
+    sends.push_back(&slot.send_request);
     ranks.push_back(peer.rank);
   }
   wait_all(sends, ranks, what, -1);
@@ -383,7 +422,7 @@ void MpiDispatcher::shutdown() {
       [](Peer& peer) {
         const wire::Header header = wire::make_header(wire::Opcode::kShutdown, ++peer.sequence, -1,
                                                       0, 0, 0, wire::checksum(nullptr, 0));
-        std::memcpy(peer.send.data(), &header, kHeaderBytes);
+        std::memcpy(peer.slots[0].send.data(), &header, kHeaderBytes);
         return kHeaderBytes;
       },
       "shutdown delivery");
@@ -408,7 +447,7 @@ std::vector<LiveCounters> MpiDispatcher::live_counters() {
         const wire::Header header =
             wire::make_header(wire::Opcode::kCountersRequest, ++peer.sequence, -1, 0, 0, 0,
                               wire::checksum(nullptr, 0));
-        std::memcpy(peer.send.data(), &header, kHeaderBytes);
+        std::memcpy(peer.slots[0].send.data(), &header, kHeaderBytes);
         return kHeaderBytes;
       },
       "counters request delivery");
@@ -446,7 +485,7 @@ void MpiDispatcher::change_placement(const PlacementChange& change) {
   if (peers_.empty()) return;
   const std::vector<uint32_t> words = encode_holder_changes(change.changes);
   // In messages that fit an expert rank's request buffer, whole changes each, the epoch first.
-  const size_t capacity = (peers_.front().send.size() - kHeaderBytes) / 4 - 1;
+  const size_t capacity = (peers_.front().slots[0].send.size() - kHeaderBytes) / 4 - 1;
   size_t at = 0;
   while (at < words.size()) {
     size_t end = at, changes = 0;
@@ -466,8 +505,8 @@ void MpiDispatcher::change_placement(const PlacementChange& change) {
           const wire::Header header =
               wire::make_header(wire::Opcode::kPlacement, ++peer.sequence, -1,
                                 change.commit ? 1u : 0u, uint32_t(changes), uint32_t(bytes), sum);
-          std::memcpy(peer.send.data(), &header, kHeaderBytes);
-          std::memcpy(peer.send.data() + kHeaderBytes, message.data(), bytes);
+          std::memcpy(peer.slots[0].send.data(), &header, kHeaderBytes);
+          std::memcpy(peer.slots[0].send.data() + kHeaderBytes, message.data(), bytes);
           return kHeaderBytes + bytes;
         },
         "placement delivery");

@@ -19,8 +19,9 @@ constexpr uint32_t kMagic = 0x43'4f'4c'31;  // "COL1"
 // partials through shared segments on the coordinator's host; 9: the checksum is lane sums of
 // the payload (checksum) instead of its XXH3; 10: attention split by heads (kAttendRequest);
 // 11: placement changes while the job runs (kPlacement), the plan's table has an epoch, hints
-// of the next layer's experts (kPrefetchHint); 12: live counters while serving (kCountersRequest)
-constexpr uint16_t kProtocolVersion = 12;
+// of the next layer's experts (kPrefetchHint); 12: live counters while serving (kCountersRequest);
+// 13: two exchanges in flight, a rank with a segment answers a kExpertRequest in the message
+constexpr uint16_t kProtocolVersion = 13;
 
 enum class Opcode : uint16_t {
   kExpertRequest = 1,  // coordinator -> owner: rows + (row, expert, weight) pairs of one layer
@@ -55,7 +56,8 @@ enum class Opcode : uint16_t {
   kSharedRequest = 16,  // a request whose rows are in the segment: the message has its pairs and
                         // row indices; the checksum is shared_checksum(rows, pairs and indices)
   kSharedReply = 17,    // a reply whose partial rows are in the segment: a header alone; the
-                        // checksum is that of the rows
+                        // checksum is that of the rows. The answer to a kSharedRequest only: a
+                        // kExpertRequest (the coordinator's second slot) gets a kExpertReply
 };
 
 // MPI tags: requests and replies never share a tag, so preposted receives match by kind.

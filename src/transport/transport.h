@@ -64,6 +64,15 @@ class Dispatcher {
   // Waits (with a deadline) for every owner's partial and writes their sum into out
   // [n_rows, hidden], owners added in ascending rank order.
   virtual void combine(View out) = 0;
+  // Exchanges that may be in flight at once: slots 0 .. exchange_slots() - 1, each begun by
+  // dispatch_slot and ended by combine_slot, so that the coordinator computes one micro-batch
+  // while another's experts work. dispatch() and combine() are slot 0's. 1 unless the transport
+  // says otherwise.
+  virtual int exchange_slots() const { return 1; }
+  // dispatch() into `slot`, whose last exchange was combined; the other slot's may be in flight.
+  virtual void dispatch_slot(int slot, const DispatchPlan& plan, ConstView x);
+  // combine() of the exchange in `slot`.
+  virtual void combine_slot(int slot, View out);
   // Tells every owner to stop.
   virtual void shutdown() = 0;
   // Whether dispatch takes rows, and combine writes partials, in CUDA device memory (else both
@@ -88,6 +97,9 @@ class Dispatcher {
 // ascending rank order. combine() of such a dispatcher is combine_partials(*this, out).
 class PartialDispatcher : public Dispatcher {
  public:
+  // The exchange slot the calls below are about, for a composite that takes a slot's combine
+  // apart (dispatch_slot and combine_slot choose it too). Slot 0 unless exchange_slots() > 1.
+  virtual void select_slot(int slot);
   // Waits (with the deadline) for every partial of the exchange begun by dispatch().
   virtual void wait_partials() = 0;
   // The ranks whose partials arrived, ascending: an owner, or a host leader for its host.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -453,6 +454,105 @@ TEST(Engine, LogitsBitwiseWithAmxOnAndOff) {
   std::filesystem::remove_all(dir);
 }
 
+// The schedule's logits with calls run whole and as two micro-batches (split at 4 rows or more):
+// bitwise equal (or within `bound` where it is not 0), and some calls split.
+void expect_micro_batches_match(testing::LocalModel& m, const std::string& what, float bound = 0) {
+  const std::vector<testing::ScriptedSequence> seqs =
+      testing::micro_batch_sequences(m.config.vocab_size);
+  std::vector<testing::ScheduleRun> runs;
+  uint64_t split_calls = 0;
+  for (const int micro_batches : {1, 2}) {
+    EngineOptions options;
+    options.max_rows = 64;
+    options.max_seqs = 4;
+    options.kv_tokens = 512;
+    options.micro_batches = micro_batches;
+    options.micro_batch_rows = 4;
+    const auto engine = m.engine(options);
+    EXPECT_EQ(engine->splits(), micro_batches == 2) << what;
+    runs.push_back(testing::run_schedule(*engine, seqs, 48));
+    split_calls = engine->split_calls();
+  }
+  EXPECT_GT(split_calls, 0u) << what;
+  EXPECT_EQ(runs[0].steps, runs[1].steps) << what;
+  float worst = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ASSERT_FALSE(runs[0].logits[i].empty()) << what;
+    ASSERT_EQ(runs[0].logits[i].size(), runs[1].logits[i].size()) << what;
+    const float diff = testing::max_abs_diff(runs[0].logits[i], runs[1].logits[i]);
+    worst = std::max(worst, diff);
+    if (bound > 0)
+      EXPECT_LE(diff, bound) << what << ": sequence " << i;
+    else
+      EXPECT_EQ(0, std::memcmp(runs[0].logits[i].data(), runs[1].logits[i].data(),
+                               runs[0].logits[i].size() * sizeof(float)))
+          << what << ": sequence " << i;
+  }
+  std::printf(
+      "[%s] %d calls, %llu as two micro-batches: max |logit diff| %.3g against whole "
+      "calls\n",
+      what.c_str(), runs[1].steps, static_cast<unsigned long long>(split_calls), worst);
+}
+
+// --micro-batches 2 through the local dispatcher's two slots: every parity model (fp32, FP8,
+// int4 experts, NVFP4), the row and the blocked attention (engine_vs_oracle_row_attention).
+// kimi_w4a16's experts are int4 in groups of 32, which the AVX-512 kernels sum in another order
+// for an expert's one row than for several (EngineVsOracle): a split that leaves an expert one
+// row where the whole call gave it more moves its sums within 1e-5 there.
+TEST(Engine, MicroBatchesGiveBitwiseTheLogitsOfWholeCalls) {
+  for (const char* fixture : {"glm5", "glm52", "dsv3", "kimi", "kimi_w4a16", "glm5_nvfp4"}) {
+    const bool nvfp4 = std::string(fixture) == "glm5_nvfp4";
+    LocalModel m(kParityDir / fixture / "model", /*keep_stored=*/nvfp4);
+    expect_micro_batches_match(m, fixture, std::string(fixture) == "kimi_w4a16" ? 1e-5f : 0.0f);
+  }
+}
+
+// The same with int8 projections and int8 activations: AMX tiles where the CPU has them (at
+// kAmxMinRows rows and more, so a call and its halves may take different kernels), VNNI else.
+TEST(Engine, MicroBatchesGiveBitwiseTheLogitsOfWholeCallsWithInt8Activations) {
+  const std::filesystem::path dir = glm52_int8_container("micro");
+  LocalModel quantized(dir, /*keep_stored=*/true);
+  ASSERT_TRUE(quantized.weights.layers[0].attn.o_proj.quantized());
+  const kernels::QuantActivations saved = kernels::quant_activations_selected();
+  kernels::set_quant_activations(kernels::QuantActivations::kInt8);
+  expect_micro_batches_match(
+      quantized, std::string("glm52 int8, ") + (kernels::amx_enabled() ? "amx" : "no amx"));
+  kernels::set_quant_activations(saved);
+  std::filesystem::remove_all(dir);
+}
+
+// Where a call splits: near its middle, each half of 2 rows or more, never cutting a run of
+// rows that see every position (pos + 1 <= index_topk) down to one row; without the indexer
+// every row sees every position.
+TEST(Engine, MicroBatchSplitRowKeepsEachHalfOnTheKernelsOfTheWhole) {
+  ModelConfig c;
+  c.index_topk = 8;
+  const auto batch = [](std::initializer_list<std::pair<int, int>> rows) {  // (seq, pos)
+    Batch b;
+    for (const auto& [seq, pos] : rows) b.add(seq, 1, pos, true);
+    return b;
+  };
+  // Decode rows deep in their sequences (chosen keys): the middle.
+  EXPECT_EQ(Engine::split_row(c, batch({{0, 30}, {1, 40}, {2, 50}, {3, 60}, {4, 70}}), 4), 2);
+  EXPECT_EQ(Engine::split_row(c, batch({{0, 30}, {1, 40}, {2, 50}}), 4), 0) << "below 4 rows";
+  EXPECT_EQ(Engine::split_row(c, batch({{0, 30}, {1, 40}, {2, 50}, {3, 60}}), 8), 0)
+      << "below the threshold";
+  // One prompt chunk across index_topk, positions 4..11 (dense through 7): cut in the middle, at
+  // the edge of its dense rows.
+  EXPECT_EQ(Engine::split_row(
+                c, batch({{0, 4}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}, {0, 10}, {0, 11}}), 4),
+            4);
+  // A chunk deep in one sequence, then a new prompt's chunk (dense): the middle would leave the
+  // new prompt's first row alone at the end of the first half; the cut moves to its start.
+  EXPECT_EQ(Engine::split_row(
+                c, batch({{0, 30}, {0, 31}, {0, 32}, {1, 0}, {1, 1}, {1, 2}, {1, 3}, {1, 4}}), 4),
+            3);
+  // Dense rows one apart between rows of chosen keys: no cut keeps them whole.
+  EXPECT_EQ(Engine::split_row(c, batch({{0, 30}, {1, 2}, {2, 40}, {3, 3}}), 4), 0);
+  c.index_topk = 0;
+  EXPECT_EQ(Engine::split_row(c, batch({{0, 30}, {1, 2}, {2, 40}, {3, 3}}), 4), 2);
+}
+
 // Finite weights whose products overflow: the step ends with an error naming the layer, not a
 // stream of tokens chosen from NaN logits.
 TEST(Engine, NonFiniteActivationsAreAnErrorNamingTheLayer) {
@@ -472,6 +572,68 @@ TEST(Engine, NonFiniteActivationsAreAnErrorNamingTheLayer) {
                       "non-finite"),
             std::string::npos)
       << what;
+}
+
+// The local dispatcher's two slots, each checked to be combined before it is dispatched again
+// and counted while open.
+class SlotCheckingDispatcher final : public Dispatcher {
+ public:
+  explicit SlotCheckingDispatcher(Dispatcher& inner) : inner_(inner) {}
+  void dispatch(const DispatchPlan& plan, ConstView x) override { dispatch_slot(0, plan, x); }
+  void combine(View out) override { combine_slot(0, out); }
+  int exchange_slots() const override { return inner_.exchange_slots(); }
+  void dispatch_slot(int slot, const DispatchPlan& plan, ConstView x) override {
+    EXPECT_FALSE(open_[slot]) << "slot " << slot << " dispatched again before its combine";
+    open_[slot] = true;
+    inner_.dispatch_slot(slot, plan, x);
+  }
+  void combine_slot(int slot, View out) override {
+    EXPECT_TRUE(open_[slot]) << "slot " << slot << " combined without a dispatch";
+    open_[slot] = false;
+    inner_.combine_slot(slot, out);
+  }
+  void shutdown() override {}
+  int open() const { return int(open_[0]) + int(open_[1]); }
+
+ private:
+  Dispatcher& inner_;
+  bool open_[2] = {false, false};
+};
+
+// An Error in one micro-batch's layer (its experts' sums overflow) while the other's exchange is
+// out: the engine combines that exchange before the Error leaves forward, so no slot stays open
+// and the next call, on sound weights, runs split with the logits of a whole call.
+TEST(Engine, AnErrorWithTwoExchangesOutLeavesNoSlotOpen) {
+  LocalModel m("glm5");
+  int layer = 0;
+  while (!m.config.layer_is_moe[size_t(layer)]) ++layer;
+  std::vector<MlpWeights>& experts = m.weights.layers[size_t(layer)].experts;
+  const std::vector<MlpWeights> sound = experts;
+  SlotCheckingDispatcher slots(*m.dispatcher);
+  EngineOptions options;
+  options.max_rows = 16;
+  options.micro_batches = 2;
+  options.micro_batch_rows = 4;
+  Engine engine(m.config, m.weights, m.placement, slots, options);
+  ASSERT_TRUE(engine.splits());
+  const std::vector<int> tokens = {5, 17, 3, 99, 250, 7, 1, 42};
+  for (MlpWeights& expert : experts)
+    for (float& w : expert.down.data) w = 3e38f;
+  const int bad = engine.open_sequence();
+  const std::string what = error_of([&] { engine.forward(bad, tokens); });
+  EXPECT_NE(what.find("the experts made the residual stream non-finite"), std::string::npos)
+      << what;
+  EXPECT_EQ(engine.split_calls(), 1u);
+  EXPECT_EQ(slots.open(), 0);
+  experts = sound;
+  engine.close_sequence(bad);
+  const int seq = engine.open_sequence();
+  const std::vector<float> split = engine.forward(seq, tokens);
+  EXPECT_EQ(engine.split_calls(), 2u);
+  EXPECT_EQ(slots.open(), 0);
+  options.micro_batches = 1;
+  const auto whole = m.engine(options);
+  EXPECT_EQ(split, whole->forward(whole->open_sequence(), tokens));
 }
 
 TEST(KvManager, ExhaustionReuseAndLimitsNameTheNumbers) {

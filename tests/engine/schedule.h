@@ -43,6 +43,20 @@ inline std::vector<ScriptedSequence> make_sequences(int count, int vocab, uint64
   return out;
 }
 
+// Sequences for the micro-batch tests: make_sequences' prompts of 1..23 tokens beside decode rows,
+// and a prompt of 40 tokens that a chunk of 40 rows or more takes whole, so that a split also cuts
+// one sequence's prompt in two (rows on both sides of the parity models' index_topk).
+inline std::vector<ScriptedSequence> micro_batch_sequences(int vocab) {
+  std::vector<ScriptedSequence> seqs = make_sequences(6, vocab, 23);
+  std::mt19937_64 rng(29);
+  std::uniform_int_distribution<int> token(0, vocab - 1);
+  ScriptedSequence& long_prompt = seqs.emplace_back();
+  for (int t = 0; t < 40; ++t) long_prompt.prompt.push_back(token(rng));
+  for (int t = 0; t < 3; ++t) long_prompt.teacher_forced.push_back(token(rng));
+  long_prompt.join_step = 1;
+  return seqs;
+}
+
 struct ScheduleRun {
   std::vector<std::vector<float>> logits;  // per sequence: prompt then teacher-forced rows
   int steps = 0;

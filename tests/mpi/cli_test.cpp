@@ -167,6 +167,37 @@ TEST(MpiCli, StoppedExpertRankIsNamedAfterTheRankTimeout) {
   EXPECT_NE(r.combined.find("--rank-timeout"), std::string::npos) << describe(r);
 }
 
+// --micro-batches 2: the 20-token prompt runs as two micro-batches, both exchanges of layer 1
+// out when rank 1 stops on the first; the coordinator's wait for the first names it all the same.
+TEST(MpiCli, StoppedExpertRankIsNamedWithTwoExchangesInFlight) {
+  const JobResult r = run_node(
+      3,
+      {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen", "6",
+       "--ignore-eos", "--rank-timeout", "2", "--micro-batches", "2", "--micro-batch-rows", "4"},
+      {{"COLIBRI_TEST_FAULT", "stop:1:1"}});
+  expect_clean_end(r);
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_GE(r.elapsed_s, 2) << "ended before the rank timeout could fire\n" << describe(r);
+  EXPECT_LT(r.elapsed_s, 15) << describe(r);
+  EXPECT_NE(r.combined.find("rank 1@" + short_hostname() + " is silent: no reply within 2.0 s"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_NE(r.combined.find("--rank-timeout"), std::string::npos) << describe(r);
+}
+
+// --micro-batches 2 at np 3: the greedy tokens of the transformers golden.
+TEST(MpiCli, MicroBatchesGiveTheGoldenTokens) {
+  const int ngen = 6;
+  const JobResult r = run_node(
+      3, {"--model", kModel.string(), "--prompt-ids", golden().prompt_arg, "--ngen",
+          std::to_string(ngen), "--ignore-eos", "--micro-batches", "2", "--micro-batch-rows", "4"});
+  expect_clean_end(r);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::vector<int> expected(golden().greedy.begin(), golden().greedy.begin() + ngen);
+  EXPECT_EQ(parse_tokens(r.out), expected) << r.out;
+  EXPECT_EQ(r.combined.find("--micro-batches 2 needs"), std::string::npos) << describe(r);
+}
+
 // --split-linears: the rank stops as the first split linear of layer 0 reaches it, while the
 // coordinator waits for its rows.
 TEST(MpiCli, StoppedSplitLinearRankIsNamedAfterTheRankTimeout) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -593,6 +594,94 @@ INSTANTIATE_TEST_SUITE_P(Models, NodeBatches,
                          [](const auto& param_info) {
                            return std::get<0>(param_info.param) + "_B" +
                                   std::to_string(std::get<1>(param_info.param));
+                         });
+
+// --micro-batches 2 at this rank count: the schedule of micro_batch_sequences (prompt chunks,
+// one of them cut in two, beside decode rows) gives bitwise the logits of calls run whole, with
+// the expert ranks alone or with the coordinator owning a share of the experts (its own and the
+// expert ranks' exchanges composed). Each split call makes two exchanges per MoE layer.
+struct MicroBatchRun {
+  std::vector<std::vector<float>> logits;
+  int calls = 0;
+  uint64_t split_calls = 0, exchanges = 0;
+};
+
+MicroBatchRun run_micro_batches(const std::string& fixture, int micro_batches,
+                                const std::string& layout_file) {
+  NodeOptions options;
+  options.model_dir = kParityDir / fixture / "model";
+  options.max_rows = 64;
+  options.max_seqs = 4;
+  options.kv_tokens = 512;
+  options.rank_timeout_s = 60;
+  options.micro_batches = micro_batches;
+  options.micro_batch_rows = 4;
+  if (!layout_file.empty()) options.layout_file = layout_file;
+  Node node(MPI_COMM_WORLD, options);
+  MicroBatchRun run;
+  if (node.is_coordinator()) {
+    EXPECT_EQ(node.engine().splits(), micro_batches == 2);
+    const testing::ScheduleRun schedule = testing::run_schedule(
+        node.engine(), testing::micro_batch_sequences(node.config().vocab_size), 48);
+    run.logits = schedule.logits;
+    run.calls = schedule.steps;
+    run.split_calls = node.engine().split_calls();
+    node.shutdown();
+  } else {
+    node.serve();
+  }
+  for (const RankReport& r : node.gather_reports()) run.exchanges += r.slowest_count;
+  // (With the coordinator owning experts, an exchange may leave the expert ranks out.)
+  if (node.is_coordinator() && world_size() > 1 && layout_file.empty()) {
+    EXPECT_EQ(run.exchanges,
+              uint64_t(run.calls + int(run.split_calls)) * node.config().num_moe_layers());
+  }
+  return run;
+}
+
+using MicroBatchCase = std::tuple<std::string, bool>;  // fixture, coordinator owns experts
+class NodeMicroBatches : public ::testing::TestWithParam<MicroBatchCase> {};
+
+TEST_P(NodeMicroBatches, LogitsBitwiseThoseOfWholeCalls) {
+  const auto& [fixture, coordinator_experts] = GetParam();
+  if (coordinator_experts && world_size() == 1) GTEST_SKIP() << "one process owns every expert";
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("micro-batches-" + std::to_string(world_size()) + ".layout");
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (coordinator_experts && rank == 0) {
+    std::ofstream layout(file);
+    layout << "0 coordinator - - 1\n";
+    for (int r = 1; r < world_size(); ++r) layout << r << " cpu-expert - - 2\n";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string layout = coordinator_experts ? file.string() : "";
+  const MicroBatchRun whole = run_micro_batches(fixture, 1, layout);
+  const MicroBatchRun split = run_micro_batches(fixture, 2, layout);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank != 0) return;
+  if (coordinator_experts) std::filesystem::remove(file);
+  EXPECT_EQ(whole.split_calls, 0u);
+  EXPECT_GT(split.split_calls, 0u);
+  ASSERT_EQ(whole.logits.size(), split.logits.size());
+  for (size_t i = 0; i < whole.logits.size(); ++i) {
+    ASSERT_FALSE(whole.logits[i].empty());
+    ASSERT_EQ(whole.logits[i].size(), split.logits[i].size());
+    EXPECT_EQ(0, std::memcmp(whole.logits[i].data(), split.logits[i].data(),
+                             whole.logits[i].size() * sizeof(float)))
+        << "sequence " << i;
+  }
+  std::printf("[np %d %s%s] %d calls, %llu as two micro-batches: logits bitwise equal\n",
+              world_size(), fixture.c_str(), coordinator_experts ? " coordinator owns experts" : "",
+              split.calls, static_cast<unsigned long long>(split.split_calls));
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, NodeMicroBatches,
+                         ::testing::Combine(::testing::Values("glm5", "glm52", "dsv3", "kimi"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::get<0>(param_info.param) +
+                                  (std::get<1>(param_info.param) ? "_coordinator_experts" : "");
                          });
 
 // A bf16 wire halves the row bytes of the exchange. Its error against the fp32 wire is measured

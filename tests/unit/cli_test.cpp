@@ -580,6 +580,20 @@ TEST(CliArgs, AnItlBoundOutOfRangeIsRefused) {
   }
 }
 
+TEST(CliArgs, MicroBatchesOutOfRangeAreRefused) {
+  test::TempDir dir, scratch;
+  test::TinyModel().write(dir.path());
+  for (const auto& [flag, value] :
+       {std::pair{"--micro-batches", "3"}, std::pair{"--micro-batches", "0"},
+        std::pair{"--micro-batch-rows", "3"}}) {
+    const RunResult r = run_node(
+        {"--model", dir.path().string(), "--prompt-ids", "1,2", "--ngen", "1", flag, value},
+        scratch.path());
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(std::string("colibri-node: error: ") + flag)) << r.err;
+  }
+}
+
 TEST(CliArgs, EnvironmentKnobsAreCheckedAtStart) {
   test::TempDir dir, scratch;
   test::TinyModel().write(dir.path());
