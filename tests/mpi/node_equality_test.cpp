@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "../engine/local_model.h"
@@ -384,28 +385,18 @@ INSTANTIATE_TEST_SUITE_P(Nvfp4, NodeEquality,
                                             ::testing::Values("round-robin", "balanced")),
                          equality_case_name);
 
-// NVFP4 routed experts are resident as stored: each owner's resident expert bytes are the stored
-// bytes of the experts it owns (codes, block scales and each matrix's global scale), and every
-// rank's memory line has its nvfp4 weights.
-TEST(NodeMemory, Nvfp4ExpertsAreResidentAsStored) {
-  NodeOptions options;
-  options.model_dir = kParityDir / "glm5_nvfp4" / "model";
-  Node node(MPI_COMM_WORLD, options);
+// Each owner's resident expert bytes are the sum of `held(layer, expert)` over the experts it owns,
+// and node.expert_bytes() (what the RAM budgets take) is one expert's; a coordinator that owns
+// no expert runs `on_coordinator`, then stops the node.
+void expect_experts_resident_as(Node& node, const std::function<uint64_t(int, int)>& held,
+                                const std::function<void()>& on_coordinator = {}) {
   const ModelConfig& config = node.config();
-  const Checkpoint checkpoint(options.model_dir, config.fp8_block, config.int4_group_size);
   uint64_t owned = 0, one_expert = 0;
   for (int l = 0; l < config.num_layers; ++l) {
     if (!config.layer_is_moe[size_t(l)]) continue;
     for (int e = 0; e < config.n_routed_experts; ++e) {
-      uint64_t bytes = 0;
-      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
-        const Checkpoint::Nvfp4Tensors* t =
-            checkpoint.nvfp4_tensors(expert_prefix(l, e) + m + ".weight");
-        ASSERT_NE(t, nullptr) << expert_prefix(l, e) << m;
-        bytes += t->weight->nbytes + t->scale->nbytes + sizeof(float);
-      }
-      one_expert = bytes;
-      if (node.placement().holds(l, e, node.rank())) owned += bytes;
+      one_expert = held(l, e);
+      if (node.placement().holds(l, e, node.rank())) owned += one_expert;
     }
   }
   EXPECT_EQ(node.expert_bytes(), one_expert);
@@ -414,50 +405,60 @@ TEST(NodeMemory, Nvfp4ExpertsAreResidentAsStored) {
     EXPECT_EQ(node.resident_expert_bytes(), owned) << "rank " << node.rank();
   }
   if (node.is_coordinator()) {
-    ASSERT_EQ(node.memory_report().size(), size_t(world_size()));
-    for (const std::string& line : node.memory_report())
-      EXPECT_NE(line.find(", nvfp4 "), std::string::npos) << line;
+    if (on_coordinator) on_coordinator();
     node.shutdown();
   } else {
     node.serve();
   }
 }
 
+// NVFP4 routed experts are resident as stored: each matrix's codes, block scales and global
+// scale, and every rank's memory line has its nvfp4 weights.
+TEST(NodeMemory, Nvfp4ExpertsAreResidentAsStored) {
+  NodeOptions options;
+  options.model_dir = kParityDir / "glm5_nvfp4" / "model";
+  Node node(MPI_COMM_WORLD, options);
+  const Checkpoint checkpoint(options.model_dir, node.config().fp8_block,
+                              node.config().int4_group_size);
+  const auto held = [&](int l, int e) {
+    uint64_t bytes = 0;
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+      const Checkpoint::Nvfp4Tensors* t =
+          checkpoint.nvfp4_tensors(expert_prefix(l, e) + m + ".weight");
+      EXPECT_NE(t, nullptr) << expert_prefix(l, e) << m;
+      if (t) bytes += t->weight->nbytes + t->scale->nbytes + sizeof(float);
+    }
+    return bytes;
+  };
+  expect_experts_resident_as(node, held, [&] {
+    ASSERT_EQ(node.memory_report().size(), size_t(world_size()));
+    for (const std::string& line : node.memory_report())
+      EXPECT_NE(line.find(", nvfp4 "), std::string::npos) << line;
+  });
+}
+
 // compressed-tensors INT4 routed experts with zero points are resident as held: each matrix's
 // packed words (whole rows of nibbles here), its scales at 4 bytes and an fp32 offset a zero
-// point (one a scale); node.expert_bytes(), which the RAM budgets take, says the same.
+// point (one a scale).
 TEST(NodeMemory, AsymmetricInt4ExpertsAreResidentAsHeld) {
   NodeOptions options;
   options.model_dir = kParityDir / "kimi_w4a16_asym" / "model";
   Node node(MPI_COMM_WORLD, options);
-  const ModelConfig& config = node.config();
-  ASSERT_TRUE(config.int4_zero_points);
-  const Checkpoint checkpoint(options.model_dir, config.fp8_block, config.int4_group_size);
-  uint64_t owned = 0, one_expert = 0;
-  for (int l = 0; l < config.num_layers; ++l) {
-    if (!config.layer_is_moe[size_t(l)]) continue;
-    for (int e = 0; e < config.n_routed_experts; ++e) {
-      uint64_t bytes = 0;
-      for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
-        const std::string name = expert_prefix(l, e) + m + ".weight";
-        const TensorView* packed = checkpoint.find(name + "_packed");
-        const TensorView* scale = checkpoint.find(name + "_scale");
-        ASSERT_TRUE(packed && scale && checkpoint.find(name + "_zero_point")) << name;
-        bytes += packed->nbytes + 4 * uint64_t(scale->numel()) + 4 * uint64_t(scale->numel());
-      }
-      one_expert = bytes;
-      if (node.placement().holds(l, e, node.rank())) owned += bytes;
+  EXPECT_TRUE(node.config().int4_zero_points);
+  const Checkpoint checkpoint(options.model_dir, node.config().fp8_block,
+                              node.config().int4_group_size);
+  const auto held = [&](int l, int e) {
+    uint64_t bytes = 0;
+    for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+      const std::string name = expert_prefix(l, e) + m + ".weight";
+      const TensorView* packed = checkpoint.find(name + "_packed");
+      const TensorView* scale = checkpoint.find(name + "_scale");
+      EXPECT_TRUE(packed && scale && checkpoint.find(name + "_zero_point")) << name;
+      if (packed && scale) bytes += packed->nbytes + 8 * uint64_t(scale->numel());
     }
-  }
-  EXPECT_EQ(node.expert_bytes(), one_expert);
-  if (world_size() > 1 && !node.is_coordinator()) {
-    EXPECT_GT(owned, 0u);
-    EXPECT_EQ(node.resident_expert_bytes(), owned) << "rank " << node.rank();
-  }
-  if (node.is_coordinator())
-    node.shutdown();
-  else
-    node.serve();
+    return bytes;
+  };
+  expect_experts_resident_as(node, held);
 }
 
 // Every routed expert has exactly one owner; expert ranks load exactly what they own and the
