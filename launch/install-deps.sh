@@ -5,7 +5,19 @@
 # /opt/colibri-node/client-venv from tests/serve/client-requirements.txt; skipped when current).
 # Uses sudo only when not run as root. The CUDA toolkit is optional and not installed here:
 # the build enables the CUDA kernels when nvcc is found (COLIBRI_CUDA=AUTO).
+# --build-only: what building and running colibri-node needs, not the tests' extras (chromium,
+# python3-venv and the client environment); the quick start uses it.
 set -euo pipefail
+
+build_only=0
+case "${1:-}" in
+  "") ;;
+  --build-only) build_only=1 ;;
+  *)
+    echo "install-deps: unknown argument '$1' (--build-only or nothing)" >&2
+    exit 2
+    ;;
+esac
 
 packages=(
   build-essential cmake         # g++ 12, make, CMake >= 3.25
@@ -21,9 +33,12 @@ packages=(
   libxxhash-dev                 # the wire checksum (XXH3, header only)
   iproute2 util-linux           # ip netns, tc, unshare: the multihost tests' namespace hosts
   curl ca-certificates          # fetches xgrammar's source release
+)
+test_packages=(
   python3-venv                  # the openai client tests' virtual environment
   chromium                      # headless browser of the dashboard test (tests/serve)
 )
+if ((build_only == 0)); then packages+=("${test_packages[@]}"); fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -40,6 +55,7 @@ else
     apt-get install -y --no-install-recommends "${missing[@]}"
 fi
 "${sudo[@]}" bash "$(dirname "${BASH_SOURCE[0]}")/install-xgrammar.sh"
+if ((build_only == 1)); then exit 0; fi
 requirements=$(dirname "${BASH_SOURCE[0]}")/../tests/serve/client-requirements.txt
 venv=/opt/colibri-node/client-venv
 if ! cmp -s "$requirements" "$venv/requirements.txt"; then

@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash launch/install-deps.sh
+bash launch/install-deps.sh --build-only
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j "${JOBS:-$(nproc)}" --target colibri-node
 

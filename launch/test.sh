@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs the whole test suite from a clean checkout, in two build trees:
+# Installs what the tests need (install-deps.sh: nothing when present), then builds and runs the
+# whole test suite from a clean checkout, in two build trees:
 #   build/       RelWithDebInfo, COLIBRI_CUDA=AUTO (CUDA kernels when nvcc is found): everything,
 #                all tests
 #   build-asan/  ASan + UBSan, COLIBRI_CUDA=OFF: what the tests labelled `sanitize` run (target
@@ -45,6 +46,7 @@ suite() {
     "${ctest_args[@]}" || return 0
 }
 
+stage "dependencies" bash launch/install-deps.sh || true
 suite build all -- -DCOLIBRI_CUDA=AUTO
 suite build-asan colibri_sanitize_tests -L sanitize -- -DCOLIBRI_SANITIZE=ON -DCOLIBRI_CUDA=OFF
 
