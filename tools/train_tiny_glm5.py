@@ -449,11 +449,18 @@ class ExpertCounter:
 def indexer_scores(attn, hidden_states, position_embeddings):
     """The DSA indexer's index scores [B, S, T] computed with gradients for the indexer parameters
     (same math as GlmMoeDsaIndexer.forward, which transformers runs under no_grad). The inputs are
-    detached, so only the indexer learns from this."""
+    detached, so only the indexer learns from this. In fp32 with autocast off: under autocast the
+    model's own (no_grad) indexer call leaves bf16 casts of these weights in autocast's cache, and
+    products through those cached casts give the weights no gradient (runs before 2026-12-07
+    trained only the indexer's LayerNorm)."""
+    with torch.autocast("cpu", enabled=False):
+        return _indexer_scores_f32(attn, hidden_states.detach().float(), position_embeddings)
+
+
+def _indexer_scores_f32(attn, h, position_embeddings):
     from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import apply_rotary_pos_emb_interleave
 
     idx = attn.indexer
-    h = hidden_states.detach()
     with torch.no_grad():
         q_resid = attn.q_a_layernorm(attn.q_a_proj(h))
     bsz, seq, _ = h.shape
@@ -504,7 +511,11 @@ class IndexerProbe:
                     k = min(attn.indexer.index_topk, seq_k)
                     kth = s.topk(k, dim=-1).values[..., -1]
                     picked = s.gather(-1, topk_idx.long()).min(-1).values
-                    ok = (picked >= kth - 1e-4) | torch.isinf(kth)
+                    # The model's indexer ran in bf16 under autocast, these scores in fp32.
+                    # (bf16 keeps 8 bits: within 2 % of the row's largest |score|).
+                    scale = s.masked_fill(~allowed, 0).abs().amax(-1)
+                    tol = 1e-4 + (2e-2 * scale if torch.is_autocast_enabled("cpu") else 0.0)
+                    ok = (picked >= kth - tol) | torch.isinf(kth)
                     if not bool(ok.all()):
                         raise RuntimeError("indexer score recomputation does not match transformers")
                 self.checked = True
@@ -615,6 +626,11 @@ def stage_train(args):
     named = list(model.named_parameters()) + [("mtp." + n, p) for n, p in mtp.named_parameters()]
     idx_params = [p for n, p in named if ".indexer." in n]
     main_named = [(n, p) for n, p in named if ".indexer." not in n]
+    indexer_only = args.train_only == "indexer"
+    if indexer_only:  # the model and its routing bias frozen: only the indexers learn (KL objective)
+        for _, p in main_named:
+            p.requires_grad_(False)
+        main_named = []
     decay = [p for n, p in main_named if p.dim() >= 2]
     no_decay = [p for n, p in main_named if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -642,7 +658,7 @@ def stage_train(args):
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}", log_path)
         log(f"# batch {args.batch}x{args.seq_len} | last {args.long_frac:.0%} on rows of {args.long_seq_len} | "
             f"lr {args.lr} | warmup {args.warmup_steps} | budget {args.time_budget_min} min | "
-            f"dense for the first {args.dense_frac:.0%} | bias gamma {args.bias_gamma} | seed {args.seed}", log_path)
+            f"dense for the first {args.dense_frac:.0%} | bias gamma {args.bias_gamma} | seed {args.seed} | train {args.train_only}", log_path)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
@@ -691,15 +707,17 @@ def stage_train(args):
         lm_loss = F.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]), batch[:, 1:].reshape(-1))
         mtp_loss = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))
         idx_loss, kl = probe.take_loss()
-        (lm_loss + args.mtp_weight * mtp_loss + idx_loss).backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in main_named], args.clip)
+        (idx_loss if indexer_only else lm_loss + args.mtp_weight * mtp_loss + idx_loss).backward()
+        if main_named:
+            torch.nn.utils.clip_grad_norm_([p for _, p in main_named], args.clip)
         torch.nn.utils.clip_grad_norm_(idx_params, args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         with torch.no_grad():  # aux-loss-free balancing
             for i, gate in counter.gates:
                 load = counter.counts[i].float()
-                gate.e_score_correction_bias += args.bias_gamma * torch.sign(load.mean() - load)
+                if not indexer_only:
+                    gate.e_score_correction_bias += args.bias_gamma * torch.sign(load.mean() - load)
                 window.counts[i] += counter.counts[i]
         step += 1
         dt = time.time() - t0
@@ -1120,6 +1138,9 @@ def main():
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--work", type=Path, default=DEFAULT_WORK)
     ap.add_argument("--restart", action="store_true", help="ignore an existing training checkpoint")
+    ap.add_argument("--train-only", choices=["all", "indexer"], default="all",
+                    help="indexer: the model (and routing bias) frozen, only the DSA indexers learn "
+                         "(with --dense-frac 1: the KL to dense attention over every visible key)")
     ap.add_argument("--init-from", type=Path, default=None,
                     help="start training from this model folder's weights (a new optimizer and schedule)")
     ap.add_argument("--time-budget-min", type=float, default=40.0)
