@@ -339,7 +339,8 @@ void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
     const size_t phase = plan[i].kind == VramPlanEntry::kHit ? 0 : 1;
     descriptions_[phase * n + i] = slot_experts_[size_t(plan[i].slot)];
     // An expert uploaded now: its NVFP4 global scales, before the descriptions go to the device.
-    if (phase == 1)
+    // (Other formats: their weights are not read before the upload itself.)
+    if (phase == 1 && layout_[0].format == cuda::WeightFormat::kNvfp4)
       descriptions_[phase * n + i] =
           with_globals(descriptions_[phase * n + i], weights_of_(request.layer, plan[i].expert));
   }
