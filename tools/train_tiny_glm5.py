@@ -393,8 +393,11 @@ class LastLayerTap:
 
     def __init__(self, model):
         self.handle = model.model.layers[-1].register_forward_hook(self._hook, with_kwargs=True)
+        self.paused = False
 
     def _hook(self, layer, args, kwargs, output):
+        if self.paused:
+            return
         self.hidden = output[0]
         self.mask = kwargs["attention_mask"]
         self.position_embeddings = kwargs["position_embeddings"]
@@ -431,9 +434,12 @@ class ExpertCounter:
         self.gates = moe_gates(model, mtp)
         self.counts = {i: torch.zeros(g.num_experts, dtype=torch.long) for i, g in self.gates}
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in self.gates]
+        self.paused = False
 
     def _hook(self, i):
         def fn(module, inputs, output):
+            if self.paused:
+                return
             self.counts[i] += torch.bincount(output[2].detach().flatten(), minlength=module.num_experts)
         return fn
 
@@ -493,11 +499,14 @@ class IndexerProbe:
         self.recall_n = self.tie_rows = 0
         self.zero_frac_sum = 0.0
         self.checked = False
+        self.paused = False
         layers = list(model.model.layers) + ([mtp.layer] if mtp is not None else [])
         self.handles = [layer.self_attn.register_forward_hook(self._hook, with_kwargs=True)
                         for layer in layers if layer.self_attn.indexer is not None]
 
     def _hook(self, attn, args, kwargs, output):
+        if self.paused:
+            return
         attn_weights, topk_idx = output[1], output[2]
         hs = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
         allowed = allowed_keys(kwargs["attention_mask"])
@@ -608,6 +617,65 @@ def sample_batch(stream, chat, args, gen, seq_len, batch):
     return torch.stack(rows)
 
 
+# Unlikelihood training (Welleck et al. 2019, "Neural text degeneration with unlikelihood training"):
+# maximum likelihood alone leaves a small model's greedy continuations in loops. Token level: at each
+# position, the tokens seen earlier in the row (but not the target) get -log(1 - p). Sequence level:
+# the model's own greedy continuations of training prefixes, each token that completes an n-gram
+# already in the continuation or its prefix gets -log(1 - p).
+UL_ROWS, UL_PREFIX, UL_LENGTH, UL_NGRAM = 8, 32, 64, 4
+
+
+def token_unlikelihood(logits, inputs, targets):
+    """Mean over positions of -sum_{c in earlier tokens of the row, c != target} log(1 - p(c))."""
+    vocab = logits.shape[-1]
+    seen = F.one_hot(inputs, vocab).cumsum(1) > 0  # [B, S, V]: token c among inputs[:, :t + 1]
+    seen.scatter_(-1, targets[..., None], False)
+    p = torch.softmax(logits.float(), -1)
+    return -(torch.log((1 - p).clamp_min(1e-5)) * seen).sum(-1).mean()
+
+
+@torch.no_grad()
+def greedy_rows(model, prefix, n):
+    """prefix [B, P] followed by n greedy tokens of each row (no stop), through the KV cache."""
+    out = model(input_ids=prefix, use_cache=True)
+    rows = [prefix]
+    for i in range(n):
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        rows.append(nxt)
+        if i + 1 < n:
+            out = model(input_ids=nxt, cache=out.cache, use_cache=True)
+    return torch.cat(rows, 1)
+
+
+def repeated_ngram_mask(seq, start, n):
+    """[B, S] bool: positions >= start whose token completes an n-gram seen earlier in its row."""
+    mask = torch.zeros(seq.shape, dtype=torch.bool)
+    for b, row in enumerate(seq.tolist()):
+        seen = set()
+        for t in range(n - 1, len(row)):
+            gram = tuple(row[t - n + 1:t + 1])
+            if t >= start and gram in seen:
+                mask[b, t] = True
+            seen.add(gram)
+    return mask
+
+
+def sequence_unlikelihood(model, stream, chat, args, gen, amp):
+    """The sequence-level loss on greedy continuations of UL_ROWS random training prefixes, and the
+    share of their tokens that repeat an n-gram."""
+    prefix = sample_batch(stream, chat, args, gen, UL_PREFIX - 1, UL_ROWS)
+    model.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        seq = greedy_rows(model, prefix, UL_LENGTH)
+    model.train()
+    mask = repeated_ngram_mask(seq, UL_PREFIX, UL_NGRAM)[:, 1:]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        logits = model(input_ids=seq[:, :-1], use_cache=False).logits
+    p = torch.softmax(logits.float(), -1).gather(-1, seq[:, 1:, None])[..., 0]
+    loss = -(torch.log((1 - p).clamp_min(1e-5)) * mask).sum() / (UL_ROWS * UL_LENGTH)
+    return loss, float(mask.sum()) / (UL_ROWS * UL_LENGTH)
+
+
 def stage_train(args):
     torch.set_num_threads(args.threads)
     tok = load_tokenizer(args)
@@ -677,6 +745,7 @@ def stage_train(args):
     budget = args.time_budget_min * 60.0
     last_ckpt = time.time()
     hist_loss, hist_mtp, hist_kl, t_window, tok_window = [], [], [], 0.0, 0
+    hist_ul_tok, hist_ul_seq, hist_repeats = [], [], []
 
     def progress():
         return step / args.max_steps if args.max_steps else train_time / budget
@@ -707,12 +776,28 @@ def stage_train(args):
         lm_loss = F.cross_entropy(out.logits.float().reshape(-1, out.logits.shape[-1]), batch[:, 1:].reshape(-1))
         mtp_loss = F.cross_entropy(mtp_logits.reshape(-1, mtp_logits.shape[-1]), batch[:, 2:].reshape(-1))
         idx_loss, kl = probe.take_loss()
-        (idx_loss if indexer_only else lm_loss + args.mtp_weight * mtp_loss + idx_loss).backward()
+        loss = idx_loss if indexer_only else lm_loss + args.mtp_weight * mtp_loss + idx_loss
+        if args.unlikelihood_token > 0:
+            ul_tok = token_unlikelihood(out.logits, batch[:, :-1], batch[:, 1:])
+            loss = loss + args.unlikelihood_token * ul_tok
+            hist_ul_tok.append(float(ul_tok.detach()))
+        loss.backward()
         if main_named:
             torch.nn.utils.clip_grad_norm_([p for _, p in main_named], args.clip)
         torch.nn.utils.clip_grad_norm_(idx_params, args.clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if args.unlikelihood_seq_every and step % args.unlikelihood_seq_every == 0:
+            # A step of its own on the model's greedy continuations (routers and indexers not counted).
+            counter.paused = probe.paused = tap.paused = True
+            ul_seq, repeats = sequence_unlikelihood(model, train_ids, chat_ids, args, gen, args.amp == "bf16")
+            ul_seq.backward()
+            torch.nn.utils.clip_grad_norm_([p for _, p in main_named], args.clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            counter.paused = probe.paused = tap.paused = False
+            hist_ul_seq.append(float(ul_seq.detach()))
+            hist_repeats.append(repeats)
         with torch.no_grad():  # aux-loss-free balancing
             for i, gate in counter.gates:
                 load = counter.counts[i].float()
@@ -734,7 +819,10 @@ def stage_train(args):
             log(f"step {step:5d} | loss {np.mean(hist_loss[-args.log_every:]):.4f} | "
                 f"mtp {np.mean(hist_mtp[-args.log_every:]):.4f} | idx_kl {np.mean(hist_kl[-args.log_every:]):.4f} | lr {lr:.2e} | "
                 f"tok/s {tok_window / t_window:.0f} | tokens {tokens} | elapsed {train_time:.0f}s | "
-                f"{'dense' if dense else 'sparse'} | rows {batch.shape[0]}x{batch.shape[1] - 1}", log_path)
+                f"{'dense' if dense else 'sparse'} | rows {batch.shape[0]}x{batch.shape[1] - 1}" +
+                (f" | ul_tok {np.mean(hist_ul_tok[-args.log_every:]):.4f}" if hist_ul_tok else "") +
+                (f" | ul_seq {np.mean(hist_ul_seq[-5:]):.4f} repeats {np.mean(hist_repeats[-5:]):.3f}"
+                 if hist_ul_seq else ""), log_path)
             t_window, tok_window = 0.0, 0
         if step % args.route_every == 0:
             parts = []
@@ -1167,6 +1255,11 @@ def main():
     ap.add_argument("--experts", default="grouped_mm", help="transformers experts implementation in training")
     ap.add_argument("--amp", choices=["bf16", "off"], default="bf16", help="autocast of the training forward")
     ap.add_argument("--mtp-weight", type=float, default=0.3, help="weight of the MTP layer's loss")
+    ap.add_argument("--unlikelihood-token", type=float, default=0.0,
+                    help="weight of the token-level unlikelihood loss (earlier tokens of the row; 0: off)")
+    ap.add_argument("--unlikelihood-seq-every", type=int, default=0,
+                    help=f"every N steps one more step on the sequence-level unlikelihood loss of {UL_ROWS} "
+                         f"greedy continuations of {UL_LENGTH} tokens ({UL_NGRAM}-gram repeats; 0: off)")
     args = ap.parse_args()
     stages = ["corpus", "tokenizer", "train", "finalize"] if args.stage == "all" else [args.stage]
     for s in stages:
