@@ -5,10 +5,11 @@
 #   bench/batch_bench.sh MODEL_DIR [colibri-node binary]   (default: build/src/colibri-node)
 #
 # For each of RUNS rounds (default 3), and in each round for every wire in WIRES (default
-# "f32 bf16") and sequence count in SEQS (default "1 4 16"), interleaved, runs
-#   mpirun -np NP colibri-node --model MODEL_DIR --prompt-ids 1,2,3,4 --ngen NGEN --ignore-eos \
+# "f32 bf16") and sequence count in SEQS (default "1 4 16 64"), interleaved, runs
+#   mpirun -np NP colibri-node --model MODEL_DIR --prompt-ids 1 --ngen NGEN --ignore-eos \
 #       --sequences S --wire W --temp TEMP --profile-json ...
-# (NP default 2, NGEN default 16, TEMP default 1: each sequence samples with its own seed, so the
+# (a one-token prompt, so that every call, the prefill included, has one row a sequence; NP default
+# 2, NGEN default 16, TEMP default 1: each sequence samples with its own seed, so the
 # sequences route to different experts as distinct requests would; TEMP=0 decodes S copies of one
 # greedy sequence, all routed alike) and prints, per (wire, S), the median aggregate decode tok/s
 # (decode-only steps: every running sequence's row in one call), and from the profile the bytes
@@ -50,7 +51,7 @@ for ((run = 0; run < runs; ++run)); do
   for wire in $wires; do
     for s in $seqs; do
       out=$tmp/$wire-$s-$run.json
-      mpirun --oversubscribe -np "$np" "$node" --model "$model" --prompt-ids 1,2,3,4 --ngen "$ngen" \
+      mpirun --oversubscribe -np "$np" "$node" --model "$model" --prompt-ids 1 --ngen "$ngen" \
         --ignore-eos --sequences "$s" --wire "$wire" --temp "$temp" --quiet --profile-json "$out" >/dev/null 2>"$tmp/log" ||
         { cat "$tmp/log" >&2; echo "batch_bench: run failed (wire $wire, sequences $s)" >&2; exit 1; }
     done
