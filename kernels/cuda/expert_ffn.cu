@@ -351,6 +351,8 @@ void expert_ffn_grouped_no_combine(const ExpertGroup& g, cudaStream_t stream) {
   if (!aligned16(g.x) || !aligned16(g.h))
     throw std::invalid_argument("expert_ffn_grouped: x and h must be 16-byte aligned");
   const int m = g.max_slots_per_expert;
+  if (g.fp4_mma && m >= kNvfp4MmaMinRows && nvfp4_mma_selected())
+    return nvfp4_mma_expert_projections(g, stream);  // COLIBRI_FP4_MMA=1 on a 12.x device
   if (m >= kMmaMinSlots && g.tensor_cores) {
     const dim3 gate_grid(unsigned((g.inter + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
                          unsigned(g.n_experts));

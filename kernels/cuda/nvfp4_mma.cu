@@ -128,6 +128,121 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #endif
 }
 
+// Codes, scales and global of x [n, cols] from the amax already in *amax_bits.
+void launch_quantize(const float* x, int64_t n, int64_t cols, uint8_t* codes, uint8_t* scales,
+                     float* global, const uint32_t* amax_bits, cudaStream_t stream) {
+  const int64_t blocks = n * cols / fp4::kBlock;
+  const int64_t grid = std::max<int64_t>((blocks + kQuantThreads - 1) / kQuantThreads, 1);
+  quantize_kernel<<<unsigned(grid), kQuantThreads, 0, stream>>>(x, blocks, cols, amax_bits, codes,
+                                                                scales, global);
+  CHECK_CUDA_LAUNCH();
+}
+
+__host__ __device__ Fp4Rows rows_of(const DeviceMatrix& m) {
+  return {static_cast<const uint8_t*>(m.data), m.e4m3_scales, m.rows, m.cols};
+}
+
+// grid (ceil(inter / 64), n_experts, ceil(max_slots_per_expert / 32)): warp w of block (bx, e, z)
+// computes gate and up rows 64 bx + 16 w .. + 15 of expert e against its slots
+// begin + 32 z .. + 31, each slot's row of the quantized x; writes h and raises *h_amax_bits.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gate_up_kernel(ExpertGroup g, Fp4Rows xq, const float* __restrict__ x_global,
+                   uint32_t* __restrict__ h_amax_bits) {
+#if COLIBRI_FP4_MMA_CODE
+  const int lane = int(threadIdx.x) % 32;
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;  // skipped: computed elsewhere or in another phase
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const int s0 = begin + int(blockIdx.z) * kSubtiles * fp4::kTileCols;
+  const int64_t r0 = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * fp4::kTileRows;
+  if (s0 >= end || r0 >= g.inter) return;  // whole warps
+  const Fp4Rows gate = rows_of(e.gate), up = rows_of(e.up);
+  const int tiles = min(kSubtiles, (end - s0 + fp4::kTileCols - 1) / fp4::kTileCols);
+  int64_t x_row[kSubtiles];  // this lane's B column in each tile: a slot's row, or none
+#pragma unroll
+  for (int s = 0; s < kSubtiles; ++s) {
+    const int slot = s0 + s * fp4::kTileCols + lane / 4;
+    x_row[s] = slot >= end ? xq.rows : g.slot_row ? g.slot_row[slot] : slot;
+  }
+  float acc_gate[kSubtiles][4] = {}, acc_up[kSubtiles][4] = {};
+  for (int64_t k0 = 0; k0 < g.hidden; k0 += fp4::kChunk) {
+    uint32_t a_gate[4], a_up[4], scale_gate, scale_up;
+    fp4::load_a(gate, r0, k0, lane, a_gate, scale_gate);
+    fp4::load_a(up, r0, k0, lane, a_up, scale_up);
+#pragma unroll
+    for (int s = 0; s < kSubtiles; ++s) {
+      if (s >= tiles) break;  // uniform across the warp
+      uint32_t b[2], scale_b;
+      fp4::load_b_row(xq, x_row[s], k0, lane, b, scale_b);
+      mma_fp4(acc_gate[s], a_gate, b, scale_gate, scale_b);
+      mma_fp4(acc_up[s], a_up, b, scale_up, scale_b);
+    }
+  }
+  const float alpha_gate = e.gate.global * *x_global, alpha_up = e.up.global * *x_global;
+  float amax = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSubtiles; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r0 + fp4::acc_row(lane, i);
+      const int slot = s0 + s * fp4::kTileCols + fp4::acc_col(lane, i);
+      if (r >= g.inter || slot >= end) continue;
+      const float gv = acc_gate[s][i] * alpha_gate, uv = acc_up[s][i] * alpha_up;
+      const float h = gv / (1.0f + expf(-gv)) * uv;
+      g.h[int64_t(slot) * g.inter + r] = h;
+      amax = fmaxf(amax, fabsf(h));
+    }
+  for (int offset = 16; offset > 0; offset /= 2)
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+  if (lane == 0) atomicMax(h_amax_bits, __float_as_uint(amax));
+#else
+  (void)g, (void)xq, (void)x_global, (void)h_amax_bits;
+  __trap();
+#endif
+}
+
+// grid (ceil(hidden / 64), n_experts, ceil(max_slots_per_expert / 32)): y_slots[slot, r] =
+// down[r, :] . h[slot, :] from the quantized h (row = slot).
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    down_kernel(ExpertGroup g, Fp4Rows hq, const float* __restrict__ h_global) {
+#if COLIBRI_FP4_MMA_CODE
+  const int lane = int(threadIdx.x) % 32;
+  const DeviceExpert& e = g.experts[blockIdx.y];
+  if (e.gate.data == nullptr) return;
+  const int begin = g.expert_begin[blockIdx.y], end = g.expert_begin[blockIdx.y + 1];
+  const int s0 = begin + int(blockIdx.z) * kSubtiles * fp4::kTileCols;
+  const int64_t r0 = (int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32) * fp4::kTileRows;
+  if (s0 >= end || r0 >= g.hidden) return;
+  const Fp4Rows down = rows_of(e.down);
+  const int tiles = min(kSubtiles, (end - s0 + fp4::kTileCols - 1) / fp4::kTileCols);
+  float acc[kSubtiles][4] = {};
+  for (int64_t k0 = 0; k0 < g.inter; k0 += fp4::kChunk) {
+    uint32_t a[4], scale_a;
+    fp4::load_a(down, r0, k0, lane, a, scale_a);
+#pragma unroll
+    for (int s = 0; s < kSubtiles; ++s) {
+      if (s >= tiles) break;
+      const int slot = s0 + s * fp4::kTileCols + lane / 4;
+      uint32_t b[2], scale_b;
+      fp4::load_b_row(hq, slot < end ? slot : hq.rows, k0, lane, b, scale_b);
+      mma_fp4(acc[s], a, b, scale_a, scale_b);
+    }
+  }
+  const float alpha = e.down.global * *h_global;
+#pragma unroll
+  for (int s = 0; s < kSubtiles; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r0 + fp4::acc_row(lane, i);
+      const int slot = s0 + s * fp4::kTileCols + fp4::acc_col(lane, i);
+      if (r < g.hidden && slot < end) g.y_slots[int64_t(slot) * g.hidden + r] = acc[s][i] * alpha;
+    }
+#else
+  (void)g, (void)hq, (void)h_global;
+  __trap();
+#endif
+}
+
 bool aligned4(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 4 == 0;
 }
@@ -200,16 +315,13 @@ void quantize_nvfp4_device(const float* x, int64_t n, int64_t cols, uint8_t* cod
     throw std::invalid_argument(
         "quantize_nvfp4_device: x must be 16-byte and codes 8-byte aligned");
   CHECK_CUDA(cudaMemsetAsync(amax_bits, 0, sizeof(uint32_t), stream));
-  const int64_t count = n * cols, blocks = count / fp4::kBlock;
+  const int64_t count = n * cols;
   if (count > 0) {
     const int64_t grid = std::min<int64_t>((count + 1023) / 1024, 1024);
     amax_kernel<<<unsigned(grid), 256, 0, stream>>>(x, count, amax_bits);
     CHECK_CUDA_LAUNCH();
   }
-  const int64_t grid = std::max<int64_t>((blocks + kQuantThreads - 1) / kQuantThreads, 1);
-  quantize_kernel<<<unsigned(grid), kQuantThreads, 0, stream>>>(x, blocks, cols, amax_bits, codes,
-                                                                scales, global);
-  CHECK_CUDA_LAUNCH();
+  launch_quantize(x, n, cols, codes, scales, global, amax_bits, stream);
 }
 
 bool nvfp4_mma_fits(const DeviceMatrix& w) {
@@ -236,7 +348,7 @@ void nvfp4_mma_product(const DeviceMatrix& w, const uint8_t* x_codes, const uint
   if (!aligned4(x_codes))
     throw std::invalid_argument("nvfp4_mma_product: x codes must be 4-byte aligned");
   if (n <= 0 || w.rows <= 0) return;
-  const Fp4Rows wr{static_cast<const uint8_t*>(w.data), w.e4m3_scales, w.rows, w.cols};
+  const Fp4Rows wr = rows_of(w);
   const Fp4Rows xr{x_codes, x_scales, n, w.cols};
   const int64_t rows_per_block = int64_t(kWarpsPerBlock) * fp4::kTileRows;
   const int64_t cols_per_block = int64_t(kSubtiles) * fp4::kTileCols;
@@ -260,6 +372,65 @@ void nvfp4_mma_linear(const DeviceMatrix& w, const float* x, int64_t n, float* y
   uint32_t* amax_bits = reinterpret_cast<uint32_t*>(scratch + tail_at + 4);
   quantize_nvfp4_device(x, n, w.cols, scratch, scratch + scales_at, x_global, amax_bits, stream);
   nvfp4_mma_product(w, scratch, scratch + scales_at, x_global, n, y, stream);
+  CHECK_CUDA(cudaFreeAsync(scratch, stream));
+}
+
+}  // namespace colibri::cuda
+
+namespace colibri::cuda {
+
+bool nvfp4_mma_fits(const DeviceExpert* experts, int64_t count) {
+  int64_t taken = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const DeviceExpert& e = experts[i];
+    if (e.gate.data == nullptr) continue;
+    if (!nvfp4_mma_fits(e.gate) || !nvfp4_mma_fits(e.up) || !nvfp4_mma_fits(e.down)) return false;
+    ++taken;
+  }
+  return taken > 0;
+}
+
+void nvfp4_mma_expert_projections(const ExpertGroup& g, cudaStream_t stream) {
+  if (!nvfp4_mma_supported(current_device()))
+    throw std::runtime_error(
+        "nvfp4_mma_expert_projections: the current device does not run the block-scaled FP4 MMA "
+        "(compute capability 12.x with this binary's sm_120a/sm_120f code)");
+  if (g.n_experts == 0 || g.n_slots == 0) return;
+  if (g.hidden % fp4::kBlock != 0 || g.inter % fp4::kBlock != 0)
+    throw std::invalid_argument(
+        "nvfp4_mma_expert_projections: hidden and inter must be "
+        "multiples of 16");
+  const auto up16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
+  const int64_t x_cols = g.hidden, h_cols = g.inter;
+  const int64_t x_codes = 0, x_scales = x_codes + up16(int64_t(g.n_rows) * x_cols / 2);
+  const int64_t h_codes = x_scales + up16(int64_t(g.n_rows) * x_cols / fp4::kBlock);
+  const int64_t h_scales = h_codes + up16(int64_t(g.n_slots) * h_cols / 2);
+  const int64_t words = h_scales + up16(int64_t(g.n_slots) * h_cols / fp4::kBlock);
+  uint8_t* scratch = nullptr;
+  CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(words + 16), stream));
+  float* x_global = reinterpret_cast<float*>(scratch + words);
+  uint32_t* x_amax = reinterpret_cast<uint32_t*>(scratch + words + 4);
+  float* h_global = reinterpret_cast<float*>(scratch + words + 8);
+  uint32_t* h_amax = reinterpret_cast<uint32_t*>(scratch + words + 12);
+
+  quantize_nvfp4_device(g.x, g.n_rows, x_cols, scratch + x_codes, scratch + x_scales, x_global,
+                        x_amax, stream);
+  CHECK_CUDA(cudaMemsetAsync(h_amax, 0, sizeof(uint32_t), stream));
+  const unsigned slot_tiles = unsigned((g.max_slots_per_expert + kSubtiles * fp4::kTileCols - 1) /
+                                       (kSubtiles * fp4::kTileCols));
+  const int64_t rows_per_block = int64_t(kWarpsPerBlock) * fp4::kTileRows;
+  const Fp4Rows xq{scratch + x_codes, scratch + x_scales, g.n_rows, x_cols};
+  const dim3 gate_grid(unsigned((g.inter + rows_per_block - 1) / rows_per_block),
+                       unsigned(g.n_experts), slot_tiles);
+  gate_up_kernel<<<gate_grid, kWarpsPerBlock * 32, 0, stream>>>(g, xq, x_global, h_amax);
+  CHECK_CUDA_LAUNCH();
+  launch_quantize(g.h, g.n_slots, h_cols, scratch + h_codes, scratch + h_scales, h_global, h_amax,
+                  stream);
+  const Fp4Rows hq{scratch + h_codes, scratch + h_scales, g.n_slots, h_cols};
+  const dim3 down_grid(unsigned((g.hidden + rows_per_block - 1) / rows_per_block),
+                       unsigned(g.n_experts), slot_tiles);
+  down_kernel<<<down_grid, kWarpsPerBlock * 32, 0, stream>>>(g, hq, h_global);
+  CHECK_CUDA_LAUNCH();
   CHECK_CUDA(cudaFreeAsync(scratch, stream));
 }
 

@@ -48,6 +48,21 @@ bool nvfp4_mma_fits(const DeviceMatrix& w);
 void nvfp4_mma_product(const DeviceMatrix& w, const uint8_t* x_codes, const uint8_t* x_scales,
                        const float* x_global, int64_t n, float* y, cudaStream_t stream);
 
+// Whether every expert of experts[0 .. count) that is not skipped (gate.data null) fits, gate,
+// up and down alike, and at least one is not skipped: the grouped path's condition (host copies
+// of the descriptions).
+bool nvfp4_mma_fits(const DeviceExpert* experts, int64_t count);
+
+// The grouped expert FFN's projections (expert_ffn_grouped_no_combine: h and y_slots of the
+// experts not skipped) on the FP4 tensor cores, for a group whose experts fit (g.fp4_mma):
+//   1. x [n_rows, hidden] quantized once (one global for the request);
+//   2. gate and up of 16 rows against 8 slots at a time (each slot's row of x gathered),
+//      h = silu(gate) * up rounded as the CUDA-core path rounds it; the amax of those h;
+//   3. h [n_slots, inter] quantized with that amax (one global for the phase's slots);
+//   4. down against the slots' quantized h.
+// Stream-ordered scratch; throws std::runtime_error when the device does not run the MMA code.
+void nvfp4_mma_expert_projections(const ExpertGroup& g, cudaStream_t stream);
+
 // The two steps: quantize x (into stream-ordered scratch), then the product. Asynchronous.
 void nvfp4_mma_linear(const DeviceMatrix& w, const float* x, int64_t n, float* y,
                       cudaStream_t stream);

@@ -161,13 +161,20 @@ COLIBRI_FP4_LANE void load_a(const Fp4Rows& w, int64_t r0, int64_t k0, int lane,
   scale_a = load_scales(w, r0 + g + 8 * (t % 2), k0);
 }
 
+// Lane `lane`'s B operand for the chunk at k0, its column (lane / 4) being row `row` of x (rows
+// past x.rows read as zeros): the grouped expert FFN gathers each slot's row this way.
+COLIBRI_FP4_LANE void load_b_row(const Fp4Rows& x, int64_t row, int64_t k0, int lane,
+                                 uint32_t (&b)[2], uint32_t& scale_b) {
+  const int t = lane % 4;
+  b[0] = load_codes(x, row, k0 + 8 * t);
+  b[1] = load_codes(x, row, k0 + 32 + 8 * t);
+  scale_b = load_scales(x, row, k0);
+}
+
 // Lane `lane`'s B operand for columns (activation rows) n0 .. n0 + 7 and the chunk at k0.
 COLIBRI_FP4_LANE void load_b(const Fp4Rows& x, int64_t n0, int64_t k0, int lane, uint32_t (&b)[2],
                              uint32_t& scale_b) {
-  const int g = lane / 4, t = lane % 4;
-  b[0] = load_codes(x, n0 + g, k0 + 8 * t);
-  b[1] = load_codes(x, n0 + g, k0 + 32 + 8 * t);
-  scale_b = load_scales(x, n0 + g, k0);
+  load_b_row(x, n0 + lane / 4, k0, lane, b, scale_b);
 }
 
 // Where accumulator i of lane `lane` lies in the 16 x 8 tile.
