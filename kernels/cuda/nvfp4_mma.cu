@@ -81,10 +81,10 @@ __device__ __forceinline__ void mma_fp4(float (&d)[4], const uint32_t (&a)[4],
       "mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale.scale_vec::4X"
       ".f32.e2m1.e2m1.f32.ue4m3 "
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}, "
-      "%10, {%11, %12}, %13, {%14, %15};"
+      "%10, {0, 0}, %11, {0, 0};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(scale_a),
-        "h"(uint16_t(0)), "h"(uint16_t(0)), "r"(scale_b), "h"(uint16_t(0)), "h"(uint16_t(0)));
+        "r"(scale_b));
 }
 #endif
 
