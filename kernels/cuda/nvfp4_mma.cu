@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cuda/check.h"
 #include "cuda/nvfp4_mma_lanes.cuh"
 
@@ -287,22 +289,27 @@ bool nvfp4_mma_supported(int device) {
 }
 
 bool nvfp4_mma_selected() {
-  static const bool selected = [] {
+  static const bool on = [] {
     const char* value = std::getenv("COLIBRI_FP4_MMA");
-    if (value == nullptr || std::strcmp(value, "1") != 0) return false;
-    const int device = current_device();
-    if (nvfp4_mma_supported(device)) return true;
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  if (!on) return false;
+  const int device = current_device();
+  if (nvfp4_mma_supported(device)) return true;
+  static std::once_flag logged;
+  std::call_once(logged, [device] {
     cudaDeviceProp prop{};
     CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+    char host[256] = "?";
+    gethostname(host, sizeof(host) - 1);
     std::fprintf(stderr,
-                 "COLIBRI_FP4_MMA=1: device %d (%s, compute capability %d.%d) %s; NVFP4 products "
-                 "keep the FP4-widening kernels\n",
-                 device, prop.name, prop.major, prop.minor,
+                 "[pid %d@%s] COLIBRI_FP4_MMA=1: device %d (%s, compute capability %d.%d) %s; "
+                 "NVFP4 products keep the FP4-widening kernels\n",
+                 int(getpid()), host, device, prop.name, prop.major, prop.minor,
                  prop.major == 12 ? "does not run this binary's sm_120a/sm_120f code"
                                   : "has no block-scaled FP4 MMA (compute capability 12.x only)");
-    return false;
-  }();
-  return selected;
+  });
+  return false;
 }
 
 void quantize_nvfp4_device(const float* x, int64_t n, int64_t cols, uint8_t* codes, uint8_t* scales,

@@ -27,9 +27,9 @@ constexpr int64_t kNvfp4MmaMinRows = 16;
 // with the instruction. Probed once per device (the first call synchronizes with it).
 bool nvfp4_mma_supported(int device);
 
-// COLIBRI_FP4_MMA=1 and nvfp4_mma_supported(current device). When the variable is 1 and the
-// device cannot, one line on stderr says why (once per process) and the answer is false.
-// COLIBRI_FP4_MMA unset or 0: false, with no probe.
+// COLIBRI_FP4_MMA=1 (read once) and nvfp4_mma_supported(the current device). When the variable
+// is 1 and a device cannot, one line on stderr says why (once per process) and the answer is
+// false. COLIBRI_FP4_MMA unset or 0: false, with no probe.
 bool nvfp4_mma_selected();
 
 // x [n, cols] (fp32, device) quantized as kernels::quantize_nvfp4(x, n, cols, ...) does, bit for
