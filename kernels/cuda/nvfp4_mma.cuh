@@ -2,7 +2,9 @@
 // kind::mxf4nvf4, scale_vec::4X; cuda/nvfp4_mma_lanes.cuh has the fragment layouts). The
 // activations are quantized on the device by the ModelOpt recipe (kernels::quantize_nvfp4, bit
 // for bit: a per-tensor global scale from the amax, an E4M3 scale a 16 columns, E2M1 codes), then
-// y = (sum over k of codes * scales, fp32 on the tensor cores) * w.global * x.global.
+// y = (sum over k of codes * scales, fp32 on the tensor cores) * w.global * x.global. x.global
+// comes from each batch's amax, as the recipe makes a weight's; a checkpoint's static
+// input_scale is not used (the CPU kernels do not use it either).
 // Against the exact product of the dequantized operands the only difference is the order of the
 // fp32 accumulation; against the fp32-activation path (matrix_linear) it adds the activations'
 // FP4 rounding (W4A4). The instruction exists only in code built for sm_120a/sm_120f, which the
