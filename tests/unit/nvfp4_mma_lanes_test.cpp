@@ -174,6 +174,47 @@ TEST(Nvfp4MmaLanes, FragmentsThroughEmulatedMmaGiveTheDequantizedProduct) {
   }
 }
 
+// The grouped FFN's gather (load_b_row: each lane's column is a slot's row of x, a row past x a
+// zero column): a tile of slots naming rows out of order and repeated, the last tile partial.
+TEST(Nvfp4MmaLanes, GatheredRowsGiveTheProductOfTheRowsNamed) {
+  std::mt19937 rng(17);
+  const int64_t rows = 16, cols = 80, n_x = 11, n_slots = 13;
+  const Operand w = random_operand(rows, cols, rng), x = random_operand(n_x, cols, rng);
+  std::vector<int64_t> slot_row(static_cast<size_t>(n_slots));
+  for (int64_t& r : slot_row) r = int64_t(rng() % uint32_t(n_x));
+  for (int64_t s0 = 0; s0 < n_slots; s0 += fp4::kTileCols) {
+    float d[fp4::kWarpSize][4] = {};
+    for (int64_t k0 = 0; k0 < cols; k0 += fp4::kChunk) {
+      uint32_t a[fp4::kWarpSize][4], b[fp4::kWarpSize][2];
+      uint32_t scale_a[fp4::kWarpSize], scale_b[fp4::kWarpSize];
+      for (int lane = 0; lane < fp4::kWarpSize; ++lane) {
+        const int64_t slot = s0 + lane / 4;
+        fp4::load_a(w.view(), 0, k0, lane, a[lane], scale_a[lane]);
+        fp4::load_b_row(x.view(), slot < n_slots ? slot_row[size_t(slot)] : x.rows, k0, lane,
+                        b[lane], scale_b[lane]);
+      }
+      fp4::mma_m16n8k64_warp(a, b, scale_a, scale_b, d);
+    }
+    for (int lane = 0; lane < fp4::kWarpSize; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const int64_t r = fp4::acc_row(lane, i), slot = s0 + fp4::acc_col(lane, i);
+        double exact = 0, abs_terms = 0;
+        for (int64_t c = 0; c < cols && slot < n_slots; ++c) {
+          const double term = w.value(r, c) * x.value(slot_row[size_t(slot)], c);
+          exact += term;
+          abs_terms += std::fabs(term);
+        }
+        if (slot >= n_slots) {
+          ASSERT_EQ(d[lane][i], 0.0f) << "a slot past the tile's end read a row";
+          continue;
+        }
+        ASSERT_GT(abs_terms, 0.0);
+        ASSERT_LE(std::fabs(d[lane][i] - exact), 4 * std::ldexp(1.0, -24) * abs_terms)
+            << "slot " << slot << " (row " << slot_row[size_t(slot)] << "), weight row " << r;
+      }
+  }
+}
+
 // A scale byte moved to the wrong register byte or lane changes the product: the check above
 // can fail (one block's scale doubled, every output that reads it moves).
 TEST(Nvfp4MmaLanes, AWrongScaleIsSeen) {
