@@ -405,20 +405,20 @@ void nvfp4_mma_expert_projections(const ExpertGroup& g, cudaStream_t stream) {
   if (g.n_experts == 0 || g.n_slots == 0) return;
   if (g.hidden % fp4::kBlock != 0 || g.inter % fp4::kBlock != 0)
     throw std::invalid_argument(
-        "nvfp4_mma_expert_projections: hidden and inter must be "
-        "multiples of 16");
+        "nvfp4_mma_expert_projections: hidden and inter must be multiples of 16");
   const auto up16 = [](int64_t bytes) { return (bytes + 15) / 16 * 16; };
   const int64_t x_cols = g.hidden, h_cols = g.inter;
   const int64_t x_codes = 0, x_scales = x_codes + up16(int64_t(g.n_rows) * x_cols / 2);
   const int64_t h_codes = x_scales + up16(int64_t(g.n_rows) * x_cols / fp4::kBlock);
   const int64_t h_scales = h_codes + up16(int64_t(g.n_slots) * h_cols / 2);
-  const int64_t words = h_scales + up16(int64_t(g.n_slots) * h_cols / fp4::kBlock);
+  // Then four 4-byte words: x's global and amax, h's global and amax.
+  const int64_t tail = h_scales + up16(int64_t(g.n_slots) * h_cols / fp4::kBlock);
   uint8_t* scratch = nullptr;
-  CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(words + 16), stream));
-  float* x_global = reinterpret_cast<float*>(scratch + words);
-  uint32_t* x_amax = reinterpret_cast<uint32_t*>(scratch + words + 4);
-  float* h_global = reinterpret_cast<float*>(scratch + words + 8);
-  uint32_t* h_amax = reinterpret_cast<uint32_t*>(scratch + words + 12);
+  CHECK_CUDA(cudaMallocAsync(reinterpret_cast<void**>(&scratch), size_t(tail + 16), stream));
+  float* x_global = reinterpret_cast<float*>(scratch + tail);
+  uint32_t* x_amax = reinterpret_cast<uint32_t*>(scratch + tail + 4);
+  float* h_global = reinterpret_cast<float*>(scratch + tail + 8);
+  uint32_t* h_amax = reinterpret_cast<uint32_t*>(scratch + tail + 12);
 
   quantize_nvfp4_device(g.x, g.n_rows, x_cols, scratch + x_codes, scratch + x_scales, x_global,
                         x_amax, stream);
