@@ -8,6 +8,7 @@
 #include "cuda/check.h"
 #include "cuda/expert_ffn_lanes.cuh"
 #include "cuda/expert_ffn_mma.cuh"
+#include "cuda/nvfp4_mma.cuh"
 
 namespace colibri::cuda {
 namespace {
@@ -350,6 +351,8 @@ void expert_ffn_grouped_no_combine(const ExpertGroup& g, cudaStream_t stream) {
   if (!aligned16(g.x) || !aligned16(g.h))
     throw std::invalid_argument("expert_ffn_grouped: x and h must be 16-byte aligned");
   const int m = g.max_slots_per_expert;
+  if (g.fp4_mma && m >= kNvfp4MmaMinRows && nvfp4_mma_selected())
+    return nvfp4_mma_expert_projections(g, stream);  // COLIBRI_FP4_MMA=1 on a 12.x device
   if (m >= kMmaMinSlots && g.tensor_cores) {
     const dim3 gate_grid(unsigned((g.inter + kTileRowsPerBlock - 1) / kTileRowsPerBlock),
                          unsigned(g.n_experts));
@@ -391,6 +394,8 @@ void matrix_linear(const DeviceMatrix& w, const float* x, int64_t n, float* y,
   if (n <= 0 || w.rows <= 0) return;
   if (n > (int64_t(1) << 30)) throw std::invalid_argument("matrix_linear: too many rows of x");
   if (!aligned16(x)) throw std::invalid_argument("matrix_linear: x must be 16-byte aligned");
+  if (n >= kNvfp4MmaMinRows && nvfp4_mma_fits(w) && nvfp4_mma_selected())
+    return nvfp4_mma_linear(w, x, n, y, stream);  // COLIBRI_FP4_MMA=1 on a 12.x device
   const unsigned blocks = unsigned((w.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   if (n == 1)
     matrix_linear_kernel<1><<<blocks, kThreadsPerBlock, 0, stream>>>(w, x, n, y);

@@ -84,6 +84,7 @@ struct ExpertGroup {
   int n_experts = 0, n_slots = 0, n_rows = 0;
   int max_slots_per_expert = 0;  // the largest expert_begin[i + 1] - expert_begin[i]
   int tensor_cores = 1;          // 0: CUDA cores only, whatever the batch
+  int fp4_mma = 0;  // 1: every expert not skipped fits cuda/nvfp4_mma.cuh (nvfp4_mma_fits)
   int64_t hidden = 0, inter = 0;
   const DeviceExpert* experts = nullptr;  // [n_experts]
   const int32_t* expert_begin = nullptr;  // [n_experts + 1]: expert i's slots

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/nvfp4_mma.cuh"
 
 namespace colibri::cuda {
 
@@ -166,6 +167,10 @@ void ExpertGroupBuffers::stage(const ExpertGroupIndex& index,
   index_ = &index;
   phase_experts_ = g.experts;
   phases_ = phases;
+  phase_fp4_mma_.assign(size_t(phases), 0);
+  for (int p = 0; p < phases; ++p)
+    phase_fp4_mma_[size_t(p)] =
+        nvfp4_mma_fits(descriptions.data() + size_t(p) * n_experts, int64_t(n_experts)) ? 1 : 0;
 }
 
 void ExpertGroupBuffers::project(int phase, cudaStream_t stream) {
@@ -174,6 +179,7 @@ void ExpertGroupBuffers::project(int phase, cudaStream_t stream) {
                                 " of " + std::to_string(phases_));
   ExpertGroup g = group_;
   g.experts = phase_experts_ + size_t(phase) * size_t(g.n_experts);
+  g.fp4_mma = phase_fp4_mma_[size_t(phase)];
   expert_ffn_grouped_no_combine(g, stream);
 }
 

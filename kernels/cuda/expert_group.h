@@ -86,6 +86,7 @@ class ExpertGroupBuffers {
   float* workspace_ = nullptr;  // h, y_slots, out
   size_t workspace_floats_ = 0;
   ExpertGroup group_;
+  std::vector<uint8_t> phase_fp4_mma_;  // per phase: its experts fit nvfp4_mma_fits
 };
 
 }  // namespace colibri::cuda

@@ -171,7 +171,7 @@ void check_environment() {
     fail("{}", e.what());
   }
   for (const char* name : {"COLIBRI_VNNI", "COLIBRI_AMX", "COLIBRI_TILES", "COLIBRI_BF16_PAIRS",
-                           "COLIBRI_SPLIT_HEADS", "COLIBRI_BLOCKED_ATTENTION"}) {
+                           "COLIBRI_SPLIT_HEADS", "COLIBRI_BLOCKED_ATTENTION", "COLIBRI_FP4_MMA"}) {
     const char* value = std::getenv(name);
     if (value && std::strcmp(value, "0") != 0 && std::strcmp(value, "1") != 0)
       fail("{}='{}' must be 0 (off) or 1 (on)", name, value);

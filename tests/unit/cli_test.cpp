@@ -603,6 +603,11 @@ TEST(CliArgs, EnvironmentKnobsAreCheckedAtStart) {
     expect_refused(run_node(args, scratch.path()),
                    {"COLIBRI_ISA=sse9: expected scalar, avx2 or avx512"});
   }
+  {
+    const ScopedEnv fp4_mma("COLIBRI_FP4_MMA", "on");
+    expect_refused(run_node(args, scratch.path()),
+                   {"COLIBRI_FP4_MMA='on' must be 0 (off) or 1 (on)"});
+  }
   const ScopedEnv vnni("COLIBRI_VNNI", "yes");
   expect_refused(run_node(args, scratch.path()), {"COLIBRI_VNNI='yes' must be 0 (off) or 1 (on)"});
 }
