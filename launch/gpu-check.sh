@@ -10,7 +10,7 @@
 # pinned memory alone and under the batch-1 kernels, which measures the miss rule's PCIe rate).
 # Then the CUDA coordinator: its kernels against their CPU oracles, the engine with the GPU
 # coordinator against the CPU engine on every parity model (logits within 2e-2, greedy tokens
-# equal, two sequences per batch), and the decode step on a GLM-5.2-shaped slice against the
+# equal, two sequences per batch; glm5_nvfp4 with its NVFP4 products as stored), and the decode step on a GLM-5.2-shaped slice against the
 # CPU coordinator, with HBM bytes per step as a fraction of copy bandwidth.
 # Writes one results file (plus a summary, the benchmark's JSON lines and the tests' XML) to
 # $OUT when set, else bench/gpu-results/. Idempotent: builds, if it must, in a fresh /tmp folder.
