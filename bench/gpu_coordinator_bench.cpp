@@ -22,6 +22,7 @@
 
 #include "coordinator/cuda_compute.h"
 #include "coordinator/engine.h"
+#include "coordinator/gpu_staging.h"
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "gpu_bench.h"
@@ -101,27 +102,25 @@ double decode_step_us(Engine& engine, int context, int steps) {
   return median(us);
 }
 
-uint64_t bf16_bytes(const Matrix& w) {
-  return w.empty() ? 0 : uint64_t(2 * w.rows * w.cols);
-}
-
-// Weight bytes a decode step reads on the device: every BF16 product weight once (not the
-// embedding table: one row per token), norms and routers in fp32.
+// Weight bytes a decode step reads on the device: every product weight once in the form the
+// device holds it (gpu_staging.h: NVFP4 as stored, BF16, or fp32; not the embedding table: one
+// row per token), norms and routers in fp32.
 uint64_t step_weight_bytes(const ModelConfig& c, const ModelWeights& w) {
-  uint64_t bytes = bf16_bytes(w.lm_head) + 4 * w.final_norm.size();
+  uint64_t bytes = device_weight_bytes(w.lm_head) + 4 * w.final_norm.size();
   for (const LayerWeights& l : w.layers) {
     const AttentionWeights& a = l.attn;
-    for (const Matrix* m :
-         {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj, &a.kv_b_proj, &a.o_proj})
-      bytes += bf16_bytes(*m);
+    for (const Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj, &a.o_proj})
+      bytes += device_weight_bytes(*m);
+    bytes += device_weight_bytes(a.kv_b_proj, true);
     if (a.indexer)
-      bytes += bf16_bytes(a.indexer->wq_b) + bf16_bytes(a.indexer->wk) +
-               bf16_bytes(a.indexer->weights_proj);
+      bytes += device_weight_bytes(a.indexer->wq_b) + device_weight_bytes(a.indexer->wk) +
+               device_weight_bytes(a.indexer->weights_proj);
     const MlpWeights& mlp = l.is_moe ? l.shared_experts : l.dense_mlp;
     if (mlp.quantized())
       bytes += 2 * uint64_t(mlp.quant.gate.rows * mlp.quant.gate.cols * 3);
     else
-      bytes += bf16_bytes(mlp.gate) + bf16_bytes(mlp.up) + bf16_bytes(mlp.down);
+      bytes += device_weight_bytes(mlp.gate) + device_weight_bytes(mlp.up) +
+               device_weight_bytes(mlp.down);
     if (l.is_moe) bytes += 4 * uint64_t(c.n_routed_experts) * uint64_t(c.hidden_size);
     bytes += 4 * (l.input_norm.size() + l.post_attention_norm.size());
   }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check of the CUDA expert backend in one run, on one GPU machine, in under 6 minutes:
 # device facts, the GPU tests (each CUDA kernel against its kernels/cpu oracle, int4/int8/BF16/
-# fp32/NVFP4, whole and phased as a request with VRAM misses runs; the CUDA expert backend against the
-# CPU backend on every parity model (the NVFP4 copy as stored too), per MoE layer, with the VRAM tier holding a third of the
+# fp32/NVFP4 and int4 with zero points, whole and phased as a request with VRAM misses runs; the
+# CUDA expert backend against the CPU backend on every parity model (the NVFP4 copy and the
+# asymmetric INT4 one as stored too), per MoE layer, with the VRAM tier holding a third of the
 # experts (misses uploaded or computed on the CPU), and end to end: logits and greedy tokens),
 # the block-scaled FP4 MMA test (its device quantizer on any GPU; its MMA part needs compute
 # capability 12.x and is reported as SKIP elsewhere), and the kernel benchmark (grouped int4 g64 FFN on 8 experts of GLM-5.2's shape, batch 1/8/16,
@@ -10,7 +11,7 @@
 # pinned memory alone and under the batch-1 kernels, which measures the miss rule's PCIe rate).
 # Then the CUDA coordinator: its kernels against their CPU oracles, the engine with the GPU
 # coordinator against the CPU engine on every parity model (logits within 2e-2, greedy tokens
-# equal, two sequences per batch), and the decode step on a GLM-5.2-shaped slice against the
+# equal, two sequences per batch; glm5_nvfp4 with its NVFP4 products as stored), and the decode step on a GLM-5.2-shaped slice against the
 # CPU coordinator, with HBM bytes per step as a fraction of copy bandwidth.
 # Writes one results file (plus a summary, the benchmark's JSON lines and the tests' XML) to
 # $OUT when set, else bench/gpu-results/. Idempotent: builds, if it must, in a fresh /tmp folder.
@@ -51,7 +52,7 @@ carry=$root/gpu-carry
 # found M" on fewer). Run it on a machine with 2+ GPUs and Open MPI:
 #   ctest --test-dir build -R gpu_nccl_transport --output-on-failure
 gpu_tests=(expert_ffn_lanes_test expert_ffn_mma_test linear_cuda_test expert_ffn_cuda_test nvfp4_cuda_test
-  nvfp4_mma_cuda_test cuda_expert_backend_test cuda_coordinator_test)
+  nvfp4_mma_cuda_test zero_points_cuda_test cuda_expert_backend_test cuda_coordinator_test)
 # Need colibri_core's libraries: run only from the carried binaries.
 core_tests=(cuda_expert_backend_test cuda_coordinator_test)
 binaries=("${gpu_tests[@]}" gpu_expert_bench gpu_coordinator_bench colibri-gen-bench-model)

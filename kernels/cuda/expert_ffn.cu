@@ -53,7 +53,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gate_up_kernel(ExpertGroup g
     const float* xs[T];
     slot_inputs<T>(g.x, g.slot_row, g.hidden, s0, end, xs);
     float acc_gate[T], acc_up[T];
-    if (is_wide_int4(e.gate) && is_wide_int4(e.up) && e.gate.cols == e.up.cols) {
+    const bool pair = is_wide_int4(e.gate) && is_wide_int4(e.up) && e.gate.cols == e.up.cols;
+    if (pair && e.gate.offsets && e.up.offsets) {
+      int4_row_dot2<T, true>(e.gate, e.up, r, xs, lane, acc_gate, acc_up);
+    } else if (pair && !e.gate.offsets && !e.up.offsets) {
       int4_row_dot2<T>(e.gate, e.up, r, xs, lane, acc_gate, acc_up);
     } else {
       row_dot<T>(e.gate, r, xs, lane, acc_gate);
@@ -264,6 +267,12 @@ int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols
   return 0;
 }
 
+int64_t device_matrix_offset_count(WeightFormat format, int64_t rows, int64_t cols,
+                                   int group_size) {
+  const bool int4 = format == WeightFormat::kInt4Row || format == WeightFormat::kInt4Grouped;
+  return int4 ? device_matrix_scale_count(format, rows, cols, group_size) : 0;
+}
+
 int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size) {
   switch (format) {
     case WeightFormat::kInt4Grouped:
@@ -280,7 +289,8 @@ int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t col
 }
 
 DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
-                           const void* data, const float* scales, const char* what) {
+                           const void* data, const float* scales, const char* what,
+                           const float* offsets) {
   const auto fail = [&](const std::string& why) {
     throw std::invalid_argument(std::string(what) + " (" + weight_format_name(format) + ", " +
                                 std::to_string(rows) + "x" + std::to_string(cols) + "): " + why);
@@ -294,6 +304,8 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
   if (!dense && !scales) fail("null scales");
   if (format == WeightFormat::kNvfp4) fail("NVFP4 matrices are described by device_matrix_nvfp4");
   if (format < WeightFormat::kInt4Row || format > WeightFormat::kBF16) fail("unknown format");
+  if (offsets && format != WeightFormat::kInt4Row && format != WeightFormat::kInt4Grouped)
+    fail("zero-point offsets are for int4 only");
   DeviceMatrix m;
   m.format = format;
   m.group_size = group_size;
@@ -301,6 +313,7 @@ DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, in
   m.cols = cols;
   m.data = data;
   m.scales = scales;
+  m.offsets = offsets;
   bool wide = aligned16(data);
   switch (format) {
     case WeightFormat::kInt4Row:

@@ -7,7 +7,10 @@
 //      starting from 0, each step rounded as `out += weight * y` (no fused multiply-add), which
 //      is the order and rounding of the CPU's run_expert_pairs.
 // fp32 activations and fp32 accumulation. Weights stay in colibri's container layout
-// (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales), dense BF16 (the
+// (kernels/cpu/quant.h: int4 per row or per group, int8 per row, f32 scales; int4 optionally with
+// zero points, fp32 offsets per (row, group), each adding offset * (the group's sum of the
+// inputs) to the symmetric product as the CPU does: on gate and up before the activation, on down
+// after), dense BF16 (the
 // checkpoint's bits, widened in registers as kernels::linear_bf16 does), dense fp32, or NVFP4 as
 // stored (kernels/cpu/linear.h, Nvfp4Weights: E2M1 codes two a byte, an E4M3 scale a 16 columns,
 // the fp32 second-level scale; widened in registers, each 16 columns' sum of x * e2m1 scaled once
@@ -17,7 +20,8 @@
 // (tests/gpu/expert_ffn_cuda_test.cpp). When an expert of the request has 8 or more slots and
 // `tensor_cores` is set, the projections run on tensor cores instead (cuda/expert_ffn_mma.cuh:
 // int4 tiles dequantised to BF16 in registers, activations split into BF16 hi + lo, mma.sync
-// with fp32 accumulation; other formats run the per-row path in the same launch).
+// with fp32 accumulation, zero points added per 64 columns; other formats run the per-row path
+// in the same launch).
 // Includable from plain C++.
 #pragma once
 
@@ -47,18 +51,22 @@ struct DeviceMatrix {
                                // [rows, cols]
   const float* scales = nullptr;  // int formats: [rows] or [rows, ceil(cols / group_size)]
   int32_t wide = 0;               // set by device_matrix(): rows can be read in 16-byte loads
+  // int4 zero points (an asymmetric checkpoint's, kernels/cpu/quant.h): fp32 offsets laid out as
+  // the scales, [rows] or [rows, ceil(cols / group_size)], W = (q - 8) * s + offset; or null.
+  const float* offsets = nullptr;
   // kNvfp4 (data: the codes [rows, cols / 2]): the E4M3 scale bytes [rows, cols / 16] and the
   // second-level scale.
   const uint8_t* e4m3_scales = nullptr;
   float global = 0.0f;
 };
 
-// Checks the description (format, group size, non-null pointers, shape) and decides whether the
-// 16-byte path applies (int4: cols % 32 == 0 and group_size % 32 == 0; int8: cols % 16 == 0;
-// bf16: cols % 8 == 0; f32: cols % 4 == 0; data 16-byte aligned). Throws std::invalid_argument
-// naming `what`.
+// Checks the description (format, group size, non-null pointers, shape; offsets for int4 only)
+// and decides whether the 16-byte path applies (int4: cols % 32 == 0 and group_size % 32 == 0;
+// int8: cols % 16 == 0; bf16: cols % 8 == 0; f32: cols % 4 == 0; data 16-byte aligned). Throws
+// std::invalid_argument naming `what`.
 DeviceMatrix device_matrix(WeightFormat format, int group_size, int64_t rows, int64_t cols,
-                           const void* data, const float* scales, const char* what);
+                           const void* data, const float* scales, const char* what,
+                           const float* offsets = nullptr);
 
 // NVFP4 weights as stored (kernels::Nvfp4Weights, in device memory): cols a positive multiple of
 // 16; the 16-byte path when cols % 32 == 0 and the codes are 16-byte aligned. Throws
@@ -70,6 +78,8 @@ DeviceMatrix device_matrix_nvfp4(int64_t rows, int64_t cols, const uint8_t* code
 // bytes are not floats and are not counted by device_matrix_scale_count).
 int64_t device_matrix_data_bytes(WeightFormat format, int64_t rows, int64_t cols);
 int64_t device_matrix_scale_count(WeightFormat format, int64_t rows, int64_t cols, int group_size);
+// The number of fp32 zero-point offsets W may carry: its scale count for int4, else 0.
+int64_t device_matrix_offset_count(WeightFormat format, int64_t rows, int64_t cols, int group_size);
 
 // An expert whose gate.data is null is skipped by the projections (its slots' y rows are filled
 // by the caller, e.g. computed on the CPU); the combine still reads them.

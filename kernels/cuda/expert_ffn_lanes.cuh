@@ -86,14 +86,26 @@ COLIBRI_LANE void dot8(const float (&w)[8], const float4* const (&x4)[T], int64_
   }
 }
 
+// acc[t] += the sum of x_t's 8 values at float4 index i4 (the inputs dot8 multiplies).
+template <int T>
+COLIBRI_LANE void sum8(const float4* const (&x4)[T], int64_t i4, float (&acc)[T]) {
+  COLIBRI_UNROLL
+  for (int t = 0; t < T; ++t) {
+    const float4 a = x4[t][i4], b = x4[t][i4 + 1];
+    acc[t] += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+  }
+}
+
 // 32 int4 weights (one 16-byte load, columns 32c .. 32c + 31) against T inputs; the sum of
 // x * (q - 8) is scaled once per load (the 32 columns share one scale: group_size % 32 == 0).
-template <int T>
+// kZero (zero points): the 32 columns share one offset too, and offset * (the sum of their x) is
+// added, which summed over a group's chunks is the CPU's offset * (the group's sum of x).
+template <int T, bool kZero = false>
 COLIBRI_LANE void int4_chunk(uint4 q, float scale, int64_t c, const float4* const (&x4)[T],
-                             float (&acc)[T]) {
-  float part[T];
+                             float (&acc)[T], float offset = 0.0f) {
+  float part[T], x_sum[T];
   COLIBRI_UNROLL
-  for (int t = 0; t < T; ++t) part[t] = 0.0f;
+  for (int t = 0; t < T; ++t) part[t] = x_sum[t] = 0.0f;
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
   COLIBRI_UNROLL
   for (int k = 0; k < 4; ++k) {
@@ -105,9 +117,13 @@ COLIBRI_LANE void int4_chunk(uint4 q, float scale, int64_t c, const float4* cons
       w[2 * j + 1] = byte_to_float(hi, j, kInt4Bias);
     }
     dot8<T>(w, x4, c * 8 + 2 * k, part);
+    if constexpr (kZero) sum8<T>(x4, c * 8 + 2 * k, x_sum);
   }
   COLIBRI_UNROLL
-  for (int t = 0; t < T; ++t) acc[t] = fmaf(part[t], scale, acc[t]);
+  for (int t = 0; t < T; ++t) {
+    acc[t] = fmaf(part[t], scale, acc[t]);
+    if constexpr (kZero) acc[t] = fmaf(x_sum[t], offset, acc[t]);
+  }
 }
 
 // 16 int8 weights (columns 16c .. 16c + 15), unscaled: the row scale is applied at the end.
@@ -182,16 +198,50 @@ COLIBRI_LANE bool is_wide_int4(const DeviceMatrix& w) {
   return w.wide && (w.format == WeightFormat::kInt4Row || w.format == WeightFormat::kInt4Grouped);
 }
 
-// The scale of 32-column chunk c of a wide int4 row whose scales start at `scales`.
+// The scale of 32-column chunk c of a wide int4 row whose scales start at `scales` (or its
+// offset, given the row's offsets: they are laid out alike).
 COLIBRI_LANE float chunk_scale(const DeviceMatrix& w, const float* scales, int64_t c) {
   return lane_load(scales + (w.format == WeightFormat::kInt4Grouped ? c / (w.group_size / 32) : 0));
 }
 
-// The first scale of row r: ceil(cols / group_size) per row, the last group possibly short.
+// Where row r's scales start: ceil(cols / group_size) per row, the last group possibly short.
+COLIBRI_LANE int64_t row_scale_at(const DeviceMatrix& w, int64_t r) {
+  return w.format == WeightFormat::kInt4Grouped ? r * ((w.cols + w.group_size - 1) / w.group_size)
+                                                : r;
+}
 COLIBRI_LANE const float* row_scales(const DeviceMatrix& w, int64_t r) {
-  return w.scales + (w.format == WeightFormat::kInt4Grouped
-                         ? r * ((w.cols + w.group_size - 1) / w.group_size)
-                         : r);
+  return w.scales + row_scale_at(w, r);
+}
+// The first zero-point offset of row r (laid out as the scales).
+COLIBRI_LANE const float* row_offsets(const DeviceMatrix& w, int64_t r) {
+  return w.offsets + row_scale_at(w, r);
+}
+
+// Lane `lane`'s share of row r of a wide int4 matrix (kZero: with its zero points), two loads in
+// flight per lane before the arithmetic.
+template <int T, bool kZero>
+COLIBRI_LANE void int4_row_dot(const DeviceMatrix& w, int64_t r, const float4* const (&x4)[T],
+                               int lane, float (&acc)[T]) {
+  const uint4* row =
+      reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + r * (w.cols / 2));
+  const int64_t chunks = w.cols / 32;
+  const float* scales = row_scales(w, r);
+  const float* offsets = kZero ? row_offsets(w, r) : nullptr;
+  for (int64_t c = lane; c < chunks; c += 2 * kWarpSize) {
+    const int64_t c1 = c + kWarpSize;
+    const bool second = c1 < chunks;
+    const uint4 q0 = lane_load(row + c);
+    const uint4 q1 = second ? lane_load(row + c1) : make_uint4(0, 0, 0, 0);
+    if constexpr (kZero) {
+      int4_chunk<T, true>(q0, chunk_scale(w, scales, c), c, x4, acc, chunk_scale(w, offsets, c));
+      if (second)
+        int4_chunk<T, true>(q1, chunk_scale(w, scales, c1), c1, x4, acc,
+                            chunk_scale(w, offsets, c1));
+    } else {
+      int4_chunk<T>(q0, chunk_scale(w, scales, c), c, x4, acc);
+      if (second) int4_chunk<T>(q1, chunk_scale(w, scales, c1), c1, x4, acc);
+    }
+  }
 }
 
 // Lane `lane`'s share of W[r, :] · x_t for t < T; a warp_sum of acc[t] gives the dot product.
@@ -207,22 +257,12 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
     for (int t = 0; t < T; ++t) x4[t] = reinterpret_cast<const float4*>(xs[t]);
     switch (w.format) {
       case WeightFormat::kInt4Row:
-      case WeightFormat::kInt4Grouped: {
-        const uint4* row =
-            reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + r * (cols / 2));
-        const int64_t chunks = cols / 32;
-        const float* scales = row_scales(w, r);
-        // Two loads in flight per lane before the arithmetic.
-        for (int64_t c = lane; c < chunks; c += 2 * kWarpSize) {
-          const int64_t c1 = c + kWarpSize;
-          const bool second = c1 < chunks;
-          const uint4 q0 = lane_load(row + c);
-          const uint4 q1 = second ? lane_load(row + c1) : make_uint4(0, 0, 0, 0);
-          int4_chunk<T>(q0, chunk_scale(w, scales, c), c, x4, acc);
-          if (second) int4_chunk<T>(q1, chunk_scale(w, scales, c1), c1, x4, acc);
-        }
+      case WeightFormat::kInt4Grouped:
+        if (w.offsets)
+          int4_row_dot<T, true>(w, r, x4, lane, acc);
+        else
+          int4_row_dot<T, false>(w, r, x4, lane, acc);
         return;
-      }
       case WeightFormat::kInt8Row: {
         const uint4* row =
             reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(w.data) + r * cols);
@@ -288,7 +328,7 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
     return;
   }
   // Any shape: one element per lane and step, each weight dequantised as the CPU does,
-  // (q - 8) * s or q * s.
+  // (q - 8) * s (+ its offset) or q * s.
   const uint8_t* bytes = static_cast<const uint8_t*>(w.data);
   const int64_t n_groups =
       w.format == WeightFormat::kInt4Grouped ? (cols + w.group_size - 1) / w.group_size : 1;
@@ -299,10 +339,9 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
       case WeightFormat::kInt4Grouped: {
         const uint8_t b = bytes[r * ((cols + 1) / 2) + i / 2];
         const int q = int((i & 1) ? b >> 4 : b & 15) - 8;
-        const float s = w.format == WeightFormat::kInt4Grouped
-                            ? w.scales[r * n_groups + i / w.group_size]
-                            : w.scales[r];
-        wv = float(q) * s;
+        const int64_t g = w.format == WeightFormat::kInt4Grouped ? i / w.group_size : 0;
+        wv = float(q) * w.scales[r * n_groups + g];
+        if (w.offsets) wv += w.offsets[r * n_groups + g];
         break;
       }
       case WeightFormat::kInt8Row:
@@ -324,8 +363,9 @@ COLIBRI_LANE void row_dot(const DeviceMatrix& w, int64_t r, const float* const (
 }
 
 // Row r of two wide int4 matrices of the same width (gate and up) against the same inputs, with
-// four 16-byte loads in flight per lane: the same sums as two row_dot calls.
-template <int T>
+// four 16-byte loads in flight per lane: the same sums as two row_dot calls. kZero: both have
+// zero points (the caller takes two row_dot calls when only one has).
+template <int T, bool kZero = false>
 COLIBRI_LANE void int4_row_dot2(const DeviceMatrix& a, const DeviceMatrix& b, int64_t r,
                                 const float* const (&xs)[T], int lane, float (&acc_a)[T],
                                 float (&acc_b)[T]) {
@@ -341,18 +381,27 @@ COLIBRI_LANE void int4_row_dot2(const DeviceMatrix& a, const DeviceMatrix& b, in
       reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(b.data) + r * (cols / 2));
   const float* scales_a = row_scales(a, r);
   const float* scales_b = row_scales(b, r);
+  const float* offsets_a = kZero ? row_offsets(a, r) : nullptr;
+  const float* offsets_b = kZero ? row_offsets(b, r) : nullptr;
+  const auto chunk = [&](uint4 qa, uint4 qb, int64_t c) {
+    if constexpr (kZero) {
+      int4_chunk<T, true>(qa, chunk_scale(a, scales_a, c), c, x4, acc_a,
+                          chunk_scale(a, offsets_a, c));
+      int4_chunk<T, true>(qb, chunk_scale(b, scales_b, c), c, x4, acc_b,
+                          chunk_scale(b, offsets_b, c));
+    } else {
+      int4_chunk<T>(qa, chunk_scale(a, scales_a, c), c, x4, acc_a);
+      int4_chunk<T>(qb, chunk_scale(b, scales_b, c), c, x4, acc_b);
+    }
+  };
   for (int64_t c = lane; c < chunks; c += 2 * kWarpSize) {
     const int64_t c1 = c + kWarpSize;
     const bool second = c1 < chunks;
     const uint4 a0 = lane_load(row_a + c), b0 = lane_load(row_b + c);
     const uint4 a1 = second ? lane_load(row_a + c1) : make_uint4(0, 0, 0, 0);
     const uint4 b1 = second ? lane_load(row_b + c1) : make_uint4(0, 0, 0, 0);
-    int4_chunk<T>(a0, chunk_scale(a, scales_a, c), c, x4, acc_a);
-    int4_chunk<T>(b0, chunk_scale(b, scales_b, c), c, x4, acc_b);
-    if (second) {
-      int4_chunk<T>(a1, chunk_scale(a, scales_a, c1), c1, x4, acc_a);
-      int4_chunk<T>(b1, chunk_scale(b, scales_b, c1), c1, x4, acc_b);
-    }
+    chunk(a0, b0, c);
+    if (second) chunk(a1, b1, c1);
   }
 }
 

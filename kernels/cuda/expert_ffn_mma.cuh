@@ -4,6 +4,10 @@
 // a multiple of 64 columns) whose rows are a multiple of 64 columns.
 //   - Weights: each nibble q becomes the BF16 integer q - 8 (exact); the scale of each 64-column
 //     chunk is applied to that chunk's fp32 partial sums, as the CUDA-core path does per 32.
+//   - Zero points (int4 offsets): each chunk adds offset * (the chunk's sum of the fp32 x) to its
+//     rows, as the CUDA-core path does per 32 columns. A lane sums its slot's 16 columns; the 4
+//     lanes of a slot add theirs (xor shuffles 1, 2), and each lane takes the sums of its
+//     accumulators' slots 2t, 2t + 1 from lanes 8t and 8t + 4 (chunk_x_sums).
 //   - Activations: each fp32 x is split into BF16 hi + lo (hi = x rounded, lo = x - hi rounded),
 //     two mma per k-step, so x is carried to within 2^-18 |x| (the products are exact in fp32).
 //   - Columns are permuted within each 64-column chunk so that a lane reads its 16 weight bytes
@@ -75,6 +79,13 @@ COLIBRI_LANE float tile_scale(const DeviceMatrix& w, int64_t row, int64_t c) {
   return w.format == WeightFormat::kInt4Grouped
              ? lanes::lane_load(lanes::row_scales(w, row) + c * kChunkCols / w.group_size)
              : lanes::lane_load(w.scales + row);
+}
+
+// The offset of 64-column chunk c of row `row` (w has zero points).
+COLIBRI_LANE float tile_offset(const DeviceMatrix& w, int64_t row, int64_t c) {
+  return w.format == WeightFormat::kInt4Grouped
+             ? lanes::lane_load(lanes::row_offsets(w, row) + c * kChunkCols / w.group_size)
+             : lanes::lane_load(w.offsets + row);
 }
 
 // One lane's operands for k-step j of a chunk: A from the two rows' 8 bytes, B from its slot's
@@ -154,21 +165,34 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4],
 #endif
 }
 
+// The x sums of a chunk for the lane's accumulators: `own` is the sum of the lane's 16 activations
+// (slot g); the 4 lanes of slot g add theirs, then the lane takes slot 2t's and 2t + 1's.
+__device__ __forceinline__ void chunk_x_sums(float own, int t, float& sum0, float& sum1) {
+  own += __shfl_xor_sync(0xffffffffu, own, 1);
+  own += __shfl_xor_sync(0xffffffffu, own, 2);
+  sum0 = __shfl_sync(0xffffffffu, own, 8 * t);
+  sum1 = __shfl_sync(0xffffffffu, own, 8 * t + 4);
+}
+
 // The warp's tile: acc = this lane's c0..c3 of D[16 rows from r0, slots xs[0..7]].
 __device__ __forceinline__ void int4_tile(const DeviceMatrix& w, int64_t r0,
                                           const float* const (&xs)[kTileSlots], int lane,
                                           float (&acc)[4]) {
   const LaneTile p = lane_tile(w, r0, lane);
   const float* x = xs[p.g];
+  const bool zero_points = w.offsets != nullptr;  // the same for the whole warp
   acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
   const int64_t chunks = w.cols / kChunkCols;
   for (int64_t c = 0; c < chunks; ++c) {
     uint2 qa, qb;
     load_chunk(w, p, c, qa, qb);
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float x_sum = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const Fragments f = fragments(qa, qb, load_x(x, p, c, j), j);
+      const float4 xv = load_x(x, p, c, j);
+      x_sum += (xv.x + xv.y) + (xv.z + xv.w);
+      const Fragments f = fragments(qa, qb, xv, j);
       mma_bf16(part, f.a, f.b_hi);
       mma_bf16(part, f.a, f.b_lo);
     }
@@ -177,6 +201,15 @@ __device__ __forceinline__ void int4_tile(const DeviceMatrix& w, int64_t r0,
     acc[1] = fmaf(part[1], sa, acc[1]);
     acc[2] = fmaf(part[2], sb, acc[2]);
     acc[3] = fmaf(part[3], sb, acc[3]);
+    if (zero_points) {
+      float sum0, sum1;
+      chunk_x_sums(x_sum, p.t, sum0, sum1);
+      const float oa = tile_offset(w, p.row_a, c), ob = tile_offset(w, p.row_b, c);
+      acc[0] = fmaf(sum0, oa, acc[0]);
+      acc[1] = fmaf(sum1, oa, acc[1]);
+      acc[2] = fmaf(sum0, ob, acc[2]);
+      acc[3] = fmaf(sum1, ob, acc[3]);
+    }
   }
 }
 #else
@@ -207,7 +240,8 @@ inline void mma_m16n8k16_warp(float (&c)[kWarpSize][4], const uint32_t (&a)[kWar
   }
 }
 
-// The warp's tile on the host: every lane's acc, as int4_tile computes them on a device.
+// The warp's tile on the host: every lane's acc, as int4_tile computes them on a device (the
+// shuffles of chunk_x_sums as reads of the other lanes' values).
 inline void int4_tile_warp(const DeviceMatrix& w, int64_t r0, const float* const (&xs)[kTileSlots],
                            float (&acc)[kWarpSize][4]) {
   LaneTile p[kWarpSize];
@@ -218,11 +252,14 @@ inline void int4_tile_warp(const DeviceMatrix& w, int64_t r0, const float* const
   for (int64_t c = 0; c < w.cols / kChunkCols; ++c) {
     uint2 qa[kWarpSize], qb[kWarpSize];
     float part[kWarpSize][4] = {};
+    float x_sum[kWarpSize] = {};
     for (int lane = 0; lane < kWarpSize; ++lane) load_chunk(w, p[lane], c, qa[lane], qb[lane]);
     for (int j = 0; j < 4; ++j) {
       uint32_t a[kWarpSize][4], b_hi[kWarpSize][2], b_lo[kWarpSize][2];
       for (int lane = 0; lane < kWarpSize; ++lane) {
-        const Fragments f = fragments(qa[lane], qb[lane], load_x(xs[p[lane].g], p[lane], c, j), j);
+        const float4 xv = load_x(xs[p[lane].g], p[lane], c, j);
+        x_sum[lane] += (xv.x + xv.y) + (xv.z + xv.w);
+        const Fragments f = fragments(qa[lane], qb[lane], xv, j);
         for (int i = 0; i < 4; ++i) a[lane][i] = f.a[i];
         for (int i = 0; i < 2; ++i) {
           b_hi[lane][i] = f.b_hi[i];
@@ -238,6 +275,18 @@ inline void int4_tile_warp(const DeviceMatrix& w, int64_t r0, const float* const
       acc[lane][1] = std::fma(part[lane][1], sa, acc[lane][1]);
       acc[lane][2] = std::fma(part[lane][2], sb, acc[lane][2]);
       acc[lane][3] = std::fma(part[lane][3], sb, acc[lane][3]);
+    }
+    if (w.offsets == nullptr) continue;
+    float pairs[kWarpSize], quads[kWarpSize];
+    for (int lane = 0; lane < kWarpSize; ++lane) pairs[lane] = x_sum[lane] + x_sum[lane ^ 1];
+    for (int lane = 0; lane < kWarpSize; ++lane) quads[lane] = pairs[lane] + pairs[lane ^ 2];
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+      const float sum0 = quads[8 * p[lane].t], sum1 = quads[8 * p[lane].t + 4];
+      const float oa = tile_offset(w, p[lane].row_a, c), ob = tile_offset(w, p[lane].row_b, c);
+      acc[lane][0] = std::fma(sum0, oa, acc[lane][0]);
+      acc[lane][1] = std::fma(sum1, oa, acc[lane][1]);
+      acc[lane][2] = std::fma(sum0, ob, acc[lane][2]);
+      acc[lane][3] = std::fma(sum1, ob, acc[lane][3]);
     }
   }
 }

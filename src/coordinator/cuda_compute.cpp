@@ -7,6 +7,7 @@
 #include "cuda/check.h"
 #include "cuda/dsa_indexer.cuh"
 #include "cuda/elementwise.cuh"
+#include "cuda/expert_ffn.cuh"
 #include "cuda/gemm.h"
 #include "cuda/mla_attention.cuh"
 #include "cuda/norm.cuh"
@@ -18,13 +19,16 @@ namespace colibri {
 
 namespace {
 
-// A product weight [rows, cols] on the device: BF16, or fp32 when the values loaded are not all
-// BF16 values (an fp32 checkpoint: kept exact, products in fp32 without TF32).
+// A product weight [rows, cols] on the device, in the form device_weight_form gives it
+// (gpu_staging.h): NVFP4 as stored (codes and E4M3 block scales, products by cuda::matrix_linear),
+// BF16, or fp32 when the values loaded are not all BF16 values (an fp32 checkpoint: kept exact,
+// products in fp32 without TF32).
 struct DeviceMatrix {
   const uint16_t* bf16 = nullptr;
   const float* f32 = nullptr;
+  cuda::DeviceMatrix nvfp4;  // its data is null unless the weight is NVFP4
   int64_t rows = 0, cols = 0;
-  bool empty() const { return !bf16 && !f32; }
+  bool empty() const { return !bf16 && !f32 && !nvfp4.data; }
 };
 
 struct DeviceMlp {
@@ -51,6 +55,7 @@ struct DeviceLayer {
 struct CudaCompute::Impl {
   std::vector<void*> allocations;
   uint64_t* bytes = nullptr;
+  DeviceWeightBytes* weight_bytes = nullptr;
   std::unique_ptr<cuda::Blas> blas;
   DeviceMatrix embed;
   const float* final_norm = nullptr;
@@ -101,23 +106,45 @@ struct CudaCompute::Impl {
     allocations.erase(std::find(allocations.begin(), allocations.end(), p));
     CHECK_CUDA(cudaFree(p));
   }
-  template <typename T>
-  const T* upload(const std::vector<T>& host) {
+  template <typename T, typename Allocator>
+  const T* upload(const std::vector<T, Allocator>& host) {
     T* p = alloc<T>(host.size());
     CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
     return p;
   }
-  // BF16 when that is exact or the weight is not fp32 (BF16, FP8 and container weights are
-  // converted: keeping int8 rows with their scales on the GPU is future work); else fp32.
-  DeviceMatrix upload(const Matrix& w) {
+  // In the form device_weight_form gives (gpu_staging.h): NVFP4 as stored, else BF16 when that
+  // is exact or the weight is not fp32 (BF16, FP8 and container weights are converted: keeping
+  // int8 rows with their scales on the GPU is future work), else fp32. `widen`: never NVFP4 (the
+  // embedding table, kv_b_proj).
+  DeviceMatrix upload(const Matrix& w, bool widen = false) {
     if (w.empty()) return {};
     max_cols = std::max(max_cols, w.cols);
     max_out = std::max(max_out, w.rows);
-    DeviceMatrix m{nullptr, nullptr, w.rows, w.cols};
-    if (keeps_fp32_on_device(w))
-      m.f32 = upload(w.data);
-    else
-      m.bf16 = upload(matrix_to_bf16(w));
+    DeviceMatrix m;
+    m.rows = w.rows;
+    m.cols = w.cols;
+    switch (device_weight_form(w, widen)) {
+      case DeviceWeightForm::kNvfp4: {
+        const uint8_t* codes = upload(w.nvfp4.codes);
+        const uint8_t* scales = upload(w.nvfp4.scales);
+        try {
+          m.nvfp4 = cuda::device_matrix_nvfp4(w.rows, w.cols, codes, scales, w.nvfp4.global,
+                                              "a coordinator weight");
+        } catch (const std::invalid_argument& e) {
+          fail("the CUDA coordinator: {}", e.what());
+        }
+        weight_bytes->nvfp4 += w.nvfp4.codes.size() + w.nvfp4.scales.size();
+        break;
+      }
+      case DeviceWeightForm::kF32:
+        m.f32 = upload(w.data);
+        weight_bytes->f32 += 4 * w.data.size();
+        break;
+      case DeviceWeightForm::kBf16:
+        m.bf16 = upload(matrix_to_bf16(w));
+        weight_bytes->bf16 += 2 * uint64_t(w.rows) * uint64_t(w.cols);
+        break;
+    }
     return m;
   }
   DeviceMlp upload(const MlpWeights& w) {
@@ -139,7 +166,12 @@ struct CudaCompute::Impl {
 
   // y[n, rows] = x[n, cols] · W^T. BF16 weights take x as two BF16 rows (hi, lo) in one product
   // whose halves are summed: the weights are read once and x keeps 16 significant bits.
+  // NVFP4 weights: cuda::matrix_linear, the codes widened in registers with fp32 activations.
   void linear(const DeviceMatrix& w, const float* x, int64_t n, float* y, cudaStream_t stream) {
+    if (w.nvfp4.data) {
+      cuda::matrix_linear(w.nvfp4, x, n, y, stream);
+      return;
+    }
     if (w.f32) {
       cuda::gemm_f32(*blas, x, n, w.f32, w.rows, w.cols, y);
       return;
@@ -150,7 +182,8 @@ struct CudaCompute::Impl {
   }
   // Per head h < heads: y[t, h, :m] = x[t, h, :k] · op(W_h), W_h the rows of kv_b_proj from
   // row0 + h * head_rows ([k, m], or [m, k] read transposed). x [n, heads, ldx / heads] and
-  // y [n, heads, ldy / heads]; BF16 weights take x split as in linear().
+  // y [n, heads, ldy / heads]; BF16 weights take x split as in linear(). kv_b is BF16 or fp32
+  // (uploaded widened).
   void heads_product(const DeviceMatrix& kv_b, int64_t row0, int64_t head_rows, bool transpose,
                      int64_t heads, int64_t n, int64_t m, int64_t k, const float* x, int64_t ldx,
                      float* y, int64_t ldy, cudaStream_t stream) {
@@ -188,10 +221,12 @@ CudaCompute::CudaCompute(const ModelConfig& config, const ModelWeights& weights,
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   Impl& d = *impl_;
   d.bytes = &device_bytes_;
+  d.weight_bytes = &weight_bytes_;
   d.blas = std::make_unique<cuda::Blas>(stream_);
 
-  // Weights: BF16 products, fp32 norms, biases and routers.
-  d.embed = d.upload(weights.embed);  // BF16 when exact (a BF16 checkpoint), else fp32
+  // Weights: NVFP4, BF16 or fp32 products, fp32 norms, biases and routers.
+  // The embedding table is read by rows: BF16 when exact (a BF16 checkpoint), else fp32.
+  d.embed = d.upload(weights.embed, true);
   d.final_norm = d.upload(weights.final_norm);
   d.lm_head = d.upload(weights.lm_head);
   const Rope rope(c.rope, c.qk_rope_head_dim);
@@ -209,7 +244,7 @@ CudaCompute::CudaCompute(const ModelConfig& config, const ModelWeights& weights,
     layer.q_b = d.upload(a.q_b_proj);
     layer.q_proj = d.upload(a.q_proj);
     layer.kv_a = d.upload(a.kv_a_proj);
-    layer.kv_b = d.upload(a.kv_b_proj);
+    layer.kv_b = d.upload(a.kv_b_proj, true);  // read per head by heads_product
     layer.o_proj = d.upload(a.o_proj);
     if (!a.q_a_norm.empty()) layer.q_a_norm = d.upload(a.q_a_norm);
     layer.kv_a_norm = d.upload(a.kv_a_norm);

@@ -1,11 +1,16 @@
 // The coordinator's per-layer compute on one CUDA device: the residual stream, every dense
-// weight and the KV blocks of every sequence live in VRAM. Product weights are BF16 (BF16 as
-// stored; FP8 and container int8/int4 converted at upload), or fp32 where the loaded values are
-// not all BF16 values (an fp32 checkpoint); norms and routers are fp32. The block table of each
+// weight and the KV blocks of every sequence live in VRAM. Product weights are NVFP4 as stored
+// (E2M1 codes and E4M3 block scales), BF16 (BF16 as stored; FP8 and container int8/int4
+// converted at upload), or fp32 where the loaded values are not all BF16 values (an fp32
+// checkpoint); kv_b_proj (dequantized at load when NVFP4) and the embedding table are BF16 or
+// fp32; norms and routers are fp32 (gpu_staging.h: device_weight_form). The block table of each
 // call is packed on the host (gpu_staging.h) and uploaded with the rows' tokens and positions.
-// Matrix products go through cuBLAS with fp32 accumulation: BF16 weights take the fp32
-// activations as a BF16 hi + lo pair in one product (16 significant bits; the weights are read
-// once), fp32 weights run in fp32 without TF32. The rest runs in kernels/cuda, in fp32.
+// NVFP4 products run in cuda::matrix_linear (kernels/cuda/expert_ffn.cuh: the codes widened in
+// registers, each 16 columns' sum of x * e2m1 scaled by e4m3 * global, fp32 activations, as the
+// CPU's --activations f32). The others go through cuBLAS with fp32 accumulation: BF16 weights
+// take the fp32 activations as a BF16 hi + lo pair in one product (16 significant bits; the
+// weights are read once), fp32 weights run in fp32 without TF32. The rest runs in kernels/cuda,
+// in fp32.
 // Once per MoE layer the normed rows are downloaded for the Dispatcher and
 // the combined partial uploaded (host views: the NCCL transport will take the device rows,
 // Device::kCuda, instead). Logits are downloaded; sampling stays on the host. Non-finite values
@@ -46,6 +51,12 @@ class CudaCompute final : public CoordinatorCompute {
 
   // Bytes of VRAM this compute allocated (weights, KV, scratch).
   uint64_t device_bytes() const { return device_bytes_; }
+  // Of those, the weight matrices' (products and the embedding table) by the form they take on
+  // the device (NVFP4: the stored codes and block scales).
+  struct DeviceWeightBytes {
+    uint64_t nvfp4 = 0, bf16 = 0, f32 = 0;
+  };
+  const DeviceWeightBytes& weight_bytes() const { return weight_bytes_; }
 
   struct Impl;  // device weights and scratch (cuda_compute.cpp)
 
@@ -56,6 +67,7 @@ class CudaCompute final : public CoordinatorCompute {
   int device_;
   cudaStream_t stream_ = nullptr;
   uint64_t device_bytes_ = 0;
+  DeviceWeightBytes weight_bytes_;
   std::unique_ptr<Impl> impl_;
   const Batch* batch_ = nullptr;
   BlockTable table_;

@@ -58,6 +58,25 @@ bool keeps_fp32_on_device(const Matrix& w) {
                      [](float v) { return bf16_to_f32(f32_to_bf16(v)) != v && !std::isnan(v); });
 }
 
+DeviceWeightForm device_weight_form(const Matrix& w, bool widen) {
+  if (w.format() == WeightFormat::kNvfp4 && !widen) return DeviceWeightForm::kNvfp4;
+  return keeps_fp32_on_device(w) ? DeviceWeightForm::kF32 : DeviceWeightForm::kBf16;
+}
+
+uint64_t device_weight_bytes(const Matrix& w, bool widen) {
+  if (w.empty()) return 0;
+  const uint64_t elements = uint64_t(w.rows) * uint64_t(w.cols);
+  switch (device_weight_form(w, widen)) {
+    case DeviceWeightForm::kNvfp4:
+      return w.nvfp4.codes.size() + w.nvfp4.scales.size();
+    case DeviceWeightForm::kF32:
+      return 4 * elements;
+    case DeviceWeightForm::kBf16:
+      return 2 * elements;
+  }
+  return 0;
+}
+
 BlockTable pack_block_table(const Batch& batch, const KvManager& kv) {
   BlockTable table;
   const int n = batch.size(), bt = kv.block_tokens();

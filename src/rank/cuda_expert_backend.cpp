@@ -12,15 +12,13 @@
 #include "common/error.h"
 #include "cuda/check.h"
 #include "moe/experts.h"
+#include "rank/expert_slot.h"
 
 namespace colibri {
 namespace {
 
-uint64_t padded(uint64_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
-// The CUDA expert kernels' format for a weight format; none for a format they do not read.
+// The CUDA expert kernels' format for a weight format; none for a format they do not read (FP8
+// blocks, which expert_slot_layout refuses).
 std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
   switch (format) {
     case WeightFormat::kF32:
@@ -41,60 +39,6 @@ std::optional<cuda::WeightFormat> cuda_format(WeightFormat format) {
   return std::nullopt;
 }
 
-// The host bytes of one matrix of an expert: data and scales (none for BF16 and fp32; fp32 for
-// the container formats, E4M3 bytes for NVFP4, whose global scale travels in the description).
-struct HostMatrix {
-  cuda::WeightFormat format;
-  int group_size;
-  int64_t rows, cols;
-  const void* data;
-  uint64_t data_bytes;
-  const void* scales;
-  uint64_t scale_bytes;
-  const QuantMatrix* quant = nullptr;  // set for a container matrix (the GPU reads its rows)
-  float global = 0.0f;                 // NVFP4's second-level scale
-};
-
-// One matrix of an expert: `quant` when set (a quantized expert's), else `dense` in its format.
-HostMatrix host_matrix(const Matrix& dense, const QuantMatrix& quant) {
-  const QuantMatrix& q = quant.empty() ? dense.quant : quant;
-  const WeightFormat format = q.empty() ? dense.format() : weight_format(q.format);
-  const std::optional<cuda::WeightFormat> cuda = cuda_format(format);
-  if (!cuda)
-    fail(
-        "{} routed experts have no CUDA kernel yet: convert the checkpoint to a container "
-        "(colibri-convert) or run the experts on the CPU",
-        weight_format_name(format));
-  if (q.has_zero_points())
-    fail(
-        "{} routed experts with zero points (compressed-tensors INT4, symmetric false) have no "
-        "CUDA kernel: convert the checkpoint (colibri-convert requantizes them symmetric) or run "
-        "the experts on the CPU",
-        weight_format_name(format));
-  if (!q.empty())
-    return {*cuda,           q.group_size,        q.rows, q.cols, q.data.data(), q.data.size(),
-            q.scales.data(), 4 * q.scales.size(), &q};
-  if (format == WeightFormat::kNvfp4)
-    return {*cuda,
-            0,
-            dense.rows,
-            dense.cols,
-            dense.nvfp4.codes.data(),
-            dense.nvfp4.codes.size(),
-            dense.nvfp4.scales.data(),
-            dense.nvfp4.scales.size(),
-            nullptr,
-            dense.nvfp4.global};
-  const void* data = format == WeightFormat::kBF16 ? static_cast<const void*>(dense.bf16.data())
-                                                   : dense.data.data();
-  return {*cuda, 0, dense.rows, dense.cols, data, dense.bytes(), nullptr, 0};
-}
-
-std::array<HostMatrix, 3> host_matrices(const MlpWeights& w) {
-  return {host_matrix(w.gate, w.quant.gate), host_matrix(w.up, w.quant.up),
-          host_matrix(w.down, w.quant.down)};
-}
-
 // A slot's description with the NVFP4 second-level scales of the expert it holds (each expert's
 // own; the codes and E4M3 scales are in the slot).
 cuda::DeviceExpert with_globals(cuda::DeviceExpert d, const MlpWeights& w) {
@@ -104,8 +48,6 @@ cuda::DeviceExpert with_globals(cuda::DeviceExpert d, const MlpWeights& w) {
   d.down.global = w.down.nvfp4.global;
   return d;
 }
-
-constexpr const char* kMatrixNames[3] = {"gate_proj", "up_proj", "down_proj"};
 
 }  // namespace
 
@@ -180,20 +122,18 @@ void CudaExpertBackend::init(const std::vector<std::pair<int, int>>& owned, uint
     return;
   }
   // Every owned expert has the same shapes and formats within a model: lay out a slot from the
-  // first, and check each one against it as it is uploaded.
+  // first, and check each one against it as it is packed (rank/expert_slot.h).
+  layout_ = expert_slot_layout(weights_of_(owned[0].first, owned[0].second));
+  done_with_();
+  slot_bytes_ = layout_.bytes;
   {
-    const auto host = host_matrices(weights_of_(owned[0].first, owned[0].second));
-    uint64_t at = 0;
+    const int64_t rows[3] = {inter, inter, hidden}, cols[3] = {hidden, hidden, inter};
     for (size_t m = 0; m < 3; ++m) {
-      const HostMatrix& h = host[m];
-      SlotMatrix& s = layout_[m];
-      s = {h.format, h.group_size, h.rows, h.cols, at, h.data_bytes, 0, h.scale_bytes};
-      at += padded(h.data_bytes);
-      s.scales_at = at;
-      at += padded(h.scale_bytes);
+      const SlotMatrix& l = layout_.matrices[m];
+      if (l.rows != rows[m] || l.cols != cols[m])
+        fail("layer {} expert {} {} on GPU {}: shape {}x{}, expected {}x{}", owned[0].first,
+             owned[0].second, kExpertMatrixNames[m], device_, l.rows, l.cols, rows[m], cols[m]);
     }
-    slot_bytes_ = at;
-    done_with_();
   }
   size_t free_bytes = 0, total_bytes = 0;
   CHECK_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -221,21 +161,24 @@ void CudaExpertBackend::init(const std::vector<std::pair<int, int>>& owned, uint
   for (uint64_t s = 0; s < slots; ++s) {
     cuda::DeviceMatrix dev[3];
     for (size_t m = 0; m < 3; ++m) {
-      const SlotMatrix& l = layout_[m];
+      const SlotMatrix& l = layout_.matrices[m];
+      // A format the kernels read: expert_slot_layout refused the others.
+      const cuda::WeightFormat format = *cuda_format(l.format);
       const std::string what =
-          fmt::format("{} of VRAM slot {} on GPU {}", kMatrixNames[m], s, device_);
+          fmt::format("{} of VRAM slot {} on GPU {}", kExpertMatrixNames[m], s, device_);
       std::byte* slot = base + s * slot_bytes_;
+      const auto floats = [&](uint64_t at, uint64_t bytes) {
+        return bytes ? reinterpret_cast<const float*>(slot + at) : nullptr;
+      };
       try {
         // NVFP4: the global scale is set from the expert uploaded into the slot (with_globals).
-        dev[m] =
-            l.format == cuda::WeightFormat::kNvfp4
-                ? cuda::device_matrix_nvfp4(
-                      l.rows, l.cols, reinterpret_cast<const uint8_t*>(slot + l.data_at),
-                      reinterpret_cast<const uint8_t*>(slot + l.scales_at), 1.0f, what.c_str())
-                : cuda::device_matrix(
-                      l.format, l.group_size, l.rows, l.cols, slot + l.data_at,
-                      l.scale_bytes ? reinterpret_cast<const float*>(slot + l.scales_at) : nullptr,
-                      what.c_str());
+        dev[m] = format == cuda::WeightFormat::kNvfp4
+                     ? cuda::device_matrix_nvfp4(
+                           l.rows, l.cols, reinterpret_cast<const uint8_t*>(slot + l.data_at),
+                           reinterpret_cast<const uint8_t*>(slot + l.scales_at), 1.0f, what.c_str())
+                     : cuda::device_matrix(format, l.group_size, l.rows, l.cols, slot + l.data_at,
+                                           floats(l.scales_at, l.scale_bytes), what.c_str(),
+                                           floats(l.offsets_at, l.offset_bytes));
       } catch (const std::invalid_argument& e) {
         fail("{}", e.what());
       }
@@ -255,35 +198,14 @@ void CudaExpertBackend::init(const std::vector<std::pair<int, int>>& owned, uint
 
 void CudaExpertBackend::upload(int layer, int expert, int slot) {
   const MlpWeights& w = weights_of_(layer, expert);
-  const auto host = host_matrices(w);
-  const int64_t rows[3] = {config_.moe_intermediate_size, config_.moe_intermediate_size,
-                           config_.hidden_size};
-  const int64_t cols[3] = {config_.hidden_size, config_.hidden_size, config_.moe_intermediate_size};
   const size_t k = size_t(next_staging_);
   next_staging_ = (next_staging_ + 1) % kStaging;
   CHECK_CUDA(cudaEventSynchronize(staging_free_[k]));  // its previous copy is done
   auto* staging = static_cast<std::byte*>(staging_[k]);
-  for (size_t m = 0; m < 3; ++m) {
-    const HostMatrix& h = host[m];
-    const SlotMatrix& l = layout_[m];
-    if (h.rows != rows[m] || h.cols != cols[m])
-      fail("layer {} expert {} {} on GPU {}: shape {}x{}, expected {}x{}", layer, expert,
-           kMatrixNames[m], device_, h.rows, h.cols, rows[m], cols[m]);
-    if (h.format != l.format || h.group_size != l.group_size || h.data_bytes != l.data_bytes ||
-        h.scale_bytes != l.scale_bytes)
-      fail(
-          "layer {} expert {} {} on GPU {}: stored as {} (group {}), unlike the first owned "
-          "expert ({}, group {}); a rank's experts share one format",
-          layer, expert, kMatrixNames[m], device_, cuda::weight_format_name(h.format), h.group_size,
-          cuda::weight_format_name(l.format), l.group_size);
-    if (h.quant != nullptr && h.quant->layout != kernels::QuantLayout::kRows) {
-      kernels::relayout(h.quant->view(), kernels::QuantLayout::kRows,
-                        reinterpret_cast<uint8_t*>(staging + l.data_at),
-                        reinterpret_cast<float*>(staging + l.scales_at));
-      continue;
-    }
-    std::memcpy(staging + l.data_at, h.data, h.data_bytes);
-    if (h.scale_bytes) std::memcpy(staging + l.scales_at, h.scales, h.scale_bytes);
+  try {
+    pack_expert_slot(layout_, w, layer, expert, staging);
+  } catch (const Error& e) {
+    fail("GPU {}: {}", device_, e.what());
   }
   slot_experts_[size_t(slot)] = with_globals(slot_experts_[size_t(slot)], w);
   CHECK_CUDA(cudaMemcpyAsync(static_cast<std::byte*>(memory_) + uint64_t(slot) * slot_bytes_,
@@ -340,7 +262,7 @@ void CudaExpertBackend::compute(const ExpertRequest& request, float* partial) {
     descriptions_[phase * n + i] = slot_experts_[size_t(plan[i].slot)];
     // An expert uploaded now: its NVFP4 global scales, before the descriptions go to the device.
     // (Other formats: their weights are not read before the upload itself.)
-    if (phase == 1 && layout_[0].format == cuda::WeightFormat::kNvfp4)
+    if (phase == 1 && layout_.matrices[0].format == WeightFormat::kNvfp4)
       descriptions_[phase * n + i] =
           with_globals(descriptions_[phase * n + i], weights_of_(request.layer, plan[i].expert));
   }

@@ -1,5 +1,6 @@
 // The CUDA expert backend: the routed experts a rank owns live in device slots of equal size, in
-// the layout they have in memory (container bytes and f32 scales, BF16 bits, or fp32), so
+// the layout they have in memory (container bytes and f32 scales, with an int4 checkpoint's zero
+// points as fp32 offsets; BF16 bits; fp32; NVFP4 codes and block scales: rank/expert_slot.h), so
 // loading is a copy. When all owned experts fit the VRAM budget they are uploaded at start and
 // every request runs on the device. When they do not, the slots are the VRAM tier over the
 // rank's RAM and disk tiers (rank/vram_tier.h decides: LRU slots, and per missed expert, upload
@@ -24,6 +25,7 @@
 
 #include "cuda/expert_group.h"
 #include "rank/expert_backend.h"
+#include "rank/expert_slot.h"
 #include "rank/vram_tier.h"
 
 namespace colibri {
@@ -61,17 +63,10 @@ class CudaExpertBackend final : public ExpertBackend {
   DeviceCounters device_stats() const override;
 
  private:
-  // Where each matrix of an expert sits within its slot, from the first owned expert.
-  struct SlotMatrix {
-    cuda::WeightFormat format;
-    int group_size;
-    int64_t rows, cols;
-    uint64_t data_at, data_bytes, scales_at, scale_bytes;
-  };
   void init(const std::vector<std::pair<int, int>>& owned, uint64_t vram_bytes,
             const VramCostModel& cost);
-  // Copies expert (layer, expert)'s bytes into pinned staging and enqueues their copy into
-  // `slot` on the copy stream.
+  // Packs expert (layer, expert) into pinned staging and enqueues its copy into `slot` on the
+  // copy stream.
   void upload(int layer, int expert, int slot);
 
   const ModelConfig& config_;
@@ -79,7 +74,7 @@ class CudaExpertBackend final : public ExpertBackend {
   std::function<const MlpWeights&(int, int)> weights_of_;  // the store's acquire, or weights
   std::function<void()> done_with_;                        // the store's release
   ExpertStore* store_ = nullptr;
-  std::array<SlotMatrix, 3> layout_{};  // gate, up, down
+  ExpertSlotLayout layout_;  // of every slot: from the first owned expert
   uint64_t slot_bytes_ = 0;
   void* memory_ = nullptr;
   uint64_t device_bytes_ = 0;

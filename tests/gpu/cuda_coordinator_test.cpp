@@ -3,9 +3,15 @@
 // one batch: their prompts prefilled in one call (every row's logits), then greedy decode steps
 // with one row of each per call. Logits within 2e-2 absolute, greedy tokens identical.
 //
-// The bound: CudaCompute keeps the weights as the CPU engine reads them (BF16 as stored; fp32
-// where the values are not BF16, products in fp32 without TF32) and gives BF16 products their
-// fp32 activations as a BF16 hi + lo pair (16 significant bits, relative error <= 2^-17). What
+// glm5_nvfp4 (ModelOpt NVFP4 projections, dense MLP and shared experts) runs its NVFP4 products
+// as stored on the GPU (codes and block scales, cuda::matrix_linear with fp32 activations), and
+// the CPU engine with fp32 activations too (--activations f32: the products of the dequantized
+// weights); its device holds the NVFP4 weights' stored bytes (checked).
+//
+// The bound: CudaCompute keeps the weights as the CPU engine reads them (BF16 as stored; NVFP4
+// as stored; fp32 where the values are not BF16, products in fp32 without TF32) and gives BF16
+// products their fp32 activations as a BF16 hi + lo pair (16 significant bits, relative error
+// <= 2^-17). What
 // remains is fp32 summation order, expf/cosf against libm, and the online softmax: about 1e-6
 // relative per operation, so ~1e-4 of the logit scale through these 3-6 layer models, whose
 // logits reach ~14: ~1.5e-3, an order below 2e-2. (Plain BF16 rounding would not hold it:
@@ -27,6 +33,7 @@
 
 #include "coordinator/cuda_compute.h"
 #include "coordinator/engine.h"
+#include "cpu/quant.h"
 #include "cuda/device.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -51,8 +58,32 @@ class CudaCoordinatorParity : public testing::TestWithParam<std::string> {
   void SetUp() override {
     std::string why_none;
     if (cuda::device_count(&why_none) == 0) GTEST_SKIP() << "no CUDA device: " << why_none;
+    // The GPU's NVFP4 products take fp32 activations: compare with the CPU's doing the same.
+    saved_ = kernels::quant_activations_selected();
+    kernels::set_quant_activations(kernels::QuantActivations::kF32);
   }
+  void TearDown() override { kernels::set_quant_activations(saved_); }
+  kernels::QuantActivations saved_ = kernels::QuantActivations::kInt8;
 };
+
+// The stored bytes (codes and block scales) of the NVFP4 matrices CudaCompute keeps as stored:
+// every product but kv_b_proj (dequantized at load) and the embedding table.
+uint64_t nvfp4_product_bytes(const ModelWeights& w) {
+  uint64_t bytes = 0;
+  const auto add = [&](const Matrix& m) {
+    if (m.format() == WeightFormat::kNvfp4) bytes += m.nvfp4.codes.size() + m.nvfp4.scales.size();
+  };
+  add(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    const AttentionWeights& a = l.attn;
+    for (const Matrix* m : {&a.q_a_proj, &a.q_b_proj, &a.q_proj, &a.kv_a_proj, &a.o_proj}) add(*m);
+    if (a.indexer)
+      for (const Matrix* m : {&a.indexer->wq_b, &a.indexer->wk, &a.indexer->weights_proj}) add(*m);
+    for (const MlpWeights* mlp : {&l.shared_experts, &l.dense_mlp})
+      for (const Matrix* m : {&mlp->gate, &mlp->up, &mlp->down}) add(*m);
+  }
+  return bytes;
+}
 
 struct Generation {
   std::vector<std::vector<float>> logits;  // per call
@@ -114,11 +145,21 @@ TEST_P(CudaCoordinatorParity, LogitsAndGreedyTokensMatchTheCpuEngine) {
   options.kv_tokens = 256;
   options.max_seqs = 2;
   Engine cpu(config, weights, placement, dispatch, options);
+  const CudaCompute* compute = nullptr;
   Engine gpu(config, weights, placement, dispatch, options, nullptr,
-             [](const ModelConfig& c, const ModelWeights& w, KvManager& kv, int max_rows,
-                Profiler* profiler) -> std::unique_ptr<CoordinatorCompute> {
-               return std::make_unique<CudaCompute>(c, w, kv, max_rows, 0, profiler);
+             [&compute](const ModelConfig& c, const ModelWeights& w, KvManager& kv, int max_rows,
+                        Profiler* profiler) -> std::unique_ptr<CoordinatorCompute> {
+               auto made = std::make_unique<CudaCompute>(c, w, kv, max_rows, 0, profiler);
+               compute = made.get();
+               return made;
              });
+  ASSERT_NE(compute, nullptr);
+  // NVFP4 weights are held as stored: their codes and block scales, nothing widened.
+  const uint64_t nvfp4_bytes = nvfp4_product_bytes(weights);
+  EXPECT_EQ(compute->weight_bytes().nvfp4, nvfp4_bytes);
+  if (GetParam() == "glm5_nvfp4") {
+    EXPECT_GT(nvfp4_bytes, 0u) << "the NVFP4 fixture loaded no NVFP4 coordinator weight";
+  }
   const int steps = 6;
   const Generation expect = generate(cpu, prompt, prompt_b, steps);
   const Generation got = generate(gpu, prompt, prompt_b, steps);
@@ -143,7 +184,7 @@ TEST_P(CudaCoordinatorParity, LogitsAndGreedyTokensMatchTheCpuEngine) {
 }
 
 INSTANTIATE_TEST_SUITE_P(ParityModels, CudaCoordinatorParity,
-                         testing::Values("dsv3", "glm5", "glm52", "kimi"));
+                         testing::Values("dsv3", "glm5", "glm52", "kimi", "glm5_nvfp4"));
 
 }  // namespace
 }  // namespace colibri

@@ -1,6 +1,7 @@
 // The CUDA expert backend against the CPU expert backend on every parity model, with its routed
-// experts as stored (fp32), converted to the container (int4 g64, int4 per row, int8 rows) and
-// rounded to BF16 in memory (as a BF16 checkpoint is kept):
+// experts as stored (fp32; NVFP4 for glm5_nvfp4; compressed-tensors INT4 for kimi_w4a16 and, with
+// zero points, kimi_w4a16_asym), converted to the container (int4 g64, int4 per row, int8 rows)
+// and rounded to BF16 in memory (as a BF16 checkpoint is kept):
 //   - every MoE layer: the partial of one request (random rows, random top-k routing) within
 //     1e-4 of the largest CPU value (both sum in fp32, in different orders within each dot
 //     product; the expert order of each row is the same);
@@ -49,8 +50,9 @@ std::filesystem::path parity_dir() {
 
 struct Case {
   std::string model;
-  int expert_bits;  // 0: as stored (fp32 experts; glm5_nvfp4: NVFP4); 4 or 8: converted; 16: BF16
-                    // (rounded in memory)
+  int expert_bits;  // 0: as stored (fp32 experts; glm5_nvfp4: NVFP4; kimi_w4a16*: INT4 groups
+                    // of 32, with zero points for _asym); 4 or 8: converted; 16: BF16 (rounded in
+                    // memory)
   int group_size;   // int4: 64 or 0 (per row)
 };
 
@@ -134,6 +136,11 @@ TEST_P(CudaExpertBackendParity, EveryMoeLayerMatchesTheCpuBackend) {
   }
   if (GetParam().model == "glm5_nvfp4") {
     ASSERT_EQ(m.weights.layers.back().experts.front().gate.format(), WeightFormat::kNvfp4);
+  }
+  if (GetParam().model == "kimi_w4a16_asym") {
+    const MlpWeights& e = m.weights.layers.back().experts.front();
+    ASSERT_TRUE(e.quantized() && e.quant.gate.has_zero_points() && e.quant.down.has_zero_points())
+        << "the asymmetric fixture's experts did not load with their zero points";
   }
   CpuExpertBackend cpu(cfg, m.weights);
   CudaExpertBackend gpu(cfg, m.weights, 0, 0);
@@ -318,6 +325,10 @@ std::vector<Case> cases() {
       out.push_back(c);
   // NVFP4 experts as stored (ModelOpt): each expert's global scales reach its VRAM slot.
   out.push_back(Case{"glm5_nvfp4", 0, 0});
+  // compressed-tensors INT4 as stored (groups of 32), symmetric and with zero points: the
+  // offsets in each VRAM slot after the scales, added by the kernels.
+  out.push_back(Case{"kimi_w4a16", 0, 0});
+  out.push_back(Case{"kimi_w4a16_asym", 0, 0});
   return out;
 }
 

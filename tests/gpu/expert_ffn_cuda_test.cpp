@@ -2,7 +2,8 @@
 // kernels::quant_expert_ffn (container formats) or linear_f32 + silu_mul (fp32 experts) per
 // expert, then each row's weighted sum over its experts in ascending order, as run_expert_pairs
 // does. Table: format x shape x rows x experts x top-k. BF16 experts against kernels::linear_bf16,
-// NVFP4 ones against fp32 on kernels::dequantize_nvfp4.
+// NVFP4 ones against fp32 on kernels::dequantize_nvfp4, int4 with zero points (an asymmetric
+// checkpoint's offsets) against fp32 on kernels::dequantize.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@ struct Case {
   int group_size;  // kInt4Grouped only
   int64_t hidden, inter;
   int n_rows, n_experts, top_k;
+  bool zero_points = false;  // int4: fp32 offsets -zp * s per (row, group), zp in [-8, 7]
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -42,7 +44,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
   os << f;
   if (c.format == WeightFormat::kInt4Grouped) os << "_g" << c.group_size;
   return os << "_h" << c.hidden << "_i" << c.inter << "_rows" << c.n_rows << "_e" << c.n_experts
-            << "_top" << c.top_k;
+            << "_top" << c.top_k << (c.zero_points ? "_zp" : "");
 }
 
 kernels::QuantFormat quant_format(WeightFormat f) {
@@ -61,13 +63,18 @@ kernels::QuantFormat quant_format(WeightFormat f) {
 struct Matrix {
   int64_t rows = 0, cols = 0;
   std::vector<float> values;   // [rows, cols]: what the matrix stands for (dequantised)
+  // [rows, cols]: |value|, or with zero points |(q - 8) s| + |offset|, the two terms the kernels
+  // sum apart (their sum may cancel): what bounds the rounding.
+  std::vector<float> magnitudes;
   std::vector<uint8_t> data;   // container bytes (int formats)
   std::vector<uint16_t> bf16;  // kBF16: the bits (values are exactly these)
   std::vector<float> scales;
-  std::vector<uint8_t> e4m3;  // kNvfp4: the scale bytes
+  std::vector<float> offsets;  // int4 zero points, laid out as the scales
+  std::vector<uint8_t> e4m3;   // kNvfp4: the scale bytes
   void* d_data = nullptr;
   void* d_e4m3 = nullptr;
   float* d_scales = nullptr;
+  float* d_offsets = nullptr;
   DeviceMatrix device;
 
   Matrix(const Case& c, int64_t r, int64_t k, std::mt19937& rng, const char* what)
@@ -94,6 +101,7 @@ struct Matrix {
       const float global =
           kernels::quantize_nvfp4(values.data(), rows, cols, data.data(), e4m3.data());
       kernels::dequantize_nvfp4({data.data(), e4m3.data(), global, rows, cols}, values.data());
+      magnitudes = values;
       CHECK_CUDA(cudaMalloc(&d_data, data.size()));
       CHECK_CUDA(cudaMemcpy(d_data, data.data(), data.size(), cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMalloc(&d_e4m3, e4m3.size()));
@@ -109,6 +117,22 @@ struct Matrix {
       scales.resize(size_t(kernels::scale_count(qf, rows, cols, group)));
       kernels::quantize(qf, group, values.data(), rows, cols, data.data(), scales.data());
       kernels::dequantize(view(c), values.data());
+      magnitudes = values;
+      if (c.zero_points) {
+        std::uniform_int_distribution<int> zp(-8, 7);
+        offsets.resize(scales.size());
+        for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = float(-zp(rng)) * scales[i];
+        kernels::dequantize(view(c), values.data());
+        const int64_t groups = kernels::offset_groups(view(c));
+        for (int64_t o = 0; o < rows; ++o)
+          for (int64_t i = 0; i < cols; ++i) {
+            float& m = magnitudes[size_t(o * cols + i)];
+            m = std::fabs(m) + std::fabs(offsets[size_t(o * groups + (group ? i / group : 0))]);
+          }
+        CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_offsets), offsets.size() * 4));
+        CHECK_CUDA(
+            cudaMemcpy(d_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice));
+      }
       CHECK_CUDA(cudaMalloc(&d_data, data.size()));
       CHECK_CUDA(cudaMemcpy(d_data, data.data(), data.size(), cudaMemcpyHostToDevice));
       CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&d_scales), scales.size() * 4));
@@ -117,23 +141,28 @@ struct Matrix {
       CHECK_CUDA(cudaMalloc(&d_data, values.size() * 4));
       CHECK_CUDA(cudaMemcpy(d_data, values.data(), values.size() * 4, cudaMemcpyHostToDevice));
     }
-    device = colibri::cuda::device_matrix(c.format, group, rows, cols, d_data, d_scales, what);
+    if (magnitudes.empty()) magnitudes = values;
+    device = colibri::cuda::device_matrix(c.format, group, rows, cols, d_data, d_scales, what,
+                                          d_offsets);
   }
   ~Matrix() {
     cudaFree(d_e4m3);
     cudaFree(d_data);
     cudaFree(d_scales);
+    cudaFree(d_offsets);
   }
   Matrix(const Matrix&) = delete;
   Matrix& operator=(const Matrix&) = delete;
 
   kernels::QuantMatrixView view(const Case& c) const {
-    return {quant_format(c.format),
-            rows,
-            cols,
-            c.format == WeightFormat::kInt4Grouped ? c.group_size : 0,
-            data.data(),
-            scales.data()};
+    kernels::QuantMatrixView v{quant_format(c.format),
+                               rows,
+                               cols,
+                               c.format == WeightFormat::kInt4Grouped ? c.group_size : 0,
+                               data.data(),
+                               scales.data()};
+    v.offsets = offsets.empty() ? nullptr : offsets.data();
+    return v;
   }
 };
 
@@ -155,7 +184,8 @@ void cpu_expert(const Case& c, const Expert& e, const float* x, int n, float* y)
     kernels::linear_bf16(g.data(), n, e.down.bf16.data(), c.hidden, c.inter, y);
     return;
   }
-  if (c.format != WeightFormat::kF32 && c.format != WeightFormat::kNvfp4) {
+  // Zero points: the oracle is fp32 on the dequantised weights (kernels::dequantize).
+  if (c.format != WeightFormat::kF32 && c.format != WeightFormat::kNvfp4 && !c.zero_points) {
     kernels::quant_expert_ffn(e.gate.view(c), e.up.view(c), e.down.view(c), x, n, y);
     return;
   }
@@ -224,8 +254,11 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
   const bool tensor_cores =
       (c.format == WeightFormat::kInt4Grouped || c.format == WeightFormat::kInt4Row) &&
       colibri::cuda::index_pairs(c.n_rows, pairs).max_slots_per_expert >= 8;
+  // Zero points: each offset's product with its x sum, and that sum's own roundings (the CPU
+  // sums a group in sequence, the GPU 32 or 64 columns then the chunks): 2 + 64 more.
   const auto terms = [&](int64_t k) {
-    return double(k / 8 + 16) + double(k / 32 + 32 + 5) + (tensor_cores ? 128.0 : 0.0);
+    return double(k / 8 + 16) + double(k / 32 + 32 + 5) + (tensor_cores ? 128.0 : 0.0) +
+           (c.zero_points ? 66.0 : 0.0);
   };
   for (int r = 0; r < c.n_rows; ++r) {
     for (int e = 0; e < c.n_experts; ++e) {
@@ -241,8 +274,8 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
         for (int64_t k = 0; k < c.hidden; ++k) {
           g += double(ex.gate.values[size_t(i * c.hidden + k)]) * xr[k];
           up += double(ex.up.values[size_t(i * c.hidden + k)]) * xr[k];
-          g_abs += std::fabs(double(ex.gate.values[size_t(i * c.hidden + k)]) * xr[k]);
-          up_abs += std::fabs(double(ex.up.values[size_t(i * c.hidden + k)]) * xr[k]);
+          g_abs += std::fabs(double(ex.gate.magnitudes[size_t(i * c.hidden + k)]) * xr[k]);
+          up_abs += std::fabs(double(ex.up.magnitudes[size_t(i * c.hidden + k)]) * xr[k]);
         }
         const double silu = g / (1 + std::exp(-g));
         a[size_t(i)] = silu * up;
@@ -255,7 +288,7 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
         for (int64_t i = 0; i < c.inter; ++i) {
           const double d = ex.down.values[size_t(j * c.inter + i)];
           prop += std::fabs(d) * da[size_t(i)];
-          y_abs += std::fabs(d * a[size_t(i)]);
+          y_abs += std::fabs(double(ex.down.magnitudes[size_t(j * c.inter + i)]) * a[size_t(i)]);
         }
         bound[size_t(r * c.hidden + j)] += it->weight * (prop + 2 * terms(c.inter) * u * y_abs) +
                                            2 * c.top_k * u * it->weight * y_abs;
@@ -371,40 +404,52 @@ TEST_P(ExpertFfnCuda, MatchesCpuOracleWithinRoundingBound) {
 // expert): GLM-like g64 at 16 rows on 8 experts, g128, row scales, and a width (200) whose down
 // matrix takes the per-row path inside the tensor-core launch and whose gate/up tiles end past the
 // last row.
-INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnCuda,
-                         testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
-                                         Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
-                                         Case{WeightFormat::kInt4Grouped, 64, 512, 192, 33, 6, 2},
-                                         Case{WeightFormat::kInt4Grouped, 64, 6144, 64, 3, 4, 2},
-                                         Case{WeightFormat::kInt4Grouped, 64, 288, 96, 3, 4, 2},
-                                         Case{WeightFormat::kInt4Grouped, 32, 192, 96, 5, 3, 3},
-                                         Case{WeightFormat::kInt4Grouped, 96, 384, 96, 9, 4, 2},
-                                         Case{WeightFormat::kInt4Grouped, 128, 256, 256, 2, 2, 1},
-                                         Case{WeightFormat::kInt4Grouped, 256, 512, 256, 4, 5, 3},
-                                         Case{WeightFormat::kInt4Grouped, 16, 160, 80, 3, 3, 2},
-                                         Case{WeightFormat::kInt4Grouped, 48, 200, 99, 5, 4, 2},
-                                         Case{WeightFormat::kInt4Row, 0, 256, 128, 1, 4, 4},
-                                         Case{WeightFormat::kInt4Row, 0, 257, 45, 8, 4, 2},
-                                         Case{WeightFormat::kInt8Row, 0, 256, 112, 1, 4, 2},
-                                         Case{WeightFormat::kInt8Row, 0, 300, 100, 16, 4, 2},
-                                         Case{WeightFormat::kF32, 0, 128, 96, 1, 4, 2},
-                                         Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2},
-                                         Case{WeightFormat::kInt4Grouped, 64, 1024, 512, 16, 8, 8},
-                                         Case{WeightFormat::kInt4Grouped, 128, 256, 192, 12, 3, 2},
-                                         Case{WeightFormat::kInt4Grouped, 64, 320, 200, 24, 3, 3},
-                                         Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4},
-                                         Case{WeightFormat::kBF16, 0, 256, 128, 1, 8, 8},
-                                         Case{WeightFormat::kBF16, 0, 512, 192, 16, 6, 2},
-                                         Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2},
-                                         Case{WeightFormat::kNvfp4, 0, 256, 128, 1, 8, 8},
-                                         Case{WeightFormat::kNvfp4, 0, 512, 192, 16, 6, 2},
-                                         Case{WeightFormat::kNvfp4, 0, 6144, 64, 3, 4, 2},
-                                         Case{WeightFormat::kNvfp4, 0, 80, 48, 9, 3, 2}),
-                         [](const testing::TestParamInfo<Case>& param_info) {
-                           std::ostringstream name;
-                           name << param_info.param;
-                           return name.str();
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Table, ExpertFfnCuda,
+    testing::Values(Case{WeightFormat::kInt4Grouped, 64, 256, 128, 1, 8, 8},
+                    Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 8, 4},
+                    Case{WeightFormat::kInt4Grouped, 64, 512, 192, 33, 6, 2},
+                    Case{WeightFormat::kInt4Grouped, 64, 6144, 64, 3, 4, 2},
+                    Case{WeightFormat::kInt4Grouped, 64, 288, 96, 3, 4, 2},
+                    Case{WeightFormat::kInt4Grouped, 32, 192, 96, 5, 3, 3},
+                    Case{WeightFormat::kInt4Grouped, 96, 384, 96, 9, 4, 2},
+                    Case{WeightFormat::kInt4Grouped, 128, 256, 256, 2, 2, 1},
+                    Case{WeightFormat::kInt4Grouped, 256, 512, 256, 4, 5, 3},
+                    Case{WeightFormat::kInt4Grouped, 16, 160, 80, 3, 3, 2},
+                    Case{WeightFormat::kInt4Grouped, 48, 200, 99, 5, 4, 2},
+                    Case{WeightFormat::kInt4Row, 0, 256, 128, 1, 4, 4},
+                    Case{WeightFormat::kInt4Row, 0, 257, 45, 8, 4, 2},
+                    Case{WeightFormat::kInt8Row, 0, 256, 112, 1, 4, 2},
+                    Case{WeightFormat::kInt8Row, 0, 300, 100, 16, 4, 2},
+                    Case{WeightFormat::kF32, 0, 128, 96, 1, 4, 2},
+                    Case{WeightFormat::kF32, 0, 66, 35, 9, 3, 2},
+                    Case{WeightFormat::kInt4Grouped, 64, 1024, 512, 16, 8, 8},
+                    Case{WeightFormat::kInt4Grouped, 128, 256, 192, 12, 3, 2},
+                    Case{WeightFormat::kInt4Grouped, 64, 320, 200, 24, 3, 3},
+                    Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4},
+                    Case{WeightFormat::kBF16, 0, 256, 128, 1, 8, 8},
+                    Case{WeightFormat::kBF16, 0, 512, 192, 16, 6, 2},
+                    Case{WeightFormat::kBF16, 0, 66, 35, 9, 3, 2},
+                    Case{WeightFormat::kNvfp4, 0, 256, 128, 1, 8, 8},
+                    Case{WeightFormat::kNvfp4, 0, 512, 192, 16, 6, 2},
+                    Case{WeightFormat::kNvfp4, 0, 6144, 64, 3, 4, 2},
+                    Case{WeightFormat::kNvfp4, 0, 80, 48, 9, 3, 2},
+                    // Zero points: Kimi's groups of 32 (wide), decode and a batch; g64 and row
+                    // scales on tensor cores (16 rows on 4 experts: 8+ slots each); g128 with
+                    // tiles ending past the last row; groups of 48 and odd widths (the
+                    // per-element path, int4 padding nibble).
+                    Case{WeightFormat::kInt4Grouped, 32, 256, 96, 1, 8, 8, true},
+                    Case{WeightFormat::kInt4Grouped, 32, 192, 96, 5, 3, 3, true},
+                    Case{WeightFormat::kInt4Grouped, 64, 256, 128, 16, 4, 4, true},
+                    Case{WeightFormat::kInt4Row, 0, 512, 256, 16, 4, 4, true},
+                    Case{WeightFormat::kInt4Grouped, 128, 256, 200, 12, 3, 2, true},
+                    Case{WeightFormat::kInt4Grouped, 48, 200, 99, 5, 4, 2, true},
+                    Case{WeightFormat::kInt4Row, 0, 257, 45, 8, 4, 2, true}),
+    [](const testing::TestParamInfo<Case>& param_info) {
+      std::ostringstream name;
+      name << param_info.param;
+      return name.str();
+    });
 
 // The slot index: grouped by ascending expert, rows' slots ascending, duplicates refused.
 TEST(ExpertGroupIndex, GroupsPairsByExpertAndOrdersEachRow) {

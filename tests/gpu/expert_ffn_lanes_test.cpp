@@ -2,7 +2,8 @@
 // host and run lane by lane: the 32 lanes' shares of a row's dot products, summed, against the
 // exact dot product over the CPU's dequantised weights (kernels::dequantize). Needs no device: it
 // checks the 16-byte paths' indexing (nibble order, chunk and group scales, short last groups)
-// and the per-element paths on any machine that builds the CUDA code. The launches themselves
+// and the per-element paths, int4 zero points in both) on any machine that builds the CUDA code.
+// The launches themselves
 // (grids, slot loops, the combine) are checked on a GPU by expert_ffn_cuda_test.
 #include <gtest/gtest.h>
 
@@ -30,7 +31,8 @@ struct Case {
   WeightFormat format;
   int group_size;
   int64_t rows, cols;
-  bool wide;  // the 16-byte path is expected
+  bool wide;                 // the 16-byte path is expected
+  bool zero_points = false;  // int4: fp32 offsets per (row, group), as an asymmetric checkpoint's
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
@@ -38,7 +40,7 @@ std::ostream& operator<<(std::ostream& os, const Case& c) {
   for (char& ch : f)
     if (ch == '-') ch = '_';
   return os << f << "_g" << c.group_size << "_" << c.rows << "x" << c.cols
-            << (c.wide ? "_wide" : "_elementwise");
+            << (c.wide ? "_wide" : "_elementwise") << (c.zero_points ? "_zp" : "");
 }
 
 // 64-byte aligned host memory, as cudaMalloc would give (the 16-byte paths need 16).
@@ -55,9 +57,14 @@ kernels::QuantFormat quant_format(WeightFormat f) {
 }
 
 // A random matrix in the case's format: host bytes where the lanes read them, and its values.
+// With zero points, the offsets are -zp * s for zp in [-8, 7] (as the loader makes them), and
+// `magnitudes` holds |(q - 8) s| + |offset| per weight: the size of the two terms the kernels sum
+// apart, which bounds their rounding (values alone may cancel).
 struct HostMatrix {
   std::unique_ptr<Aligned> data, scales;
-  std::vector<float> values;  // [rows, cols], exactly what the format stands for
+  std::vector<float> offsets;
+  std::vector<float> values;      // [rows, cols], exactly what the format stands for
+  std::vector<float> magnitudes;  // [rows, cols]
   DeviceMatrix m;
 
   HostMatrix(const Case& c, std::mt19937& rng) {
@@ -88,6 +95,7 @@ struct HostMatrix {
       const float global = kernels::quantize_nvfp4(values.data(), c.rows, c.cols, codes, bytes);
       const kernels::Nvfp4Weights w{codes, bytes, global, c.rows, c.cols};
       kernels::dequantize_nvfp4(w, values.data());
+      magnitudes = values;
       m = colibri::cuda::device_matrix_nvfp4(c.rows, c.cols, codes, bytes, global, "test matrix");
       return;
     } else {
@@ -99,10 +107,26 @@ struct HostMatrix {
       auto* s = static_cast<float*>(scales->p);
       kernels::quantize(qf, group, values.data(), c.rows, c.cols, d, s);
       kernels::dequantize({qf, c.rows, c.cols, group, d, s}, values.data());
+      magnitudes = values;
+      if (c.zero_points) {
+        offsets.resize(size_t(kernels::scale_count(qf, c.rows, c.cols, group)));
+        std::uniform_int_distribution<int> zp(-8, 7);
+        for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = float(-zp(rng)) * s[i];
+        kernels::QuantMatrixView view{qf, c.rows, c.cols, group, d, s};
+        view.offsets = offsets.data();
+        kernels::dequantize(view, values.data());
+        const int64_t groups = kernels::offset_groups(view);
+        for (int64_t r = 0; r < c.rows; ++r)
+          for (int64_t i = 0; i < c.cols; ++i)
+            magnitudes[size_t(r * c.cols + i)] =
+                std::fabs(magnitudes[size_t(r * c.cols + i)]) +
+                std::fabs(offsets[size_t(r * groups + (group ? i / group : 0))]);
+      }
     }
+    if (magnitudes.empty()) magnitudes = values;
     m = colibri::cuda::device_matrix(c.format, group, c.rows, c.cols, data->p,
                                      scales ? static_cast<const float*>(scales->p) : nullptr,
-                                     "test matrix");
+                                     "test matrix", offsets.empty() ? nullptr : offsets.data());
   }
 };
 
@@ -136,11 +160,11 @@ void check_rows(const Case& c, const HostMatrix& w, std::mt19937& rng) {
       for (int64_t i = 0; i < c.cols; ++i) {
         const double term = double(w.values[size_t(r * c.cols + i)]) * xs[t][i];
         exact += term;
-        sum_abs += std::fabs(term);
+        sum_abs += std::fabs(double(w.magnitudes[size_t(r * c.cols + i)]) * xs[t][i]);
       }
       // Each lane sums its cols/32 (+32 within a chunk) terms, then 32 lane sums; one more
-      // rounding per term for the scale applied per chunk.
-      const double bound = 2 * (double(c.cols) / 32 + 32 + 32 + 2) * u * sum_abs;
+      // rounding per term for the scale applied per chunk (and for the offset's product).
+      const double bound = 2 * (double(c.cols) / 32 + 32 + 32 + 3) * u * sum_abs;
       ASSERT_LE(std::fabs(got[size_t(t)] - exact), bound)
           << "row " << r << " input " << t << " of " << T << ": lanes " << got[size_t(t)]
           << " exact " << exact;
@@ -163,7 +187,9 @@ TEST_P(ExpertFfnLanes, WarpDotProductsMatchTheDequantisedRows) {
 TEST(ExpertFfnLanes, FusedGateUpEqualsTwoRowDots) {
   for (const Case& c : {Case{WeightFormat::kInt4Grouped, 64, 3, 288, true},
                         Case{WeightFormat::kInt4Grouped, 128, 2, 6144, true},
-                        Case{WeightFormat::kInt4Row, 0, 3, 2048, true}}) {
+                        Case{WeightFormat::kInt4Row, 0, 3, 2048, true},
+                        Case{WeightFormat::kInt4Grouped, 32, 3, 320, true, true},
+                        Case{WeightFormat::kInt4Row, 0, 2, 1024, true, true}}) {
     std::mt19937 rng(unsigned(c.rows * 17 + c.cols));
     const HostMatrix gate(c, rng), up(c, rng);
     ASSERT_TRUE(lanes::is_wide_int4(gate.m) && lanes::is_wide_int4(up.m));
@@ -176,7 +202,10 @@ TEST(ExpertFfnLanes, FusedGateUpEqualsTwoRowDots) {
     for (int64_t r = 0; r < c.rows; ++r)
       for (int lane = 0; lane < lanes::kWarpSize; ++lane) {
         float a[T], b[T], a2[T], b2[T];
-        lanes::int4_row_dot2<T>(gate.m, up.m, r, xs, lane, a, b);
+        if (c.zero_points)
+          lanes::int4_row_dot2<T, true>(gate.m, up.m, r, xs, lane, a, b);
+        else
+          lanes::int4_row_dot2<T>(gate.m, up.m, r, xs, lane, a, b);
         lanes::row_dot<T>(gate.m, r, xs, lane, a2);
         lanes::row_dot<T>(up.m, r, xs, lane, b2);
         for (int t = 0; t < T; ++t) {
@@ -247,7 +276,16 @@ INSTANTIATE_TEST_SUITE_P(
         Case{WeightFormat::kBF16, 0, 3, 264, true}, Case{WeightFormat::kBF16, 0, 3, 37, false},
         Case{WeightFormat::kNvfp4, 0, 3, 256, true}, Case{WeightFormat::kNvfp4, 0, 2, 6144, true},
         Case{WeightFormat::kNvfp4, 0, 4, 32, true}, Case{WeightFormat::kNvfp4, 0, 3, 48, false},
-        Case{WeightFormat::kNvfp4, 0, 3, 16, false}),
+        Case{WeightFormat::kNvfp4, 0, 3, 16, false},
+        // Zero points (compressed-tensors INT4 asymmetric): groups of 32 (Kimi's), 64, 128 and a
+        // short last group, per row, and the per-element path (groups of 48, odd widths).
+        Case{WeightFormat::kInt4Grouped, 32, 3, 96, true, true},
+        Case{WeightFormat::kInt4Grouped, 64, 4, 288, true, true},
+        Case{WeightFormat::kInt4Grouped, 128, 2, 2048, true, true},
+        Case{WeightFormat::kInt4Row, 0, 3, 2048, true, true},
+        Case{WeightFormat::kInt4Grouped, 48, 3, 200, false, true},
+        Case{WeightFormat::kInt4Grouped, 32, 3, 101, false, true},
+        Case{WeightFormat::kInt4Row, 0, 3, 257, false, true}),
     [](const testing::TestParamInfo<Case>& param_info) {
       std::ostringstream name;
       name << param_info.param;

@@ -2,7 +2,8 @@
 // the 32 lanes' fragments built by the kernel's own code, multiplied by an emulated
 // mma.m16n8k16 in PTX's fragment layout, against the exact products over the CPU's dequantised
 // int4 weights (kernels::dequantize). Needs no device: it checks the column permutation, the
-// nibble-to-BF16 conversion, the hi + lo split of the activations, chunk scales, and row
+// nibble-to-BF16 conversion, the hi + lo split of the activations, chunk scales, zero points
+// (each chunk's offsets times its x sums, gathered across lanes as the shuffles do), and row
 // clamping at the matrix's end. The PTX layout itself is checked on a GPU by
 // expert_ffn_cuda_test (batches of 8+ slots run this path).
 #include <gtest/gtest.h>
@@ -62,11 +63,12 @@ struct Case {
   WeightFormat format;
   int group_size;
   int64_t rows, cols;
+  bool zero_points = false;  // fp32 offsets -zp * s per (row, group), zp in [-8, 7]
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) {
   return os << (c.format == WeightFormat::kInt4Row ? "int4_row" : "int4_g") << c.group_size << "_"
-            << c.rows << "x" << c.cols;
+            << c.rows << "x" << c.cols << (c.zero_points ? "_zp" : "");
 }
 
 struct Aligned {
@@ -95,8 +97,26 @@ TEST_P(ExpertFfnMmaTile, TilesMatchTheDequantisedProducts) {
   auto* s = static_cast<float*>(scales.p);
   kernels::quantize(qf, group, values.data(), c.rows, c.cols, d, s);
   kernels::dequantize({qf, c.rows, c.cols, group, d, s}, values.data());
+  // |each term| the tile sums apart: (q - 8) s x and offset x (their sum may cancel).
+  std::vector<float> magnitudes = values;
+  std::vector<float> offsets;
+  if (c.zero_points) {
+    kernels::QuantMatrixView view{qf, c.rows, c.cols, group, d, s};
+    offsets.resize(size_t(kernels::scale_count(qf, c.rows, c.cols, group)));
+    std::uniform_int_distribution<int> zp(-8, 7);
+    for (size_t i = 0; i < offsets.size(); ++i) offsets[i] = float(-zp(rng)) * s[i];
+    view.offsets = offsets.data();
+    kernels::dequantize(view, values.data());
+    const int64_t groups = kernels::offset_groups(view);
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t i = 0; i < c.cols; ++i) {
+        float& m = magnitudes[size_t(r * c.cols + i)];
+        m = std::fabs(m) + std::fabs(offsets[size_t(r * groups + (group ? i / group : 0))]);
+      }
+  }
   const DeviceMatrix w =
-      colibri::cuda::device_matrix(c.format, group, c.rows, c.cols, d, s, "tile test");
+      colibri::cuda::device_matrix(c.format, group, c.rows, c.cols, d, s, "tile test",
+                                   offsets.empty() ? nullptr : offsets.data());
   ASSERT_TRUE(mma::tile_ok(w));
 
   // 8 slot inputs of different magnitudes (1e-3 .. 1e3), so that the split's lo part matters.
@@ -122,10 +142,13 @@ TEST_P(ExpertFfnMmaTile, TilesMatchTheDequantisedProducts) {
         for (int64_t k = 0; k < c.cols; ++k) {
           const double term = double(values[size_t((r0 + row) * c.cols + k)]) * xs[slot][k];
           exact += term;
-          sum_abs += std::fabs(term);
+          sum_abs += std::fabs(double(magnitudes[size_t((r0 + row) * c.cols + k)]) * xs[slot][k]);
         }
-        const double bound =
-            (std::ldexp(1.0, -16) + 2 * (16.0 + 8 + double(c.cols) / 64 + 2) * u) * sum_abs;
+        // Zero points: the x sums of each chunk (64 terms in 16 + 2 + 2 levels) and one more
+        // rounding for their product with the offset.
+        const double bound = (std::ldexp(1.0, -16) + 2 * (16.0 + 8 + double(c.cols) / 64 + 2) * u +
+                              (c.zero_points ? 2 * (20.0 + 2) * u : 0.0)) *
+                             sum_abs;
         ASSERT_LE(std::fabs(double(acc[lane][i]) - exact), bound)
             << "row " << r0 + row << " slot " << slot << " (lane " << lane << ", c" << i
             << "): tile " << acc[lane][i] << " exact " << exact;
@@ -141,7 +164,10 @@ INSTANTIATE_TEST_SUITE_P(Table, ExpertFfnMmaTile,
                                          Case{WeightFormat::kInt4Grouped, 128, 16, 512},
                                          Case{WeightFormat::kInt4Grouped, 64, 24, 2048},
                                          Case{WeightFormat::kInt4Row, 0, 21, 192},
-                                         Case{WeightFormat::kInt4Row, 0, 3, 128}),
+                                         Case{WeightFormat::kInt4Row, 0, 3, 128},
+                                         Case{WeightFormat::kInt4Grouped, 64, 40, 256, true},
+                                         Case{WeightFormat::kInt4Grouped, 128, 16, 512, true},
+                                         Case{WeightFormat::kInt4Row, 0, 21, 192, true}),
                          [](const testing::TestParamInfo<Case>& param_info) {
                            std::ostringstream name;
                            name << param_info.param;

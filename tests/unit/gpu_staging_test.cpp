@@ -1,6 +1,6 @@
 // What the CUDA coordinator uploads, prepared on the host (coordinator/gpu_staging.h): the block
-// table of a batch gives every key position the slot KvManager gives it, and weights in every
-// stored form convert to the BF16 of their values. Runs without a GPU.
+// table of a batch gives every key position the slot KvManager gives it, weights in every stored
+// form convert to the BF16 of their values, and NVFP4 ones stay as stored. Runs without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include "common/dtype.h"
 #include "common/error.h"
 #include "coordinator/gpu_staging.h"
+#include "cpu/linear.h"
 #include "cpu/quant.h"
 
 namespace colibri {
@@ -138,6 +139,44 @@ TEST(KeepsFp32OnDevice, OnlyFp32ValuesThatAreNotBf16) {
 
 TEST(MatrixToBf16, EmptyIsAnError) {
   EXPECT_THROW(matrix_to_bf16(Matrix{}), Error);
+}
+
+// NVFP4 goes to the device as stored (codes and block scales), unless widened (the embedding
+// table, kv_b_proj), then as the BF16 of its dequantized values; every other weight BF16, or
+// fp32 when its values are not BF16 values.
+TEST(DeviceWeightForm, Nvfp4AsStoredUnlessWidened) {
+  const int64_t rows = 4, cols = 48;
+  const std::vector<float> values = random_values(size_t(rows * cols), 4);
+  Matrix w;
+  w.rows = rows;
+  w.cols = cols;
+  w.nvfp4.codes.resize(size_t(rows * cols / 2));
+  w.nvfp4.scales.resize(size_t(rows * cols / 16));
+  w.nvfp4.global = kernels::quantize_nvfp4(values.data(), rows, cols, w.nvfp4.codes.data(),
+                                           w.nvfp4.scales.data());
+  ASSERT_EQ(w.format(), WeightFormat::kNvfp4);
+  EXPECT_EQ(device_weight_form(w), DeviceWeightForm::kNvfp4);
+  EXPECT_EQ(device_weight_bytes(w), uint64_t(rows * cols / 2 + rows * cols / 16));
+  EXPECT_EQ(device_weight_form(w, true), DeviceWeightForm::kBf16);
+  EXPECT_EQ(device_weight_bytes(w, true), uint64_t(2 * rows * cols));
+  // Widened, the BF16 of the CPU's dequantization.
+  std::vector<float> dequantized(values.size());
+  kernels::dequantize_nvfp4(
+      {w.nvfp4.codes.data(), w.nvfp4.scales.data(), w.nvfp4.global, rows, cols},
+      dequantized.data());
+  const std::vector<uint16_t> bf16 = matrix_to_bf16(w);
+  for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(bf16[i], f32_to_bf16(dequantized[i]));
+
+  Matrix f32;
+  f32.rows = 2;
+  f32.cols = 8;
+  f32.data = random_values(16, 5);
+  EXPECT_EQ(device_weight_form(f32), DeviceWeightForm::kF32);
+  EXPECT_EQ(device_weight_bytes(f32), 64u);
+  for (float& v : f32.data) v = bf16_to_f32(f32_to_bf16(v));
+  EXPECT_EQ(device_weight_form(f32), DeviceWeightForm::kBf16);
+  EXPECT_EQ(device_weight_bytes(f32), 32u);
+  EXPECT_EQ(device_weight_bytes(Matrix{}), 0u);
 }
 
 }  // namespace
