@@ -726,7 +726,9 @@ def stage_train(args):
             f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}", log_path)
         log(f"# batch {args.batch}x{args.seq_len} | last {args.long_frac:.0%} on rows of {args.long_seq_len} | "
             f"lr {args.lr} | warmup {args.warmup_steps} | budget {args.time_budget_min} min | "
-            f"dense for the first {args.dense_frac:.0%} | bias gamma {args.bias_gamma} | seed {args.seed} | train {args.train_only}", log_path)
+            f"dense for the first {args.dense_frac:.0%} | bias gamma {args.bias_gamma} | seed {args.seed} | train {args.train_only} | "
+            f"indexer lr {args.indexer_lr or args.lr} | unlikelihood token {args.unlikelihood_token} "
+            f"seq every {args.unlikelihood_seq_every}", log_path)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         log_path.write_text("")
@@ -761,8 +763,9 @@ def stage_train(args):
         dense = progress() < args.dense_frac
         set_index_topk(model, 1 << 30 if dense else config.index_topk, mtp)
         lr = lr_at(args, step, progress())
-        for g in opt.param_groups:
+        for g in opt.param_groups[:2]:
             g["lr"] = lr
+        opt.param_groups[2]["lr"] = lr * (args.indexer_lr / args.lr if args.indexer_lr else 1.0)
         # The last --long-frac of training on rows of --long-seq-len (as many tokens a step), so that
         # positions beyond --seq-len are trained too; the short rows before it are ~3x faster.
         long_rows = args.long_seq_len > 0 and progress() >= 1.0 - args.long_frac
@@ -1242,6 +1245,8 @@ def main():
     ap.add_argument("--long-frac", type=float, default=0.3)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
+    ap.add_argument("--indexer-lr", type=float, default=0.0,
+                    help="peak lr of the DSA indexers (0: --lr); same warmup and schedule")
     ap.add_argument("--warmup-steps", type=int, default=40)
     ap.add_argument("--wd", type=float, default=0.1)
     ap.add_argument("--clip", type=float, default=1.0)
