@@ -156,17 +156,17 @@ TEST(EmbeddedChat, TemplateIdsMatchTransformers) {
 
 // ---- the model is worth reading (its training: tools/train_tiny_glm5.py) ----------------------
 
-// Teacher-forced on the held-out text the retrained model (long rows in its last 30 %) predicts
-// twice as well as the one before it (82.5): 40.8 in all, 30.6 over the first 256 positions.
-// The goal is 30 over all of it; this bound keeps what was reached.
-TEST(EmbeddedQuality, HeldOutPerplexityIsUnder45) {
+// Teacher-forced on the held-out text (1487 predicted tokens, DSA at index_topk 128): 82.5 for
+// the first model, 40.8 once retrained, under 30 (the goal) since its indexers learned their
+// projections and it trained on long rows (tools/README.md).
+TEST(EmbeddedQuality, HeldOutPerplexityIsUnder30) {
   const Tokenizer tokenizer = Tokenizer::load(kModelDir / "tokenizer.json");
   const std::vector<int> ids = tokenizer.encode(read_text(kDataDir / "heldout.txt"), false);
   ReferenceModel reference(model().config, model().weights);
   KvCache cache(model().config);
   const ScoreResult score =
       score_tokens(reference_forward(reference, cache), model().config.vocab_size, ids, 256);
-  EXPECT_LE(score.perplexity, 45.0);
+  EXPECT_LE(score.perplexity, 30.0);
 }
 
 // m (fp32 or BF16) quantized to NVFP4 by ModelOpt's recipe (kernels::quantize_nvfp4).
