@@ -10,7 +10,7 @@
 // FP4 rounding (W4A4). The instruction exists only in code built for sm_120a/sm_120f, which the
 // build adds for nvfp4_mma.cu alone when nvcc has it; nvfp4_mma_supported() says whether the
 // device runs that code. Compiled, never run on a GPU yet (no compute capability 12.x device
-// was lent). Includable from plain C++.
+// has run it). Includable from plain C++.
 #pragma once
 
 #include <cuda_runtime_api.h>

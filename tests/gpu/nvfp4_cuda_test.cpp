@@ -15,10 +15,12 @@
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/expert_ffn.cuh"
+#include "device_memory.h"
 
 namespace {
 
 namespace kernels = colibri::kernels;
+using colibri::testing::upload;
 
 struct Shape {
   int64_t n, rows, cols;
@@ -35,14 +37,6 @@ class Nvfp4Cuda : public testing::TestWithParam<Shape> {
     if (colibri::cuda::device_count(&why_none) == 0) GTEST_SKIP() << "no CUDA device: " << why_none;
   }
 };
-
-template <typename T>
-T* upload(const std::vector<T>& host) {
-  T* p = nullptr;
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), host.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
 
 // Random codes under random positive scale bytes (2^-3 .. 2^4); x uniform in (-1, 1). Each output
 // within the fp32 bound of both sums (CPU: cols / 8 + 16 terms in sequence; GPU: cols / 32 + 32

@@ -6,7 +6,7 @@
 //     kernels::dequantize_nvfp4 of the weights times the activations dequantized after the same
 //     quantization (so the only difference is the fp32 accumulation order), the switch in
 //     matrix_linear, and the grouped expert FFN stage by stage.
-// The lent GPUs here (H100, H200) are compute capability 9.0: there the 12.x tests skip, saying so.
+// On compute capability 9.0 (H100, H200) the 12.x tests skip, saying so.
 // COLIBRI_FP4_MMA=1 is set for this process before anything reads it.
 #include <gtest/gtest.h>
 
@@ -24,11 +24,14 @@
 #include "cuda/expert_ffn.cuh"
 #include "cuda/expert_group.h"
 #include "cuda/nvfp4_mma.cuh"
+#include "device_memory.h"
 
 namespace {
 
 namespace cuda = colibri::cuda;
 namespace kernels = colibri::kernels;
+using colibri::testing::download;
+using colibri::testing::upload;
 
 const bool kSwitchOn = [] { return setenv("COLIBRI_FP4_MMA", "1", 1) == 0; }();
 
@@ -37,23 +40,6 @@ const bool kSwitchOn = [] { return setenv("COLIBRI_FP4_MMA", "1", 1) == 0; }();
 // loose for fp32 sums (cols / 64 roundings of 2^-24) and still far below what a layout error
 // gives (a wrong code, scale byte, row or column moves a result by the size of its terms).
 const double kMmaRelative = std::ldexp(1.0, -16);
-
-template <typename T>
-T* upload(const std::vector<T>& host) {
-  T* p = nullptr;
-  CHECK_CUDA(
-      cudaMalloc(reinterpret_cast<void**>(&p), std::max<size_t>(host.size(), 1) * sizeof(T)));
-  if (!host.empty())
-    CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
-template <typename T>
-std::vector<T> download(const T* device, size_t count) {
-  std::vector<T> host(count);
-  CHECK_CUDA(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
-  return host;
-}
 
 class Nvfp4MmaAnyGpu : public testing::Test {
  protected:
@@ -79,7 +65,7 @@ class Nvfp4MmaBlackwell : public Nvfp4MmaAnyGpu {
       GTEST_SKIP() << "needs compute capability 12.x (sm_120/sm_121: RTX 50 series, RTX PRO "
                       "Blackwell, DGX Spark) for the block-scaled FP4 MMA; this device, "
                    << prop.name << ", is " << prop.major << "." << prop.minor
-                   << " (the lent H100/H200 are 9.0)";
+                   << " (H100 and H200 are 9.0)";
 #ifdef COLIBRI_FP4_MMA_ARCH
     ASSERT_TRUE(cuda::nvfp4_mma_supported(device))
         << prop.name << " (" << prop.major << "." << prop.minor

@@ -18,11 +18,13 @@
 #include "cuda/check.h"
 #include "cuda/device.h"
 #include "cuda/expert_ffn.cuh"
+#include "device_memory.h"
 
 namespace {
 
 namespace kernels = colibri::kernels;
 using colibri::cuda::WeightFormat;
+using colibri::testing::upload;
 
 struct Shape {
   int group_size;  // 0: a scale and an offset per row
@@ -41,14 +43,6 @@ class ZeroPointsCuda : public testing::TestWithParam<Shape> {
     if (colibri::cuda::device_count(&why_none) == 0) GTEST_SKIP() << "no CUDA device: " << why_none;
   }
 };
-
-template <typename T>
-T* upload(const std::vector<T>& host) {
-  T* p = nullptr;
-  CHECK_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), host.size() * sizeof(T)));
-  CHECK_CUDA(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
 
 // Weights quantized by the container's rule, zero points zp in [-8, 7] (offset -zp * s); x uniform
 // in (-1, 1). Each output within the fp32 bound of both sums against the exact product in double,
